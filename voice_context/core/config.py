@@ -1,0 +1,97 @@
+"""Per-session limits: small frozen values with named defaults, checked on creation."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from voice_context.errors import ConfigError
+
+RECENT_WINDOW = 50
+BATCH_SIZE = 10
+MAX_SUMMARY_CHARS = 1200
+MAX_NOTE_CHARS = 400
+LIVE_NOTE_ENTRIES = 8
+LIVE_NOTE_CHARS = 220
+INSTRUCTIONS_BUDGET_CHARS = 5200
+MAX_TURN_CHARS = 1200
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionConfig:
+    """How one session keeps its context. Every field has the design's default.
+
+    - ``recent_window``: turns kept verbatim at least (the window stretches while
+      a compaction is in flight).
+    - ``batch_size``: turns folded per compaction; compaction fires once more than
+      ``recent_window + batch_size`` turns lie at or after the cursor.
+    - ``max_summary_chars``: the rolling summary's ceiling.
+    - ``max_note_chars``: how much of the pending screen notes one compaction folds in.
+    - ``live_note_entries`` / ``live_note_chars``: the live screen-note buffer.
+    - ``max_pending_notes``: evicted notes waiting to be folded; past this the
+      oldest are dropped (and counted), so a dead summarizer cannot grow memory.
+    - ``instructions_budget_chars``: the default budget of a realtime
+      ``instructions`` context.
+    - ``max_turn_chars``: each verbatim turn is clipped to this in a context.
+    - ``priority_turns``: in an ``instructions`` context, this many newest turns
+      outrank the durable facts and the summary; older verbatim turns come last.
+    - ``min_age_seconds``: a turn becomes eligible for compaction only once it is
+      this old at the time of the request (0 keeps the design's pure count rule).
+    - ``retry_base_seconds`` / ``retry_max_seconds``: after a failed compaction the
+      next attempt waits ``base * 2**(failures-1)``, at most ``max``.
+    """
+
+    recent_window: int = RECENT_WINDOW
+    batch_size: int = BATCH_SIZE
+    max_summary_chars: int = MAX_SUMMARY_CHARS
+    max_note_chars: int = MAX_NOTE_CHARS
+    live_note_entries: int = LIVE_NOTE_ENTRIES
+    live_note_chars: int = LIVE_NOTE_CHARS
+    max_pending_notes: int = 64
+    instructions_budget_chars: int = INSTRUCTIONS_BUDGET_CHARS
+    max_turn_chars: int = MAX_TURN_CHARS
+    priority_turns: int = 8
+    min_age_seconds: float = 0.0
+    retry_base_seconds: float = 2.0
+    retry_max_seconds: float = 60.0
+
+    def __post_init__(self) -> None:
+        positive = (
+            "recent_window",
+            "batch_size",
+            "max_summary_chars",
+            "live_note_entries",
+            "live_note_chars",
+            "max_turn_chars",
+            "instructions_budget_chars",
+        )
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("max_note_chars", "max_pending_notes", "priority_turns"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+        for name in ("min_age_seconds", "retry_base_seconds", "retry_max_seconds"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
+        if self.max_summary_chars < 40:
+            raise ConfigError("max_summary_chars must be at least 40")
+
+    def with_overrides(self, overrides: dict[str, Any] | None) -> SessionConfig:
+        """A copy with some fields changed; unknown names raise ``ConfigError``."""
+        if not overrides:
+            return self
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ConfigError(f"unknown session config key(s): {', '.join(unknown)}")
+        try:
+            return replace(self, **overrides)
+        except TypeError as exc:  # pragma: no cover - replace() only raises on unknown names
+            raise ConfigError(str(exc)) from exc
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

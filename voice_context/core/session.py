@@ -1,0 +1,464 @@
+"""One session's state machine: events in, outcomes out. No clock, no I/O.
+
+A session holds the verbatim turns from the cursor on, the rolling summary of
+everything before it, the live screen-note buffer, the evicted notes waiting
+to be folded, and at most one compaction plan in flight. The shell feeds it
+events (a turn, a note, a context request, a summarizer result) with the time
+as plain data, and performs what comes back (run a plan, persist, log).
+
+Invariants, checked by the property tests:
+
+- the cursor only moves forward, and only to the end of the plan that landed;
+- a plan never contains a turn inside the recent window at the time it starts;
+- every turn is either before the cursor (covered by the summary) or kept
+  verbatim: there is no gap, whatever order results arrive in;
+- the summary never exceeds ``max_summary_chars``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+from voice_context.core.config import SessionConfig
+from voice_context.core.text import clamp_sentences, clip, normalize
+from voice_context.core.turns import Note, Turn
+from voice_context.core.window import Batch, Skip, SkipReason, choose_batch
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionPlan:
+    """One summarizer call to make: fold ``turns`` (indices ``start..end-1``) into the summary.
+
+    ``plan_id`` versions the result: only the result of the plan currently in
+    flight is applied. A ``recompact`` plan has no turns: it asks for the
+    overlong ``previous_summary`` to be condensed, and lands at the same ``end``.
+    """
+
+    plan_id: int
+    start: int
+    end: int
+    recent_start: int
+    turns: tuple[Turn, ...]
+    notes: tuple[Note, ...]
+    last_note_seq: int
+    previous_summary: str
+    max_chars: int
+    max_note_chars: int
+    started_at: float
+    recompact: bool = False
+
+    def __repr__(self) -> str:
+        kind = "recompact" if self.recompact else "fold"
+        span = f"{self.start}..{self.end - 1}"
+        return f"<CompactionPlan #{self.plan_id} {kind} turns={span} notes={len(self.notes)}>"
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """A result landed: the cursor moved from ``old_cursor`` to ``new_cursor``."""
+
+    plan: CompactionPlan
+    old_cursor: int
+    new_cursor: int
+    summary: str
+    clamped: bool
+    latency: float
+
+    @property
+    def covered_through(self) -> int:
+        return self.new_cursor - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """A result that will land as ``summary`` (``clamped`` after a last-resort cut)."""
+
+    plan: CompactionPlan
+    summary: str
+    clamped: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A result that cannot be used (``kind`` says why); it counts as a failure."""
+
+    plan: CompactionPlan
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """A compaction failed: nothing moved; the next attempt waits until ``retry_at``."""
+
+    plan: CompactionPlan
+    kind: str
+    retryable: bool
+    failures: int
+    retry_at: float
+    latency: float
+
+
+@dataclass(frozen=True, slots=True)
+class Stale:
+    """A result for a plan that is no longer in flight: dropped, never applied."""
+
+    plan_id: int
+    current_plan_id: int | None
+
+
+Outcome = Applied | Failed | Stale | CompactionPlan
+
+
+@dataclass(frozen=True, slots=True)
+class NotesChanged:
+    """What appending a note did to the buffers."""
+
+    live: int
+    pending: int
+    evicted: int
+    dropped: int
+
+
+class SessionStats(NamedTuple):
+    """A session's counters, shared by logs, the wire and the tests."""
+
+    turns: int
+    cursor: int
+    in_flight: int | None
+    summary_chars: int
+    live_notes: int
+    pending_notes: int
+    failures: int
+    compactions: int
+    notes_dropped: int
+
+
+@dataclass(frozen=True, slots=True)
+class ContextView:
+    """A snapshot of what a context is built from."""
+
+    cursor: int
+    summary: str
+    turns: tuple[Turn, ...]
+    live_notes: tuple[Note, ...]
+    config: SessionConfig
+
+    @property
+    def covered_through(self) -> int:
+        return self.cursor - 1
+
+
+class Session:
+    """The pure state machine of one session. See the module docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        config: SessionConfig | None = None,
+        *,
+        cursor: int = 0,
+        turns: Iterable[Turn] = (),
+        summary: str = "",
+        live_notes: Iterable[Note] = (),
+        pending_notes: Iterable[Note] = (),
+        failures: int = 0,
+        compactions: int = 0,
+    ) -> None:
+        """Create a session, or restore one: ``turns`` are those from ``cursor`` on."""
+        if cursor < 0:
+            raise ValueError("cursor must be >= 0")
+        self.name = name
+        self.config = config or SessionConfig()
+        self._cursor = cursor
+        self._turns: list[Turn] = list(turns)
+        self._summary = summary
+        self._live: deque[Note] = deque(live_notes)
+        self._pending: deque[tuple[int, Note]] = deque()
+        self._note_seq = 0
+        for note in pending_notes:
+            self._queue_pending(note)
+        self._in_flight: CompactionPlan | None = None
+        self._next_plan_id = 1
+        self._failures = failures
+        self._compactions = compactions
+        self._retry_at: float | None = None
+        self._notes_dropped = 0
+        self._ending = False
+
+    # -- reading ---------------------------------------------------------------
+
+    @property
+    def cursor(self) -> int:
+        return self._cursor
+
+    @property
+    def total_turns(self) -> int:
+        return self._cursor + len(self._turns)
+
+    @property
+    def summary(self) -> str:
+        return self._summary
+
+    @property
+    def in_flight(self) -> CompactionPlan | None:
+        return self._in_flight
+
+    @property
+    def ending(self) -> bool:
+        return self._ending
+
+    @property
+    def live_notes(self) -> tuple[Note, ...]:
+        return tuple(self._live)
+
+    @property
+    def pending_notes(self) -> tuple[Note, ...]:
+        return tuple(note for _, note in self._pending)
+
+    @property
+    def verbatim_turns(self) -> tuple[Turn, ...]:
+        """The turns from the cursor on, oldest first."""
+        return tuple(self._turns)
+
+    @property
+    def retry_at(self) -> float | None:
+        return self._retry_at
+
+    def turn(self, index: int) -> Turn:
+        """The turn at a transcript index, if it is still held (at or after the cursor)."""
+        if not self._cursor <= index < self.total_turns:
+            raise IndexError(f"turn {index} is not held (cursor {self._cursor}, turns {self.total_turns})")
+        return self._turns[index - self._cursor]
+
+    def stats(self) -> SessionStats:
+        return SessionStats(
+            turns=self.total_turns,
+            cursor=self._cursor,
+            in_flight=self._in_flight.plan_id if self._in_flight else None,
+            summary_chars=len(self._summary),
+            live_notes=len(self._live),
+            pending_notes=len(self._pending),
+            failures=self._failures,
+            compactions=self._compactions,
+            notes_dropped=self._notes_dropped,
+        )
+
+    def view(self) -> ContextView:
+        return ContextView(self._cursor, self._summary, tuple(self._turns), tuple(self._live), self.config)
+
+    def __repr__(self) -> str:
+        flight = f"plan#{self._in_flight.plan_id}" if self._in_flight else "none"
+        return (
+            f"<Session {self.name!r} turns={self.total_turns} cursor={self._cursor} "
+            f"in_flight={flight} notes={len(self._live)}+{len(self._pending)} "
+            f"summary_chars={len(self._summary)} failures={self._failures}>"
+        )
+
+    # -- events ----------------------------------------------------------------
+
+    def append_turn(self, turn: Turn) -> int:
+        """Append a finalized turn; returns its transcript index."""
+        self._turns.append(turn)
+        return self.total_turns - 1
+
+    def append_note(self, note: Note) -> NotesChanged:
+        """Add a note to the live buffer; notes pushed out of it queue for the next compaction."""
+        limit = self.config.live_note_chars
+        if len(note.text) > limit:
+            note = Note(clip(note.text, limit), note.at, note.speaker, note.source)
+        self._live.append(note)
+        evicted = 0
+        dropped_before = self._notes_dropped
+        while len(self._live) > self.config.live_note_entries:
+            self._queue_pending(self._live.popleft())
+            evicted += 1
+        return NotesChanged(
+            len(self._live), len(self._pending), evicted, self._notes_dropped - dropped_before
+        )
+
+    def restore_notes(self, live: Iterable[Note], pending: Iterable[Note]) -> None:
+        """Put the note buffers back as they were (a store write failed)."""
+        self._live = deque(live)
+        self._pending.clear()
+        dropped = self._notes_dropped
+        for note in pending:
+            self._queue_pending(note)
+        self._notes_dropped = dropped
+
+    def begin_ending(self) -> None:
+        """The session is closing: no new compaction starts from now on."""
+        self._ending = True
+
+    def reconfigure(self, config: SessionConfig) -> None:
+        """Change the limits; they apply from the next request on."""
+        self.config = config
+        while len(self._live) > config.live_note_entries:
+            self._queue_pending(self._live.popleft())
+
+    def plan_compaction(self, now: float) -> CompactionPlan | Skip:
+        """Evaluate the trigger for a context request at time ``now``.
+
+        Returns the plan to run (and marks it in flight) or why nothing starts.
+        """
+        decision = choose_batch(
+            total_turns=self.total_turns,
+            cursor=self._cursor,
+            config=self.config,
+            in_flight=self._in_flight is not None,
+            ending=self._ending,
+            now=now,
+            retry_at=self._retry_at,
+            turn_times=[t.at for t in self._turns] if self.config.min_age_seconds else (),
+        )
+        if isinstance(decision, Skip):
+            return decision
+        return self._start(decision, now)
+
+    def check_result(self, plan_id: int, text: str) -> Accepted | CompactionPlan | Rejected | Stale:
+        """What ``compaction_succeeded`` would do with ``text``, without doing it.
+
+        The shell uses it to persist an accepted summary before applying it, so
+        the store and the session move together. A ``CompactionPlan`` here is
+        only a preview of the re-compaction pass (its id is not taken yet).
+        """
+        plan = self._in_flight
+        if plan is None or plan.plan_id != plan_id:
+            return self._stale(plan_id)
+        text = normalize(text)
+        if not text:
+            return Rejected(plan, "empty")
+        limit = self.config.max_summary_chars
+        if len(text) <= limit:
+            return Accepted(plan, text, False)
+        if not plan.recompact:
+            return replace(
+                plan, plan_id=self._next_plan_id, turns=(), notes=(), previous_summary=text, recompact=True
+            )
+        return Accepted(plan, clamp_sentences(text, limit), True)
+
+    def pending_after(self, plan: CompactionPlan) -> tuple[Note, ...]:
+        """The pending notes that remain once ``plan`` lands."""
+        return tuple(note for seq, note in self._pending if seq > plan.last_note_seq)
+
+    def compaction_succeeded(self, plan_id: int, text: str, now: float) -> Outcome:
+        """A summarizer answered ``text`` for ``plan_id``.
+
+        Returns ``Applied`` (cursor and summary moved together), ``Stale`` (not
+        the plan in flight: dropped), ``Failed`` (the text was empty), or a new
+        ``CompactionPlan`` when the text was too long and one re-compaction pass
+        is due. A re-compaction result that is still too long is clamped at
+        the last sentence boundary.
+        """
+        verdict = self.check_result(plan_id, text)
+        if isinstance(verdict, Stale):
+            return verdict
+        plan = verdict.plan if not isinstance(verdict, CompactionPlan) else self._in_flight
+        assert plan is not None
+        if isinstance(verdict, Rejected):
+            return self._fail(plan, verdict.kind, True, now)
+        if isinstance(verdict, CompactionPlan):
+            self._take_plan_id()
+            self._in_flight = verdict
+            return verdict
+        old = self._cursor
+        del self._turns[: plan.end - old]
+        self._cursor = plan.end
+        self._summary = verdict.summary
+        while self._pending and self._pending[0][0] <= plan.last_note_seq:
+            self._pending.popleft()
+        self._in_flight = None
+        self._failures = 0
+        self._retry_at = None
+        self._compactions += 1
+        return Applied(plan, old, plan.end, verdict.summary, verdict.clamped, max(0.0, now - plan.started_at))
+
+    def compaction_failed(self, plan_id: int, kind: str, retryable: bool, now: float) -> Failed | Stale:
+        """The summarizer failed for ``plan_id``: nothing moves, a later request retries."""
+        plan = self._in_flight
+        if plan is None or plan.plan_id != plan_id:
+            return self._stale(plan_id)
+        return self._fail(plan, kind, retryable, now)
+
+    def abandon(self) -> CompactionPlan | None:
+        """Forget the plan in flight (its task was cancelled); returns it."""
+        plan, self._in_flight = self._in_flight, None
+        return plan
+
+    # -- internals -------------------------------------------------------------
+
+    def _queue_pending(self, note: Note) -> None:
+        self._note_seq += 1
+        self._pending.append((self._note_seq, note))
+        while len(self._pending) > self.config.max_pending_notes:
+            self._pending.popleft()
+            self._notes_dropped += 1
+
+    def _notes_for_batch(self) -> tuple[tuple[Note, ...], int]:
+        """The oldest pending notes that fit the note budget (at least one, if any)."""
+        budget = self.config.max_note_chars
+        taken: list[Note] = []
+        last_seq = 0
+        used = 0
+        for seq, note in self._pending:
+            size = len(note.render()) + 1
+            if taken and used + size > budget:
+                break
+            taken.append(note)
+            used += size
+            last_seq = seq
+        return tuple(taken), last_seq
+
+    def _start(self, batch: Batch, now: float) -> CompactionPlan:
+        notes, last_seq = self._notes_for_batch()
+        plan = CompactionPlan(
+            plan_id=self._take_plan_id(),
+            start=batch.start,
+            end=batch.end,
+            recent_start=batch.recent_start,
+            turns=tuple(self._turns[: batch.size]),
+            notes=notes,
+            last_note_seq=last_seq,
+            previous_summary=self._summary,
+            max_chars=self.config.max_summary_chars,
+            max_note_chars=self.config.max_note_chars,
+            started_at=now,
+        )
+        self._in_flight = plan
+        return plan
+
+    def _take_plan_id(self) -> int:
+        plan_id = self._next_plan_id
+        self._next_plan_id += 1
+        return plan_id
+
+    def _stale(self, plan_id: int) -> Stale:
+        current = self._in_flight.plan_id if self._in_flight else None
+        return Stale(plan_id, current)
+
+    def _fail(self, plan: CompactionPlan, kind: str, retryable: bool, now: float) -> Failed:
+        self._in_flight = None
+        self._failures += 1
+        base, ceiling = self.config.retry_base_seconds, self.config.retry_max_seconds
+        delay = min(ceiling, base * 2 ** (self._failures - 1)) if retryable else ceiling
+        self._retry_at = now + delay
+        return Failed(plan, kind, retryable, self._failures, self._retry_at, max(0.0, now - plan.started_at))
+
+
+__all__ = [
+    "Accepted",
+    "Applied",
+    "CompactionPlan",
+    "ContextView",
+    "Failed",
+    "NotesChanged",
+    "Outcome",
+    "Rejected",
+    "Session",
+    "SessionStats",
+    "Skip",
+    "SkipReason",
+    "Stale",
+]

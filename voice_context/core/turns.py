@@ -1,0 +1,47 @@
+"""The two things a session is made of: spoken turns and screen-watch notes.
+
+Both are frozen values. A turn's position in the transcript (its *index*) is not
+part of the turn: the session assigns it on append, and it never changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+Role = Literal["user", "assistant", "system", "tool"]
+ROLES: frozenset[str] = frozenset(get_args(Role))
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One finalized transcript turn.
+
+    ``at`` is the time the turn was spoken, in unix seconds. ``id`` is the
+    bot's own identifier for the turn, if it has one (echoed back, never
+    interpreted).
+    """
+
+    speaker: str
+    role: Role
+    text: str
+    at: float
+    id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """One screen-watch note: what was on a shared screen, and whose it was."""
+
+    text: str
+    at: float
+    speaker: str | None = None
+    source: str | None = None
+
+    def render(self) -> str:
+        """The note as one line of prose, keeping its provenance."""
+        who = self.speaker or ""
+        where = f" ({self.source})" if self.source else ""
+        if who:
+            return f"{who}'s screen{where}: {self.text}"
+        return f"Screen{where}: {self.text}"

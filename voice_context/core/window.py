@@ -1,0 +1,98 @@
+"""The compaction rule: which batch is eligible now, and if none, why not.
+
+Everything before the cursor is already folded into the summary; everything
+from the cursor on is shown verbatim. A compaction folds only the oldest turns
+that have fully left the protected recent window::
+
+    recent_start = max(cursor, turns - recent_window)
+    fires when turns - cursor > recent_window + batch_size and nothing is in flight
+    batch = [cursor, cursor + batch_size)
+
+With the defaults (50 recent, batch 10): at cursor 0 and 61 turns it folds
+0..9 and the cursor moves to 10; at cursor 10 nothing fires until 71 turns,
+then 10..19.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from voice_context.core.config import SessionConfig
+
+
+class SkipReason(StrEnum):
+    """Why a context request did not start a compaction."""
+
+    BELOW_THRESHOLD = "below_threshold"
+    ALREADY_IN_FLIGHT = "already_in_flight"
+    NO_ELIGIBLE_BATCH = "no_eligible_batch"
+    SESSION_ENDING = "session_ending"
+    BACKING_OFF = "backing_off"
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """The half-open turn range ``[start, end)`` to fold, and where the recent window begins."""
+
+    start: int
+    end: int
+    recent_start: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """No compaction now. ``retry_at`` is set when the reason is a backoff."""
+
+    reason: SkipReason
+    recent_start: int
+    retry_at: float | None = None
+
+
+def recent_start(total_turns: int, cursor: int, recent_window: int) -> int:
+    """The first index of the protected recent window (never before the cursor)."""
+    return max(cursor, total_turns - recent_window)
+
+
+def choose_batch(
+    *,
+    total_turns: int,
+    cursor: int,
+    config: SessionConfig,
+    in_flight: bool = False,
+    ending: bool = False,
+    now: float | None = None,
+    retry_at: float | None = None,
+    turn_times: Sequence[float] = (),
+) -> Batch | Skip:
+    """Decide whether a compaction should start, given the session's counters.
+
+    ``turn_times`` holds the ``at`` of the turns from the cursor on; it is only
+    read when ``config.min_age_seconds`` is set (a batch whose last turn is
+    younger than that is not eligible yet). ``retry_at`` is the earliest time a
+    failed compaction may be retried.
+    """
+    if cursor < 0 or cursor > total_turns:
+        raise ValueError(f"cursor {cursor} outside 0..{total_turns}")
+    start = recent_start(total_turns, cursor, config.recent_window)
+    if ending:
+        return Skip(SkipReason.SESSION_ENDING, start)
+    if in_flight:
+        return Skip(SkipReason.ALREADY_IN_FLIGHT, start)
+    if total_turns - cursor <= config.recent_window + config.batch_size:
+        return Skip(SkipReason.BELOW_THRESHOLD, start)
+    if retry_at is not None and now is not None and now < retry_at:
+        return Skip(SkipReason.BACKING_OFF, start, retry_at=retry_at)
+    end = cursor + config.batch_size
+    if start - cursor < config.batch_size:  # pragma: no cover - implied by the threshold above
+        return Skip(SkipReason.NO_ELIGIBLE_BATCH, start)
+    if config.min_age_seconds and now is not None and turn_times:
+        last_of_batch = turn_times[end - cursor - 1]
+        if now - last_of_batch < config.min_age_seconds:
+            return Skip(SkipReason.NO_ELIGIBLE_BATCH, start)
+    return Batch(cursor, end, start)

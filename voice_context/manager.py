@@ -1,0 +1,503 @@
+"""The async shell around the pure sessions: one task group, compactions in the background.
+
+:class:`SessionManager` owns every live session and the task group their
+compactions run in. A context request never waits on a summarizer: it decides,
+synchronously, whether a compaction should start, starts it in the background,
+and returns the context built from the summary that exists now.
+
+Lifetimes are lexical::
+
+    async with SessionManager(DeterministicSummarizer()) as manager:
+        await manager.open("room-1")
+        await manager.append_turn("room-1", Turn("Alice", "user", "hi", at=0.0))
+        ctx = await manager.context("room-1", "instructions")
+
+Leaving the block stops new compactions, gives those in flight
+``close_timeout`` seconds to land, then cancels the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import anyio
+import structlog
+from anyio.abc import TaskGroup
+
+from voice_context.core.budget import Context, Format, build_context
+from voice_context.core.config import SessionConfig
+from voice_context.core.session import (
+    Accepted,
+    Applied,
+    CompactionPlan,
+    Failed,
+    NotesChanged,
+    Session,
+    SessionStats,
+    Stale,
+)
+from voice_context.core.turns import Note, Turn
+from voice_context.core.window import Skip, SkipReason
+from voice_context.errors import SessionClosed, StoreError, SummarizerError, UnknownSession
+from voice_context.store.base import SessionRecord, Store
+from voice_context.store.memory import MemoryStore
+from voice_context.summarizers.base import Summarizer, SummaryRequest
+
+log = structlog.get_logger("voice_context")
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """The answer to ``open``: whether an existing session was resumed, and its counters."""
+
+    name: str
+    resumed: bool
+    stats: SessionStats
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionEvent:
+    """Pushed to listeners when a compaction lands or fails."""
+
+    kind: Literal["completed", "failed"]
+    session: str
+    cursor: int
+    covered_through: int
+    summary_chars: int
+    latency: float
+    old_cursor: int | None = None
+    error: str | None = None
+    retryable: bool | None = None
+    failures: int = 0
+    retry_at: float | None = None
+
+
+Listener = Callable[[CompactionEvent], None]
+
+
+@dataclass(eq=False)
+class _Live:
+    session: Session
+    owner: str | None
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    scope: anyio.CancelScope | None = None
+    listeners: list[Listener] = field(default_factory=list)
+
+
+class SessionManager:
+    """Owns the live sessions and runs their compactions. See the module docstring."""
+
+    def __init__(
+        self,
+        summarizer: Summarizer,
+        *,
+        config: SessionConfig | None = None,
+        store: Store | None = None,
+        compaction_timeout: float = 30.0,
+        close_timeout: float = 10.0,
+        clock: Callable[[], float] = time.time,
+        replica: str | None = None,
+    ) -> None:
+        self.summarizer = summarizer
+        self.config = config or SessionConfig()
+        self.store: Store = store if store is not None else MemoryStore()
+        self.compaction_timeout = compaction_timeout
+        self.close_timeout = close_timeout
+        self.clock = clock
+        self.replica = replica or uuid.uuid4().hex[:12]
+        self._live: dict[str, _Live] = {}
+        self._tg: TaskGroup | None = None
+        self._closing = False
+        self._in_flight = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+        self.counters: dict[str, int] = {"started": 0, "completed": 0, "failed": 0, "stale": 0}
+        self._listeners: list[Listener] = []
+
+    def __repr__(self) -> str:
+        return (
+            f"<SessionManager sessions={len(self._live)} in_flight={self._in_flight} "
+            f"summarizer={self.summarizer.model}>"
+        )
+
+    # -- lifetime --------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        assert self._tg is not None
+        self._closing = True
+        for live in self._live.values():
+            live.session.begin_ending()
+        with anyio.move_on_after(self.close_timeout, shield=True):
+            await self._idle.wait()
+        self._tg.cancel_scope.cancel()
+        try:
+            return await self._tg.__aexit__(exc_type, exc, tb)
+        finally:
+            self._tg = None
+
+    # -- listeners -------------------------------------------------------------
+
+    def add_listener(self, listener: Listener, session: str | None = None) -> None:
+        """Call ``listener`` for compaction events of one session, or of all of them."""
+        if session is None:
+            self._listeners.append(listener)
+        else:
+            self._get(session, None, check_owner=False).listeners.append(listener)
+
+    def remove_listener(self, listener: Listener, session: str | None = None) -> None:
+        targets = [self._listeners]
+        if session is not None and session in self._live:
+            targets.append(self._live[session].listeners)
+        for target in targets:
+            if listener in target:
+                target.remove(listener)
+
+    # -- sessions --------------------------------------------------------------
+
+    @property
+    def sessions(self) -> int:
+        return len(self._live)
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def names(self) -> list[str]:
+        return list(self._live)
+
+    async def open(
+        self, name: str, overrides: dict[str, Any] | None = None, *, owner: str | None = None
+    ) -> Opened:
+        """Open a session, resuming it from memory or from the store if it exists.
+
+        ``overrides`` change the session's limits (see :class:`SessionConfig`);
+        raises ``ConfigError`` for an unknown or invalid one, ``UnknownSession``
+        when the session belongs to another owner, ``StoreError`` when the store
+        cannot be read.
+        """
+        if self._closing:
+            raise SessionClosed("the server is shutting down")
+        live = self._live.get(name)
+        if live is not None:
+            if live.owner != owner:
+                raise UnknownSession(name)
+            if overrides:
+                live.session.reconfigure(live.session.config.with_overrides(overrides))
+            return Opened(name, True, live.session.stats())
+        record = await self.store.load(name)
+        if record is not None:
+            if record.owner != owner:
+                raise UnknownSession(name)
+            merged = {**record.config, **(overrides or {})}
+            config = self.config.with_overrides(merged)
+            session = Session(
+                name,
+                config,
+                cursor=record.cursor,
+                turns=record.turns,
+                summary=record.summary,
+                live_notes=record.live_notes,
+                pending_notes=record.pending_notes,
+                compactions=record.compactions,
+            )
+            resumed = True
+        else:
+            config = self.config.with_overrides(overrides)
+            await self.store.create(SessionRecord(name, config=dict(overrides or {}), owner=owner))
+            session = Session(name, config)
+            resumed = False
+        # another open may have raced us through the awaits above
+        live = self._live.setdefault(name, _Live(session, owner))
+        return Opened(name, resumed, live.session.stats())
+
+    async def append_turn(self, name: str, turn: Turn, *, owner: str | None = None) -> int:
+        """Store the turn durably, then add it to the session; returns its index."""
+        live = self._get(name, owner)
+        async with live.lock:
+            index = live.session.total_turns
+            await self.store.append_turn(name, index, turn)
+            return live.session.append_turn(turn)
+
+    async def append_note(self, name: str, note: Note, *, owner: str | None = None) -> NotesChanged:
+        """Add a screen-watch note; evicted notes queue for the next compaction."""
+        live = self._get(name, owner)
+        async with live.lock:
+            session = live.session
+            before = (session.live_notes, session.pending_notes)
+            changed = session.append_note(note)
+            try:
+                await self.store.save_notes(name, session.live_notes, session.pending_notes)
+            except BaseException:
+                session.restore_notes(*before)
+                raise
+            return changed
+
+    async def context(
+        self,
+        name: str,
+        format: Format = "messages",
+        *,
+        budget_chars: int | None = None,
+        base_instructions: str = "",
+        facts: Sequence[str] = (),
+        owner: str | None = None,
+    ) -> Context:
+        """The context for the next reply. Starts a compaction in the background when due;
+        never waits for one."""
+        live = self._get(name, owner)
+        self._maybe_compact(live)
+        return build_context(
+            live.session.view(),
+            format,
+            budget_chars=budget_chars,
+            base_instructions=base_instructions,
+            facts=facts,
+        )
+
+    def state(self, name: str, *, owner: str | None = None) -> SessionStats:
+        return self._get(name, owner).session.stats()
+
+    def session(self, name: str, *, owner: str | None = None) -> Session:
+        """The live session object (for inspection; mutate it only through the manager)."""
+        return self._get(name, owner).session
+
+    async def close(self, name: str, *, owner: str | None = None) -> None:
+        """Stop serving a session here. Its state stays in the store; a compaction in
+        flight is cancelled (the next one on reopen redoes it)."""
+        live = self._get(name, owner)
+        live.session.begin_ending()
+        if live.scope is not None:
+            live.scope.cancel()
+        self._live.pop(name, None)
+
+    # -- internals -------------------------------------------------------------
+
+    def _get(self, name: str, owner: str | None, *, check_owner: bool = True) -> _Live:
+        live = self._live.get(name)
+        if live is None or (check_owner and live.owner != owner):
+            raise UnknownSession(name)
+        return live
+
+    def _maybe_compact(self, live: _Live) -> None:
+        session = live.session
+        decision = session.plan_compaction(self.clock())
+        if isinstance(decision, Skip):
+            level = log.debug if decision.reason is SkipReason.BELOW_THRESHOLD else log.info
+            level(
+                "voice_context_compaction_skipped",
+                session=session.name,
+                reason=decision.reason.value,
+                turns=session.total_turns,
+                cursor=session.cursor,
+                recent_start=decision.recent_start,
+                retry_at=decision.retry_at,
+            )
+            return
+        if self._tg is None:
+            raise RuntimeError("SessionManager must be used as 'async with SessionManager(...)'")
+        self._in_flight += 1
+        self._idle = anyio.Event() if self._in_flight == 1 else self._idle
+        self._tg.start_soon(self._compact, live, decision)
+
+    async def _compact(self, live: _Live, plan: CompactionPlan) -> None:
+        session = live.session
+        scope = anyio.CancelScope()
+        live.scope = scope
+        fence: int | None = None
+        try:
+            with scope, structlog.contextvars.bound_contextvars(session=session.name):
+                fence = await self._lease(live, plan)
+                if fence is None:
+                    return
+                current: CompactionPlan | None = plan
+                while current is not None:
+                    current = await self._run_plan(live, current, fence)
+        finally:
+            if session.in_flight is not None and session.in_flight.start == plan.start:
+                session.abandon()
+            if live.scope is scope:
+                live.scope = None
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+            if fence is not None:
+                with anyio.move_on_after(2, shield=True), contextlib.suppress(StoreError):
+                    await self.store.release_lease(session.name, self.replica)
+
+    async def _lease(self, live: _Live, plan: CompactionPlan) -> int | None:
+        """Take the store's compaction lease (its fencing token); ``None`` when the plan
+        cannot go ahead (another replica holds the lease, or the store failed)."""
+        try:
+            token = await self.store.acquire_lease(
+                live.session.name, self.replica, self.compaction_timeout * 2 + 5
+            )
+        except StoreError as exc:
+            self._record_failure(live, plan, "store", exc.retryable, str(exc))
+            return None
+        if token is None:
+            live.session.abandon()
+            log.info(
+                "voice_context_compaction_skipped",
+                session=live.session.name,
+                reason="leased_elsewhere",
+                turns=live.session.total_turns,
+                cursor=live.session.cursor,
+                recent_start=plan.recent_start,
+            )
+        return token
+
+    async def _run_plan(self, live: _Live, plan: CompactionPlan, fence: int | None) -> CompactionPlan | None:
+        session = live.session
+        self.counters["started"] += 1
+        log.info(
+            "voice_context_compaction_started",
+            session=session.name,
+            plan=plan.plan_id,
+            cursor=plan.start,
+            batch_size=len(plan.turns),
+            recent_start=plan.recent_start,
+            pending_note_count=len(plan.notes),
+            recompact=plan.recompact,
+        )
+        request = SummaryRequest(
+            previous_summary=plan.previous_summary,
+            turns=plan.turns,
+            notes=plan.notes,
+            max_chars=plan.max_chars,
+            max_note_chars=plan.max_note_chars,
+            first_index=plan.start,
+            recompact=plan.recompact,
+            session=session.name,
+        )
+        try:
+            with anyio.fail_after(self.compaction_timeout):
+                text = await self.summarizer.summarize(request)
+        except SummarizerError as exc:
+            self._record_failure(live, plan, exc.kind, exc.retryable, str(exc))
+            return None
+        except TimeoutError:
+            self._record_failure(live, plan, "timeout", True, f"no answer in {self.compaction_timeout:g}s")
+            return None
+        except Exception as exc:  # a summarizer bug must not take the server down
+            self._record_failure(live, plan, type(exc).__name__, False, str(exc))
+            return None
+        verdict = session.check_result(plan.plan_id, text)
+        if isinstance(verdict, Accepted):
+            try:
+                committed = await self.store.commit_compaction(
+                    session.name,
+                    expected_cursor=plan.start,
+                    new_cursor=plan.end,
+                    summary=verdict.summary,
+                    pending_notes=session.pending_after(plan),
+                    fence=fence,
+                )
+            except StoreError as exc:
+                self._record_failure(live, plan, "store", exc.retryable, str(exc))
+                return None
+            if not committed:
+                self._record_failure(
+                    live, plan, "fenced", True, "the store moved on (another replica compacted)"
+                )
+                return None
+        outcome = session.compaction_succeeded(plan.plan_id, text, self.clock())
+        if isinstance(outcome, CompactionPlan):
+            return outcome
+        if isinstance(outcome, Stale):
+            self.counters["stale"] += 1
+            log.info(
+                "voice_context_compaction_stale",
+                session=session.name,
+                plan=outcome.plan_id,
+                current=outcome.current_plan_id,
+            )
+            return None
+        if isinstance(outcome, Failed):
+            self._log_failure(live, outcome, "empty summary")
+            return None
+        assert isinstance(outcome, Applied)
+        self.counters["completed"] += 1
+        log.info(
+            "voice_context_compaction_completed",
+            session=session.name,
+            plan=plan.plan_id,
+            old_cursor=outcome.old_cursor,
+            new_cursor=outcome.new_cursor,
+            covered_through=outcome.covered_through,
+            summary_chars=len(outcome.summary),
+            clamped=outcome.clamped,
+            latency=round(outcome.latency, 4),
+        )
+        self._emit(
+            live,
+            CompactionEvent(
+                "completed",
+                session.name,
+                outcome.new_cursor,
+                outcome.covered_through,
+                len(outcome.summary),
+                outcome.latency,
+                old_cursor=outcome.old_cursor,
+            ),
+        )
+        return None
+
+    def _record_failure(
+        self, live: _Live, plan: CompactionPlan, kind: str, retryable: bool, message: str
+    ) -> None:
+        outcome = live.session.compaction_failed(plan.plan_id, kind, retryable, self.clock())
+        if isinstance(outcome, Stale):
+            self.counters["stale"] += 1
+            log.info("voice_context_compaction_stale", session=live.session.name, plan=plan.plan_id)
+            return
+        self._log_failure(live, outcome, message)
+
+    def _log_failure(self, live: _Live, outcome: Failed, message: str) -> None:
+        self.counters["failed"] += 1
+        session = live.session
+        log.warning(
+            "voice_context_compaction_failed",
+            session=session.name,
+            plan=outcome.plan.plan_id,
+            model=self.summarizer.model,
+            error=outcome.kind,
+            message=message[:300],
+            retryable=outcome.retryable,
+            failures=outcome.failures,
+            retry_at=outcome.retry_at,
+        )
+        self._emit(
+            live,
+            CompactionEvent(
+                "failed",
+                session.name,
+                session.cursor,
+                session.cursor - 1,
+                len(session.summary),
+                outcome.latency,
+                error=outcome.kind,
+                retryable=outcome.retryable,
+                failures=outcome.failures,
+                retry_at=outcome.retry_at,
+            ),
+        )
+
+    def _emit(self, live: _Live, event: CompactionEvent) -> None:
+        for listener in [*self._listeners, *live.listeners]:
+            try:
+                listener(event)
+            except Exception:  # a listener's bug must not lose the compaction
+                log.exception("voice_context_listener_failed", session=event.session)

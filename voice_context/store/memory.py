@@ -1,0 +1,95 @@
+"""A store that lives in this process: for tests and for running without persistence."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from voice_context.core.turns import Note, Turn
+from voice_context.store.base import SessionRecord
+
+
+@dataclass
+class _Entry:
+    record: SessionRecord
+    turns: list[Turn] = field(default_factory=list)
+    lease_holder: str | None = None
+    lease_until: float = 0.0
+    fence: int = 0
+
+
+class MemoryStore:
+    """Keeps every session in a dict. Nothing survives the process."""
+
+    def __init__(self, *, clock: Any = time.monotonic) -> None:
+        self._sessions: dict[str, _Entry] = {}
+        self._clock = clock
+
+    def __repr__(self) -> str:
+        return f"<MemoryStore sessions={len(self._sessions)}>"
+
+    async def load(self, name: str) -> SessionRecord | None:
+        entry = self._sessions.get(name)
+        if entry is None:
+            return None
+        rec = entry.record
+        return replace(rec, total_turns=len(entry.turns), turns=tuple(entry.turns[rec.cursor :]))
+
+    async def create(self, record: SessionRecord) -> None:
+        if record.name not in self._sessions:
+            self._sessions[record.name] = _Entry(replace(record, turns=(), total_turns=0))
+
+    async def append_turn(self, name: str, index: int, turn: Turn) -> None:
+        entry = self._sessions[name]
+        if index != len(entry.turns):
+            raise ValueError(f"turn index {index} out of order (have {len(entry.turns)})")
+        entry.turns.append(turn)
+
+    async def save_notes(self, name: str, live: Sequence[Note], pending: Sequence[Note]) -> None:
+        entry = self._sessions[name]
+        entry.record = replace(entry.record, live_notes=tuple(live), pending_notes=tuple(pending))
+
+    async def commit_compaction(
+        self,
+        name: str,
+        *,
+        expected_cursor: int,
+        new_cursor: int,
+        summary: str,
+        pending_notes: Sequence[Note],
+        fence: int | None = None,
+    ) -> bool:
+        entry = self._sessions[name]
+        if entry.record.cursor != expected_cursor:
+            return False
+        if fence is not None and fence != entry.fence:
+            return False
+        entry.record = replace(
+            entry.record, cursor=new_cursor, summary=summary, pending_notes=tuple(pending_notes)
+        )
+        return True
+
+    async def read_turns(self, name: str, start: int, end: int) -> list[Turn]:
+        return list(self._sessions[name].turns[start:end])
+
+    async def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
+        entry = self._sessions[name]
+        now = self._clock()
+        if entry.lease_holder not in (None, holder) and entry.lease_until > now:
+            return None
+        entry.lease_holder, entry.lease_until = holder, now + ttl
+        entry.fence += 1
+        return entry.fence
+
+    async def release_lease(self, name: str, holder: str) -> None:
+        entry = self._sessions.get(name)
+        if entry is not None and entry.lease_holder == holder:
+            entry.lease_holder, entry.lease_until = None, 0.0
+
+    async def delete(self, name: str) -> None:
+        self._sessions.pop(name, None)
+
+    async def aclose(self) -> None:
+        return None
