@@ -1,0 +1,230 @@
+"""A summarizer for any server that speaks the OpenAI chat-completions API.
+
+That covers OpenAI itself and the usual local servers (llama.cpp, vLLM,
+Ollama, LM Studio, ...). Retries with backoff for 429 and 5xx answers, and for
+timeouts and dropped connections, are left to the ``openai`` client
+(``max_retries``). Whatever still fails is translated into
+:class:`~voice_context.errors.SummarizerError` once, here, so nothing from
+``openai`` leaks past this module.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Literal, Self
+
+import openai
+from openai.types.chat import (
+    ChatCompletionMessageParam,
+    ChatCompletionSystemMessageParam,
+    ChatCompletionUserMessageParam,
+)
+
+from voice_context.errors import SummarizerError
+from voice_context.summarizers.base import SummaryRequest
+from voice_context.summarizers.prompt import build_messages
+
+__all__ = ["CHARS_PER_TOKEN", "MIN_OUTPUT_TOKENS", "OpenAISummarizer", "clean_summary", "output_token_cap"]
+
+CHARS_PER_TOKEN = 4
+"""Characters per token of English prose, the usual rule of thumb."""
+
+MIN_OUTPUT_TOKENS = 16
+"""The smallest output cap ever sent, so a tiny budget still leaves room for a sentence."""
+
+TokenCapParam = Literal["max_tokens", "max_completion_tokens"]
+
+_FENCE = re.compile(r"^```[^\n]*\n(?P<body>.*?)\n?```$", re.DOTALL)
+_THINKING = re.compile(r"^<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+_LABEL = re.compile(
+    r"^(?:\*\*|__)?(?:(?:updated|running|new|condensed)\s+)?summary\s*(?::\s*(?:\*\*|__)?|(?:\*\*|__)\s*:)\s*",
+    re.IGNORECASE,
+)
+
+
+def output_token_cap(max_chars: int) -> int:
+    """The hard cap on output tokens for a summary of at most ``max_chars`` characters.
+
+    ``max_chars // 4`` tokens: at about four characters per token a summary
+    that uses the whole cap lands near the character budget, so the model can
+    never run far past it (a runaway or looping answer is cut at the cap, not
+    after thousands of tokens). The budget itself is enforced by the caller,
+    which asks for a condensing pass when a summary comes back too long; the
+    cap only bounds how much a single call can cost and how long it can take.
+    """
+    return max(MIN_OUTPUT_TOKENS, max_chars // CHARS_PER_TOKEN)
+
+
+def clean_summary(text: str) -> str:
+    """The summary without the wrapping models like to add.
+
+    Strips surrounding whitespace, a leading ``<think>…</think>`` block (from
+    reasoning models served locally), one enclosing code fence, and a leading
+    ``Summary:`` label (also ``**Summary:**``, ``Updated summary:``, ...).
+    """
+    text = _THINKING.sub("", text.strip()).strip()
+    fenced = _FENCE.match(text)
+    if fenced:
+        text = fenced.group("body").strip()
+    return _LABEL.sub("", text, count=1).strip()
+
+
+def _chat_messages(messages: Sequence[dict[str, str]]) -> list[ChatCompletionMessageParam]:
+    out: list[ChatCompletionMessageParam] = []
+    for message in messages:
+        if message["role"] == "system":
+            out.append(ChatCompletionSystemMessageParam(role="system", content=message["content"]))
+        else:
+            out.append(ChatCompletionUserMessageParam(role="user", content=message["content"]))
+    return out
+
+
+def _malformed(detail: str) -> SummarizerError:
+    return SummarizerError(f"malformed chat completion: {detail}", retryable=True, kind="malformed")
+
+
+def _content(completion: object) -> str:
+    """The text of the first choice, or ``SummarizerError(kind="malformed")``.
+
+    The client does not validate responses, so every step is checked: a
+    non-JSON body comes back as a plain string, and JSON of the wrong shape
+    as a model with missing or odd attributes.
+    """
+    choices = getattr(completion, "choices", None)
+    if not isinstance(choices, list) or not choices:
+        raise _malformed("no choices")
+    message = getattr(choices[0], "message", None)
+    content = getattr(message, "content", None)
+    if not isinstance(content, str):
+        raise _malformed(f"content is {type(content).__name__}, not text")
+    if content.lstrip().lower().startswith("<think>") and "</think>" not in content.lower():
+        raise _malformed("the answer stopped inside a <think> block")
+    summary = clean_summary(content)
+    if not summary:
+        raise _malformed("empty content")
+    return summary
+
+
+def _translate(exc: openai.OpenAIError) -> SummarizerError:
+    """One ``openai`` failure as a :class:`SummarizerError` (kind and retryable set)."""
+    if isinstance(exc, openai.APITimeoutError):
+        return SummarizerError(f"summarizer timed out: {exc}", retryable=True, kind="timeout")
+    if isinstance(exc, openai.APIConnectionError):
+        return SummarizerError(f"cannot reach summarizer: {exc}", retryable=True, kind="connection")
+    if isinstance(exc, openai.RateLimitError):
+        return SummarizerError(f"summarizer rate limited: {exc}", retryable=True, kind="rate_limited")
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        if status == 408:  # the server gave up waiting: a timeout, whoever noticed it
+            return SummarizerError(f"summarizer timed out (408): {exc}", retryable=True, kind="timeout")
+        if status >= 500:
+            return SummarizerError(
+                f"summarizer server error {status}: {exc}", retryable=True, kind="server_error"
+            )
+        return SummarizerError(
+            f"summarizer refused the request ({status}): {exc}", retryable=False, kind="bad_request"
+        )
+    if isinstance(exc, openai.APIResponseValidationError):
+        return _malformed(str(exc))
+    return SummarizerError(f"summarizer failed: {exc}", retryable=False, kind="error")
+
+
+class OpenAISummarizer:
+    """Folds turns into the summary with one chat-completions call.
+
+    ``base_url`` is the API root (``http://127.0.0.1:8080/v1``); ``None`` means
+    the ``openai`` client's default. ``api_key`` defaults to ``"not-needed"``:
+    local servers ignore it, and the client insists on having one.
+    ``timeout`` (seconds) bounds each attempt and ``max_retries`` is how many
+    more attempts the client makes, with backoff, after a timeout, a dropped
+    connection, a 429 or a 5xx.
+
+    The output cap is sent as ``max_tokens`` by default, which every
+    OpenAI-compatible server understands; pass
+    ``token_cap_param="max_completion_tokens"`` for OpenAI models that reject
+    ``max_tokens``.
+
+    A pre-built ``client`` can be shared between summarizers: it is used with
+    this summarizer's ``timeout`` and ``max_retries``, ``base_url`` and
+    ``api_key`` are ignored, and :meth:`aclose` leaves it open for its owner.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 20.0,
+        max_retries: int = 2,
+        temperature: float = 0.0,
+        token_cap_param: TokenCapParam = "max_tokens",
+        client: openai.AsyncOpenAI | None = None,
+    ) -> None:
+        if not model:
+            raise ValueError("model must not be empty")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must not be negative, got {max_retries}")
+        self._model = model
+        self._temperature = temperature
+        self._token_cap_param: TokenCapParam = token_cap_param
+        self._owns_client = client is None
+        if client is None:
+            self._client = openai.AsyncOpenAI(
+                base_url=base_url,
+                api_key=api_key if api_key is not None else "not-needed",
+                timeout=timeout,
+                max_retries=max_retries,
+            )
+        else:
+            self._client = client.with_options(timeout=timeout, max_retries=max_retries)
+
+    @property
+    def model(self) -> str:
+        """The model name sent with every request."""
+        return self._model
+
+    async def summarize(self, request: SummaryRequest) -> str:
+        """The new summary for ``request``; raises :class:`SummarizerError` on any failure."""
+        messages = _chat_messages(build_messages(request))
+        cap = output_token_cap(request.max_chars)
+        try:
+            if self._token_cap_param == "max_completion_tokens":
+                completion: object = await self._client.chat.completions.create(
+                    model=self._model,
+                    messages=messages,
+                    temperature=self._temperature,
+                    max_completion_tokens=cap,
+                )
+            else:
+                completion = await self._client.chat.completions.create(
+                    model=self._model,
+                    messages=messages,
+                    temperature=self._temperature,
+                    max_tokens=cap,
+                )
+        except openai.OpenAIError as exc:
+            raise _translate(exc) from exc
+        except ValueError as exc:  # a 200 whose body is not JSON, or not the expected shape
+            raise _malformed(str(exc)) from exc
+        return _content(completion)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client, unless it was handed in pre-built."""
+        if self._owns_client:
+            await self._client.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

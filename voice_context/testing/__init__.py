@@ -1,0 +1,1 @@
+"""Helpers for testing voice-context and the bots built on it."""
