@@ -1,0 +1,5 @@
+import sys
+
+from voice_context.cli import main
+
+sys.exit(main())

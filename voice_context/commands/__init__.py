@@ -1,0 +1,1 @@
+"""The subcommands of ``voice-context`` (one module each)."""

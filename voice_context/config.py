@@ -1,0 +1,185 @@
+"""Settings for the service and the tools, from a TOML file and ``VOICE_CONTEXT_*`` variables.
+
+Groups, each a frozen value with named defaults::
+
+    [server]      host, port, max_frame_bytes, max_text_chars, max_sessions_per_connection,
+                  turns_per_second, turn_burst, auth_tokens, record_dir, shutdown_timeout
+    [summarizer]  kind ("deterministic" | "openai"), base_url, model, api_key, timeout,
+                  max_retries, compaction_timeout
+    [store]       url ("sqlite" default, "memory", "sqlite:///path/to.db", "redis://host:port/0"),
+                  data_dir
+    [session]     any field of SessionConfig (recent_window, batch_size, max_summary_chars, ...)
+
+Environment variables override the file: ``VOICE_CONTEXT_<GROUP>_<FIELD>``, e.g.
+``VOICE_CONTEXT_SUMMARIZER_BASE_URL`` or ``VOICE_CONTEXT_SESSION_RECENT_WINDOW``; lists
+(``auth_tokens``) are comma-separated. ``VOICE_CONTEXT_SUMMARIZER_API_KEY`` is the place
+for a key (it is never logged).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from voice_context.core.config import SessionConfig
+from voice_context.errors import ConfigError
+from voice_context.summarizers.base import Summarizer
+
+ENV_PREFIX = "VOICE_CONTEXT_"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8765
+    max_frame_bytes: int = 256 * 1024
+    max_text_chars: int = 8000
+    max_sessions_per_connection: int = 32
+    turns_per_second: float = 20.0
+    turn_burst: int = 40
+    auth_tokens: tuple[str, ...] = ()
+    record_dir: str | None = None
+    shutdown_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"server.port must be 0..65535, got {self.port}")
+        for name in ("max_frame_bytes", "max_text_chars", "max_sessions_per_connection", "turn_burst"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"server.{name} must be positive")
+        if self.turns_per_second <= 0:
+            raise ConfigError("server.turns_per_second must be positive")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SummarizerSettings:
+    kind: str = "deterministic"
+    base_url: str | None = None
+    model: str = "gpt-4o-mini"
+    api_key: str | None = field(default=None, repr=False)
+    timeout: float = 20.0
+    max_retries: int = 2
+    compaction_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("deterministic", "openai"):
+            raise ConfigError(f"summarizer.kind must be 'deterministic' or 'openai', got {self.kind!r}")
+        if self.timeout <= 0 or self.compaction_timeout <= 0:
+            raise ConfigError("summarizer timeouts must be positive")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreSettings:
+    url: str = "memory"
+    data_dir: str = "data"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    summarizer: SummarizerSettings = field(default_factory=SummarizerSettings)
+    store: StoreSettings = field(default_factory=StoreSettings)
+    session: SessionConfig = field(default_factory=SessionConfig)
+
+    def with_values(self, group: str, values: Mapping[str, Any]) -> Settings:
+        """A copy with some fields of one group changed (strings are converted)."""
+        current = getattr(self, group, None)
+        if current is None or group not in _GROUPS:
+            raise ConfigError(f"unknown settings group {group!r}")
+        return replace(self, **{group: _apply(group, current, values)})
+
+
+_GROUPS = ("server", "summarizer", "store", "session")
+
+
+def _apply(group: str, current: Any, values: Mapping[str, Any]) -> Any:
+    hints = get_type_hints(type(current))
+    known = {f.name for f in fields(current)}
+    changes: dict[str, Any] = {}
+    for key, raw in values.items():
+        if key not in known:
+            raise ConfigError(f"unknown setting {group}.{key}")
+        changes[key] = _convert(f"{group}.{key}", hints[key], raw)
+    try:
+        return replace(current, **changes)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{group}: {exc}") from exc
+
+
+def _convert(name: str, hint: Any, raw: Any) -> Any:
+    text = str(hint)
+    try:
+        if isinstance(raw, str):
+            if hint is int or text == "int":
+                return int(raw)
+            if hint is float or text == "float":
+                return float(raw)
+            if hint is bool:
+                return raw.strip().lower() in ("1", "true", "yes", "on")
+            if "tuple" in text:
+                return tuple(part.strip() for part in raw.split(",") if part.strip())
+            if "None" in text and raw.strip().lower() in ("", "none", "null"):
+                return None
+            return raw
+        if "tuple" in text and isinstance(raw, list | tuple):
+            return tuple(str(x) for x in raw)
+        if (hint is float or text == "float") and isinstance(raw, int) and not isinstance(raw, bool):
+            return float(raw)
+        return raw
+    except ValueError as exc:
+        raise ConfigError(f"{name}: cannot read {raw!r} ({exc})") from exc
+
+
+def load_settings(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    base: Settings | None = None,
+) -> Settings:
+    """Defaults, then the TOML file (if any), then ``VOICE_CONTEXT_*`` variables."""
+    settings = base or Settings()
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+        for group, values in data.items():
+            if group not in _GROUPS or not isinstance(values, dict):
+                raise ConfigError(f"unknown config section [{group}]")
+            settings = settings.with_values(group, values)
+    environ = os.environ if env is None else env
+    by_group: dict[str, dict[str, str]] = {}
+    for key, value in environ.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        rest = key[len(ENV_PREFIX) :].lower()
+        for group in _GROUPS:
+            if rest.startswith(group + "_"):
+                by_group.setdefault(group, {})[rest[len(group) + 1 :]] = value
+                break
+    for group, values in by_group.items():
+        settings = settings.with_values(group, values)
+    return settings
+
+
+def make_summarizer(settings: SummarizerSettings) -> Summarizer:
+    """The summarizer the settings name (the deterministic one by default)."""
+    if settings.kind == "openai":
+        from voice_context.summarizers.openai_compat import OpenAISummarizer
+
+        return OpenAISummarizer(
+            base_url=settings.base_url,
+            api_key=settings.api_key,
+            model=settings.model,
+            timeout=settings.timeout,
+            max_retries=settings.max_retries,
+        )
+    from voice_context.summarizers.deterministic import DeterministicSummarizer
+
+    return DeterministicSummarizer()
