@@ -1,3 +1,62 @@
-"""voice-context: long-session memory for realtime voice bots."""
+"""voice-context: long-session memory for realtime voice bots.
+
+The public API::
+
+    from voice_context import SessionManager, DeterministicSummarizer, Turn
+
+    async with SessionManager(DeterministicSummarizer()) as manager:
+        await manager.open("room-1")
+        await manager.append_turn("room-1", Turn("Alice", "user", "Let's raid at nine.", at=0.0))
+        context = await manager.context("room-1", "instructions", budget_chars=5200)
+
+The pure core (``voice_context.core``) can be driven without an event loop;
+the websocket service, client, stores and replay tools build on it.
+"""
+
+from voice_context.core.budget import Context, build_context, estimate_tokens
+from voice_context.core.config import SessionConfig
+from voice_context.core.session import Session, SessionStats
+from voice_context.core.turns import Note, Turn
+from voice_context.core.window import SkipReason
+from voice_context.errors import (
+    ConfigError,
+    ProtocolError,
+    SessionClosed,
+    StoreError,
+    SummarizerError,
+    UnknownSession,
+    VoiceContextError,
+)
+from voice_context.manager import CompactionEvent, Opened, SessionManager
+from voice_context.summarizers.base import Summarizer, SummaryRequest
+from voice_context.summarizers.deterministic import DeterministicSummarizer
+from voice_context.summarizers.openai_compat import OpenAISummarizer
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "CompactionEvent",
+    "ConfigError",
+    "Context",
+    "DeterministicSummarizer",
+    "Note",
+    "OpenAISummarizer",
+    "Opened",
+    "ProtocolError",
+    "Session",
+    "SessionClosed",
+    "SessionConfig",
+    "SessionManager",
+    "SessionStats",
+    "SkipReason",
+    "StoreError",
+    "Summarizer",
+    "SummarizerError",
+    "SummaryRequest",
+    "Turn",
+    "UnknownSession",
+    "VoiceContextError",
+    "__version__",
+    "build_context",
+    "estimate_tokens",
+]
