@@ -35,7 +35,7 @@ from typing import Literal
 
 from voice_context.core.session import ContextView
 from voice_context.core.text import clip, keep_newest_sentences
-from voice_context.core.turns import Note, Turn
+from voice_context.core.turns import Turn
 
 Format = Literal["messages", "instructions"]
 FORMATS: frozenset[str] = frozenset({"messages", "instructions"})
@@ -74,72 +74,129 @@ class Context:
     dropped: tuple[str, ...] = field(default=())
 
 
+_SECTIONS = ("base", "facts", "summary", "notes", "turns")
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """What each part costs in one format: a section's header, each item's overhead, the joins."""
+
+    header: dict[str, int]
+    item: dict[str, int]
+    join: int
+
+
+_INSTRUCTIONS = _Layout(
+    header={
+        "base": 0,
+        "facts": len(FACTS_HEADER),
+        "summary": len(SUMMARY_HEADER) + 1,
+        "notes": len(NOTES_HEADER),
+        "turns": len(RECENT_HEADER),
+    },
+    item={"base": 0, "facts": 3, "summary": 0, "notes": 3, "turns": 1},
+    join=2,
+)
+_MESSAGES = _Layout(
+    header={
+        "base": 0,
+        "facts": len(FACTS_HEADER),
+        "summary": len(SUMMARY_PREFIX),
+        "notes": len(NOTES_HEADER),
+        "turns": 0,
+    },
+    item={"base": 0, "facts": 3, "summary": 0, "notes": 3, "turns": 0},
+    join=0,
+)
+
+
 @dataclass(slots=True)
-class _Parts:
-    """The chosen content; rendering it is a pure function of this."""
+class _Fill:
+    """The parts chosen so far and their exact rendered size, kept without rendering."""
 
-    base: str = ""
-    facts: list[str] = field(default_factory=list)
-    summary: str = ""
-    notes: list[str] = field(default_factory=list)
-    turns: list[str] = field(default_factory=list)  # newest first while choosing
-    turn_roles: list[str] = field(default_factory=list)
+    layout: _Layout
+    limit: int | None
+    items: dict[str, list[str]] = field(default_factory=lambda: {name: [] for name in _SECTIONS})
+    total: int = 0
 
-    def copy(self) -> _Parts:
-        return _Parts(
-            self.base,
-            list(self.facts),
-            self.summary,
-            list(self.notes),
-            list(self.turns),
-            list(self.turn_roles),
-        )
+    def cost(self, section: str, text: str) -> int:
+        extra = self.layout.item[section] + len(text)
+        if not self.items[section]:
+            opened = sum(1 for name in _SECTIONS if self.items[name])
+            extra += self.layout.header[section] + (self.layout.join if opened else 0)
+        return extra
+
+    def room(self, section: str) -> int:
+        """How many chars of content one more item of ``section`` may have."""
+        if self.limit is None:
+            return 1 << 30
+        return self.limit - self.total - self.cost(section, "")
+
+    def add(self, section: str, text: str) -> bool:
+        extra = self.cost(section, text)
+        if self.limit is not None and self.total + extra > self.limit:
+            return False
+        self.items[section].append(text)
+        self.total += extra
+        return True
+
+    def add_cut(self, section: str, text: str, cut: Callable[[str, int], str], fixed: int = 0) -> bool:
+        """Add ``text``, or as much of it as ``cut`` keeps in the room left (``fixed`` chars of
+        the item are not cuttable, e.g. a speaker prefix)."""
+        if self.add(section, text):
+            return True
+        space = self.room(section) - fixed
+        short = cut(text[fixed:], space) if space > 0 else ""
+        return bool(short) and self.add(section, text[:fixed] + short)
 
 
-def _turn_line(turn: Turn) -> str:
-    return f"{turn.speaker}: {turn.text}" if turn.speaker else turn.text
+def _turn_line(turn: Turn, text: str) -> str:
+    return f"{turn.speaker}: {text}" if turn.speaker else text
 
 
 def _turn_message(turn: Turn, text: str) -> Message:
     if turn.role == "user":
-        return {"role": "user", "content": f"{turn.speaker}: {text}" if turn.speaker else text}
+        return {"role": "user", "content": _turn_line(turn, text)}
     if turn.role == "assistant":
         return {"role": "assistant", "content": text}
     label = f"{turn.speaker} ({turn.role})" if turn.speaker else turn.role
     return {"role": "system", "content": f"{label}: {text}"}
 
 
-def _render_instructions(parts: _Parts) -> str:
+def _bulleted(header: str, items: Sequence[str]) -> str:
+    return header + "".join(f"\n- {item}" for item in items)
+
+
+def _render_instructions(items: dict[str, list[str]]) -> str:
     sections: list[str] = []
-    if parts.base:
-        sections.append(parts.base)
-    if parts.facts:
-        sections.append(FACTS_HEADER + "\n" + "\n".join(f"- {fact}" for fact in parts.facts))
-    if parts.summary:
-        sections.append(SUMMARY_HEADER + "\n" + parts.summary)
-    if parts.notes:
-        sections.append(NOTES_HEADER + "\n" + "\n".join(f"- {note}" for note in reversed(parts.notes)))
-    if parts.turns:
-        sections.append(RECENT_HEADER + "\n" + "\n".join(reversed(parts.turns)))
+    if items["base"]:
+        sections.append(items["base"][0])
+    if items["facts"]:
+        sections.append(_bulleted(FACTS_HEADER, items["facts"]))
+    if items["summary"]:
+        sections.append(SUMMARY_HEADER + "\n" + items["summary"][0])
+    if items["notes"]:
+        sections.append(_bulleted(NOTES_HEADER, items["notes"][::-1]))
+    if items["turns"]:
+        sections.append(RECENT_HEADER + "".join("\n" + line for line in reversed(items["turns"])))
     return "\n\n".join(sections)
 
 
-def _messages(parts: _Parts, chosen_turns: Sequence[Turn]) -> list[Message]:
+def _render_messages(items: dict[str, list[str]], chosen: Sequence[Turn]) -> list[Message]:
     out: list[Message] = []
-    if parts.base:
-        out.append({"role": "system", "content": parts.base})
-    if parts.facts:
-        out.append(
-            {"role": "system", "content": FACTS_HEADER + "\n" + "\n".join(f"- {f}" for f in parts.facts)}
-        )
-    if parts.summary:
-        out.append({"role": "system", "content": SUMMARY_PREFIX + parts.summary})
-    if parts.notes:
-        body = "\n".join(f"- {note}" for note in reversed(parts.notes))
-        out.append({"role": "system", "content": NOTES_HEADER + "\n" + body})
-    texts = list(reversed(parts.turns))
-    for turn, text in zip(chosen_turns, texts, strict=True):
-        out.append(_turn_message(turn, text))
+    if items["base"]:
+        out.append({"role": "system", "content": items["base"][0]})
+    if items["facts"]:
+        out.append({"role": "system", "content": _bulleted(FACTS_HEADER, items["facts"])})
+    if items["summary"]:
+        out.append({"role": "system", "content": SUMMARY_PREFIX + items["summary"][0]})
+    if items["notes"]:
+        out.append({"role": "system", "content": _bulleted(NOTES_HEADER, items["notes"][::-1])})
+    roles = [_turn_message(turn, "")["role"] for turn in chosen]
+    out.extend(
+        {"role": role, "content": content}
+        for role, content in zip(roles, reversed(items["turns"]), strict=True)
+    )
     return out
 
 
@@ -165,162 +222,90 @@ def build_context(
         raise ValueError("budget_chars must be >= 0")
     config = view.config
     turns = view.turns
-    turn_texts = [clip(t.text, config.max_turn_chars) for t in turns]
-
-    if format == "instructions":
-
-        def size(parts: _Parts) -> int:
-            return len(_render_instructions(parts))
-
-        def line(i: int, text: str) -> str:
-            return _turn_line(Turn(turns[i].speaker, turns[i].role, text, turns[i].at))
-
-    else:
-
-        def size(parts: _Parts) -> int:
-            chosen = turns[len(turns) - len(parts.turns) :] if parts.turns else ()
-            return sum(len(m["content"]) for m in _messages(parts, chosen))
-
-        def line(i: int, text: str) -> str:
-            return text
-
-    limit = budget_chars if budget_chars is not None else -1
-    parts = _Parts()
+    n = len(turns)
+    fill = _Fill(_INSTRUCTIONS if format == "instructions" else _MESSAGES, budget_chars)
     dropped: list[str] = []
 
-    def fits(candidate: _Parts) -> bool:
-        return limit < 0 or size(candidate) <= limit
+    def rendered(i: int) -> tuple[str, int]:
+        """Turn ``i`` as its line or message content, and the length of its speaker prefix."""
+        turn = turns[i]
+        text = clip(turn.text, config.max_turn_chars)
+        whole = _turn_line(turn, text) if format == "instructions" else _turn_message(turn, text)["content"]
+        return whole, len(whole) - len(text)
 
-    def room(with_empty: _Parts) -> int:
-        """How many content chars an item may take, given its rendering with empty content."""
-        return limit - size(with_empty) if limit >= 0 else 1 << 30
-
-    def add_clipped(setter: Callable[[_Parts, str], None], text: str, cut: Callable[[str, int], str]) -> bool:
-        trial = parts.copy()
-        setter(trial, text)
-        if fits(trial):
-            setter(parts, text)
-            return True
-        empty = parts.copy()
-        setter(empty, "")
-        space = room(empty)
-        if space <= 0:
-            return False
-        short = cut(text, space)
-        if not short:
-            return False
-        trial = parts.copy()
-        setter(trial, short)
-        if not fits(trial):  # pragma: no cover - rendering is linear in content
-            return False
-        setter(parts, short)
-        return True
-
-    # 1. base instructions
-    if base_instructions and not add_clipped(lambda p, t: setattr(p, "base", t), base_instructions, clip):
+    # 1. the base instructions
+    if base_instructions and not fill.add_cut("base", base_instructions, clip):
         dropped.append("base_instructions")
 
-    # 2 + 3 + 7. turns, newest first, contiguous
-    def add_turn(i: int) -> bool:
-        trial = parts.copy()
-        trial.turns.append(line(i, turn_texts[i]))
-        if fits(trial):
-            parts.turns.append(line(i, turn_texts[i]))
-            return True
-        return False
-
-    n = len(turns)
+    # 2. the current turn, clipped if it alone is larger than the budget
     next_turn = n - 1
-    stopped = False
+    stopped = n == 0
     if n:
-        # the current turn: clipped to the budget if it alone is too long
-        def set_current(p: _Parts, text: str) -> None:
-            p.turns = [line(n - 1, text)]
-
-        prefix_len = len(line(n - 1, ""))
-        if add_clipped(
-            set_current, turn_texts[-1], lambda t, k: clip(t, k - prefix_len) if k > prefix_len else ""
-        ):
+        line, prefix = rendered(n - 1)
+        if fill.add_cut("turns", line, clip, fixed=prefix):
             next_turn = n - 2
         else:
             stopped = True
             dropped.append("current_turn")
-    priority_floor = max(0, n - max(1, config.priority_turns))
-    while not stopped and next_turn >= priority_floor:
-        if not add_turn(next_turn):
-            stopped = True
-            break
-        next_turn -= 1
 
-    # 4. durable facts
-    for fact in facts:
-        trial = parts.copy()
-        trial.facts.append(fact)
-        if fits(trial):
-            parts.facts.append(fact)
+    # 3. the newest verbatim turns, newest first, contiguous
+    floor = max(0, n - max(1, config.priority_turns))
+    while not stopped and next_turn >= floor:
+        if not fill.add("turns", rendered(next_turn)[0]):
+            stopped = True
         else:
+            next_turn -= 1
+
+    # 4. durable facts, in the order given
+    for fact in facts:
+        if not fill.add("facts", fact):
             dropped.append("facts")
             break
 
-    # 5. summary, newest sentences first
-    if view.summary and not add_clipped(
-        lambda p, t: setattr(p, "summary", t), view.summary, keep_newest_sentences
-    ):
-        dropped.append("summary")
-    elif view.summary and parts.summary != view.summary:
-        dropped.append("summary_head")
+    # 5. the summary, its newest sentences first
+    if view.summary:
+        if not fill.add_cut("summary", view.summary, keep_newest_sentences):
+            dropped.append("summary")
+        elif fill.items["summary"][0] != view.summary:
+            dropped.append("summary_head")
 
     # 6. live screen notes, newest first
     for note in reversed(view.live_notes):
-        trial = parts.copy()
-        trial.notes.append(_note_line(note))
-        if fits(trial):
-            parts.notes.append(_note_line(note))
-        else:
+        if not fill.add("notes", note.render()):
             dropped.append("notes")
             break
 
     # 7. older verbatim turns back to the cursor
     while not stopped and next_turn >= 0:
-        if not add_turn(next_turn):
+        if not fill.add("turns", rendered(next_turn)[0]):
             stopped = True
-            break
-        next_turn -= 1
-    if stopped and len(parts.turns) < n:
+        else:
+            next_turn -= 1
+    shown = len(fill.items["turns"])
+    if shown < n:
         dropped.append("older_turns")
 
-    shown = len(parts.turns)
-    chosen = turns[n - shown :] if shown else ()
-    first_turn = view.cursor + n - shown
+    chosen = turns[n - shown :]
+    messages: tuple[Message, ...] = ()
+    instructions = ""
     if format == "instructions":
-        text = _render_instructions(parts)
-        return Context(
-            format,
-            view.cursor,
-            view.covered_through,
-            parts.summary,
-            len(text),
-            first_turn,
-            shown,
-            instructions=text,
-            budget_chars=budget_chars,
-            dropped=tuple(dropped),
-        )
-    messages = _messages(parts, chosen)
-    chars = sum(len(m["content"]) for m in messages)
+        instructions = _render_instructions(fill.items)
+        chars = len(instructions)
+    else:
+        messages = tuple(_render_messages(fill.items, chosen))
+        chars = sum(len(m["content"]) for m in messages)
+    if chars != fill.total:  # pragma: no cover - the size model must match the rendering
+        raise AssertionError(f"size model {fill.total} != rendered {chars}")
     return Context(
-        format,
-        view.cursor,
-        view.covered_through,
-        parts.summary,
-        chars,
-        first_turn,
-        shown,
-        messages=tuple(messages),
+        format=format,
+        cursor=view.cursor,
+        covered_through=view.covered_through,
+        summary=fill.items["summary"][0] if fill.items["summary"] else "",
+        chars=chars,
+        first_turn=view.cursor + n - shown,
+        turns_shown=shown,
+        messages=messages,
+        instructions=instructions,
         budget_chars=budget_chars,
         dropped=tuple(dropped),
     )
-
-
-def _note_line(note: Note) -> str:
-    return note.render()
