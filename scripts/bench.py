@@ -1,0 +1,126 @@
+"""Benchmarks of the reply path. Prints figures; asserts nothing.
+
+1. ``build_context`` alone, by format and transcript size (the pure core).
+2. ``SessionManager.context`` while idle, against the same calls while a
+   summarizer that takes a long time is folding a batch for the session: the
+   ratio shows whether a compaction in flight delays a reply.
+3. Many sessions at once: the same percentiles across 50 sessions, each with
+   its own compaction in flight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import anyio
+import structlog
+
+from voice_context import DeterministicSummarizer, SessionConfig, SessionManager, Turn
+from voice_context.core.budget import build_context
+from voice_context.core.session import Session
+from voice_context.summarizers.fakes import SlowSummarizer
+
+WORDS = "we should try the new team comp tonight because Bob keeps dying as Hulk on Tokyo".split()
+
+
+def turn(i: int) -> Turn:
+    speaker = ("Alice", "Bob", "Nova")[i % 3]
+    role = "assistant" if speaker == "Nova" else "user"
+    text = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(8 + i % 30))
+    return Turn(speaker, role, f"{text} ({i}).", at=1_700_000_000.0 + 4 * i)
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def row(label: str, samples: list[float], baseline: list[float] | None = None) -> str:
+    p50, p99 = pct(samples, 0.5) * 1e6, pct(samples, 0.99) * 1e6
+    ratio = ""
+    if baseline:
+        ratio = f"  p50 x{p50 / (pct(baseline, 0.5) * 1e6):.2f}  p99 x{p99 / (pct(baseline, 0.99) * 1e6):.2f}"
+    mean = statistics.fmean(samples) * 1e6
+    return f"{label:<52} p50 {p50:8.1f} us  p99 {p99:8.1f} us  mean {mean:8.1f} us{ratio}"
+
+
+def timed(fn: Callable[[], object], n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def bench_core(n: int) -> None:
+    print("== build_context (pure core)")
+    for size in (60, 200, 1000):
+        session = Session("bench", SessionConfig(recent_window=size))
+        for i in range(size):
+            session.append_turn(turn(i))
+        view = session.view()
+        for fmt, budget in (("instructions", 5200), ("messages", None), ("messages", 8000)):
+            samples = timed(
+                lambda view=view, fmt=fmt, budget=budget: build_context(view, fmt, budget_chars=budget), n
+            )
+            print(row(f"{size:>5} turns  {fmt:<12} budget={budget}", samples))
+
+
+async def bench_manager(n: int, delay: float, sessions: int) -> None:
+    print("== SessionManager.context: idle vs. a compaction in flight")
+    slow = SlowSummarizer(DeterministicSummarizer(), delay)
+    async with SessionManager(slow, compaction_timeout=delay * 10, close_timeout=0.1) as manager:
+        await manager.open("idle")
+        for i in range(60):
+            await manager.append_turn("idle", turn(i))
+        idle: list[float] = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await manager.context("idle", "instructions")
+            idle.append(time.perf_counter() - t0)
+        print(row("60 turns, nothing to fold", idle))
+
+        await manager.open("busy")
+        for i in range(61):
+            await manager.append_turn("busy", turn(i))
+        await manager.context("busy", "instructions")  # starts folding 0..9, which takes `delay`
+        busy: list[float] = []
+        while manager.in_flight and len(busy) < n:
+            t0 = time.perf_counter()
+            await manager.context("busy", "instructions")
+            busy.append(time.perf_counter() - t0)
+        print(row(f"61 turns, a {delay:g}s fold in flight", busy, idle))
+
+        names = [f"room-{k}" for k in range(sessions)]
+        for name in names:
+            await manager.open(name)
+            for i in range(61):
+                await manager.append_turn(name, turn(i))
+        many: list[float] = []
+        for _ in range(max(1, n // sessions)):
+            for name in names:
+                t0 = time.perf_counter()
+                await manager.context(name, "instructions")
+                many.append(time.perf_counter() - t0)
+        print(row(f"{sessions} sessions, {manager.in_flight} folds in flight", many, idle))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("-n", type=int, default=2000, help="samples per figure")
+    parser.add_argument("--delay", type=float, default=3.0, help="seconds the slow summarizer takes")
+    parser.add_argument("--sessions", type=int, default=50)
+    args = parser.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    bench_core(args.n)
+    anyio.run(bench_manager, args.n, args.delay, args.sessions)
+
+
+if __name__ == "__main__":
+    main()
