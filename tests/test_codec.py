@@ -1,0 +1,352 @@
+"""The wire codec: every client message decodes to a typed value, and nothing else crashes it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from voice_context.codec import (
+    CLIENT_TYPES,
+    ERROR_CODES,
+    ContextGet,
+    DecodeError,
+    NoteAppend,
+    Ping,
+    SessionClose,
+    SessionOpen,
+    SessionStateGet,
+    TurnAppend,
+    decode,
+    decode_reply,
+    encode,
+    encode_context,
+    encode_error,
+    encode_event,
+    encode_note_appended,
+    encode_opened,
+    encode_state,
+    encode_turn_appended,
+)
+from voice_context.core.budget import build_context
+from voice_context.core.session import NotesChanged, Session
+from voice_context.core.turns import Note, Turn
+from voice_context.errors import ProtocolError
+from voice_context.manager import CompactionEvent, Opened
+
+T0 = 1714572187.0
+DECODE_CODES = {"bad_request", "unknown_type", "too_large"}
+
+
+def frame(**fields: Any) -> str:
+    return orjson.dumps(fields).decode()
+
+
+def turn_frame(**turn: Any) -> str:
+    body = {"speaker": "Alice", "role": "user", "text": "hello there", "at": T0}
+    body.update(turn)
+    return frame(type="turn.append", id=7, session="room-1", turn=body)
+
+
+def rejected(raw: str | bytes, **kwargs: Any) -> DecodeError:
+    with pytest.raises(DecodeError) as info:
+        decode(raw, **kwargs)
+    return info.value
+
+
+# -- every message type decodes ------------------------------------------------------
+
+
+def test_every_client_message_decodes_to_its_typed_value() -> None:
+    assert decode(frame(type="session.open", id="o1", session="room-1", config={"batch_size": 5})) == (
+        SessionOpen("room-1", {"batch_size": 5}, "o1")
+    )
+    assert decode(turn_frame(id="t-1")) == TurnAppend(
+        "room-1", Turn("Alice", "user", "hello there", T0, "t-1"), 7
+    )
+    assert decode(
+        frame(
+            type="note.append",
+            session="room-1",
+            note={"text": "a spreadsheet", "at": T0, "speaker": "Bob", "source": "screen"},
+        )
+    ) == NoteAppend("room-1", Note("a spreadsheet", T0, "Bob", "screen"))
+    assert decode(
+        frame(
+            type="context.get",
+            id=3,
+            session="room-1",
+            format="instructions",
+            budget_chars=5200,
+            base_instructions="You are Nova.",
+            facts=["Alice is vegan"],
+        )
+    ) == ContextGet("room-1", "instructions", 5200, "You are Nova.", ("Alice is vegan",), 3)
+    assert decode(frame(type="session.state", session="room-1")) == SessionStateGet("room-1")
+    assert decode(frame(type="session.close", session="room-1")) == SessionClose("room-1")
+    assert decode(frame(type="ping", id=1)) == Ping(1)
+
+
+def test_optional_fields_take_their_documented_defaults() -> None:
+    message = decode(frame(type="context.get", session="s"))
+    assert message == ContextGet("s", "messages", None, "", (), None)
+    assert decode(frame(type="session.open", session="s")) == SessionOpen("s", None)
+
+
+def test_integer_times_are_read_as_seconds_and_unknown_fields_are_ignored() -> None:
+    message = decode(turn_frame(at=1714572187, mood="cheerful"))
+    assert isinstance(message, TurnAppend)
+    assert message.turn.at == T0
+
+
+def test_bytes_frames_decode_like_text() -> None:
+    assert decode(frame(type="ping").encode()) == Ping()
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        SessionOpen("room-1", {"recent_window": 20}, "a"),
+        SessionOpen("room 2 ✓"),
+        TurnAppend("r", Turn("Nova", "assistant", "Sure.", 12.5, "t9"), 99),
+        TurnAppend("r", Turn("tool-bot", "tool", "42", 0.0)),
+        NoteAppend("r", Note("slides", 1.0), "n"),
+        NoteAppend("r", Note("slides", 1.0, "Bob", "zoom")),
+        ContextGet("r", "instructions", 0, "base", ("a", "b"), 5),
+        ContextGet("r"),
+        SessionStateGet("r", 1),
+        SessionClose("r", "x"),
+        Ping("p", "r"),
+    ],
+)
+def test_encode_is_the_inverse_of_decode(message: Any) -> None:
+    assert decode(encode(message)) == message
+
+
+# -- every bad input gets its documented code ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "code", "words"),
+    [
+        ("not json", "bad_request", "not valid JSON"),
+        ("", "bad_request", "not valid JSON"),
+        ("[1, 2]", "bad_request", "JSON object"),
+        ('"ping"', "bad_request", "JSON object"),
+        (b"\xff\xfe", "bad_request", "not valid JSON"),
+        (frame(session="s"), "bad_request", "type is required"),
+        (frame(type=5, session="s"), "bad_request", "type must be a string"),
+        (frame(type="turn.delete", session="s"), "unknown_type", "turn.delete"),
+        (frame(type="turn.append"), "bad_request", "session is required"),
+        (frame(type="session.open", session=""), "bad_request", "session must be"),
+        (frame(type="session.open", session="x" * 201), "bad_request", "session must be"),
+        (frame(type="session.open", session="a\nb"), "bad_request", "session must be"),
+        (frame(type="session.open", session=7), "bad_request", "session must be"),
+        (frame(type="session.open", session="s", config=[1]), "bad_request", "config must be an object"),
+        (frame(type="ping", id=1.5), "bad_request", "id must be"),
+        (frame(type="ping", id=True), "bad_request", "id must be"),
+        (frame(type="ping", id="i" * 201), "bad_request", "id must be"),
+        (frame(type="turn.append", session="s"), "bad_request", "turn is required"),
+        (frame(type="turn.append", session="s", turn="hi"), "bad_request", "turn must be an object"),
+        (turn_frame(role="narrator"), "bad_request", "turn.role must be one of"),
+        (turn_frame(role=None), "bad_request", "turn.role is required"),
+        (turn_frame(speaker=""), "bad_request", "turn.speaker must not be empty"),
+        (turn_frame(speaker=3), "bad_request", "turn.speaker must be a string"),
+        (turn_frame(text="   "), "bad_request", "turn.text must not be empty"),
+        (turn_frame(at="yesterday"), "bad_request", "turn.at must be a number"),
+        (turn_frame(at=None), "bad_request", "turn.at is required"),
+        (turn_frame(at=False), "bad_request", "turn.at must be a number"),
+        (turn_frame(id=12), "bad_request", "turn.id must be a string"),
+        (frame(type="note.append", session="s", note={"at": T0}), "bad_request", "note.text is required"),
+        (frame(type="note.append", session="s", note={"text": "x"}), "bad_request", "note.at is required"),
+        (frame(type="context.get", session="s", format="xml"), "bad_request", "format must be one of"),
+        (frame(type="context.get", session="s", budget_chars=-1), "bad_request", "budget_chars"),
+        (frame(type="context.get", session="s", budget_chars=10.5), "bad_request", "budget_chars"),
+        (frame(type="context.get", session="s", budget_chars=True), "bad_request", "budget_chars"),
+        (frame(type="context.get", session="s", facts="a"), "bad_request", "facts must be a list"),
+        (frame(type="context.get", session="s", facts=[1]), "bad_request", "facts must be a list"),
+        (frame(type="context.get", session="s", base_instructions=1), "bad_request", "base_instructions"),
+    ],
+)
+def test_bad_input_gets_its_documented_code(raw: str | bytes, code: str, words: str) -> None:
+    error = rejected(raw)
+    assert error.code == code
+    assert words in error.message
+
+
+def test_a_readable_id_and_session_travel_with_the_error() -> None:
+    error = rejected(turn_frame(role="narrator"))
+    assert (error.id, error.session) == (7, "room-1")
+    unknown = rejected(frame(type="dance", id="d1", session="room-9"))
+    assert (unknown.code, unknown.id, unknown.session) == ("unknown_type", "d1", "room-9")
+
+
+def test_text_over_the_limit_is_too_large_not_bad_request() -> None:
+    assert decode(turn_frame(text="x" * 100), max_text_chars=100)
+    error = rejected(turn_frame(text="x" * 101), max_text_chars=100)
+    assert error.code == "too_large"
+    assert "101 characters" in error.message
+    note = frame(type="note.append", id=2, session="s", note={"text": "y" * 101, "at": 0})
+    assert rejected(note, max_text_chars=100).code == "too_large"
+
+
+def test_decode_errors_are_protocol_errors_with_documented_codes() -> None:
+    error = rejected("{")
+    assert isinstance(error, ProtocolError)
+    assert DECODE_CODES <= ERROR_CODES
+
+
+# -- fuzz: nothing crashes the decoder ---------------------------------------------------
+
+
+def check_decodes_or_rejects(raw: str | bytes) -> None:
+    try:
+        message = decode(raw, max_text_chars=50)
+    except DecodeError as error:
+        assert error.code in DECODE_CODES
+        assert isinstance(error.message, str) and error.message
+        assert error.id is None or isinstance(error.id, str | int)
+    else:
+        # whatever decodes re-encodes, and round-trips
+        assert decode(encode(message), max_text_chars=50) == message
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=60),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=5)
+    ),
+    max_leaves=20,
+)
+field_values = (
+    st.sampled_from(["room-1", "", "x" * 201, "a\tb", "user", "assistant", "messages", "instructions"])
+    | json_values
+)
+
+
+@st.composite
+def message_like(draw: st.DrawFn) -> dict[str, Any]:
+    """Objects shaped like client messages, with plausible and implausible fields."""
+    obj: dict[str, Any] = {}
+    if draw(st.booleans()):
+        obj["type"] = draw(st.sampled_from(CLIENT_TYPES) | st.text(max_size=12) | json_values)
+    for key in ("id", "session", "config", "format", "budget_chars", "base_instructions", "facts"):
+        if draw(st.integers(0, 3)) == 0:
+            obj[key] = draw(field_values)
+    for key, keys in (("turn", ("speaker", "role", "text", "at", "id")), ("note", ("text", "at", "speaker"))):
+        if draw(st.booleans()):
+            obj[key] = {k: draw(field_values) for k in keys if draw(st.integers(0, 4))}
+    return obj
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200))
+def test_any_text_decodes_or_is_rejected(raw: str) -> None:
+    check_decodes_or_rejects(raw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_any_bytes_decode_or_are_rejected(raw: bytes) -> None:
+    check_decodes_or_rejects(raw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values)
+def test_any_json_value_decodes_or_is_rejected(value: Any) -> None:
+    check_decodes_or_rejects(json.dumps(value))
+
+
+@settings(max_examples=600, deadline=None)
+@given(message_like())
+def test_any_message_shaped_object_decodes_or_is_rejected(obj: dict[str, Any]) -> None:
+    check_decodes_or_rejects(json.dumps(obj, ensure_ascii=False))
+
+
+def test_lone_surrogates_and_deep_nesting_are_bad_requests() -> None:
+    assert rejected('{"type": "ping", "id": "\\ud800"}').code == "bad_request"
+    assert rejected("[" * 5000 + "]" * 5000).code == "bad_request"
+
+
+# -- server messages -----------------------------------------------------------------------
+
+
+def test_server_messages_carry_the_contract_fields() -> None:
+    session = Session("room-1")
+    for i in range(3):
+        session.append_turn(Turn("Alice", "user", f"line {i}", T0 + i))
+    stats = session.stats()
+    opened = decode_reply(encode_opened("room-1", Opened("room-1", False, stats), "o"))
+    assert opened == {
+        "type": "session.opened",
+        "id": "o",
+        "session": "room-1",
+        "resumed": False,
+        "turns": 3,
+        "cursor": 0,
+        "summary_chars": 0,
+        "in_flight": False,
+    }
+    assert decode_reply(encode_turn_appended("room-1", 3, 4)) == {
+        "type": "turn.appended",
+        "id": 4,
+        "session": "room-1",
+        "index": 3,
+    }
+    noted = decode_reply(encode_note_appended("room-1", NotesChanged(2, 1, 1, 0)))
+    assert (noted["live"], noted["pending"]) == (2, 1)
+    ctx = build_context(session.view(), "instructions", budget_chars=500)
+    reply = decode_reply(encode_context("room-1", ctx, in_flight=True, msg_id=9))
+    assert reply["type"] == "context"
+    assert reply["instructions"] == ctx.instructions
+    assert "messages" not in reply
+    for key in ("summary", "cursor", "covered_through", "in_flight", "chars"):
+        assert key in reply
+    plain = build_context(session.view(), "messages")
+    messages = decode_reply(encode_context("room-1", plain, in_flight=False))
+    assert [m["content"] for m in messages["messages"]] == ["Alice: line 0", "Alice: line 1", "Alice: line 2"]
+    state = decode_reply(encode_state("room-1", stats))
+    for key in ("turns", "cursor", "in_flight", "summary_chars", "pending_notes", "failures"):
+        assert key in state
+
+
+def test_pushed_events_and_errors() -> None:
+    done = decode_reply(encode_event(CompactionEvent("completed", "r", 10, 9, 120, 0.25, old_cursor=0)))
+    assert done == {
+        "type": "compaction.completed",
+        "session": "r",
+        "cursor": 10,
+        "covered_through": 9,
+        "summary_chars": 120,
+        "latency": 0.25,
+        "old_cursor": 0,
+    }
+    failed = CompactionEvent(
+        "failed", "r", 0, -1, 0, 0.1, error="timeout", retryable=True, failures=2, retry_at=T0
+    )
+    assert decode_reply(encode_event(failed))["type"] == "compaction.failed"
+    error = decode_reply(encode_error("rate_limited", "slow down", msg_id=1, session="r", retry_after=0.5))
+    assert error == {
+        "type": "error",
+        "id": 1,
+        "session": "r",
+        "code": "rate_limited",
+        "message": "slow down",
+        "retry_after": 0.5,
+    }
+
+
+def test_decode_reply_rejects_what_is_not_a_server_message() -> None:
+    with pytest.raises(DecodeError):
+        decode_reply("[]")
+    with pytest.raises(DecodeError):
+        decode_reply('{"kind": "x"}')
+    assert decode_reply('{"type": "pong", "protocol": 1}') == {"type": "pong", "protocol": 1}

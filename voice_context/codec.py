@@ -1,0 +1,541 @@
+"""Protocol v1 on the wire: JSON text frames in, typed messages out, and back.
+
+This module is the only place where wire JSON becomes typed values and where
+replies become JSON again. It is pure: no I/O, no clock.
+
+- :func:`decode` turns one client frame into a frozen message
+  (:class:`SessionOpen`, :class:`TurnAppend`, :class:`NoteAppend`,
+  :class:`ContextGet`, :class:`SessionStateGet`, :class:`SessionClose`,
+  :class:`Ping`). Whatever the input, it returns a message or raises
+  :class:`DecodeError` (a :class:`ProtocolError`) with code ``bad_request``,
+  ``unknown_type`` or ``too_large``, carrying the message's ``id`` and
+  ``session`` when those could be read.
+- :func:`encode` is its inverse, for clients and for recordings:
+  ``decode(encode(m)) == m``.
+- The ``encode_*`` helpers build every server message; :func:`decode_reply`
+  reads a server frame on the client side.
+
+Unknown fields are ignored, so that clients and servers can add fields freely.
+See ``docs/protocol.md`` for the contract.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, cast
+
+import orjson
+
+from voice_context.core.budget import FORMATS, Format
+from voice_context.core.turns import ROLES, Note, Role, Turn
+from voice_context.errors import ProtocolError
+
+if TYPE_CHECKING:
+    from voice_context.core.budget import Context
+    from voice_context.core.session import NotesChanged, SessionStats
+    from voice_context.manager import CompactionEvent, Opened
+
+PROTOCOL_VERSION: Final = 1
+MAX_SESSION_CHARS: Final = 200
+MAX_ID_CHARS: Final = 200
+MAX_SPEAKER_CHARS: Final = 200
+DEFAULT_MAX_TEXT_CHARS: Final = 8000
+
+# error codes (the contract: never renamed)
+BAD_REQUEST: Final = "bad_request"
+UNKNOWN_TYPE: Final = "unknown_type"
+UNKNOWN_SESSION: Final = "unknown_session"
+TOO_LARGE: Final = "too_large"
+UNAUTHORIZED: Final = "unauthorized"
+RATE_LIMITED: Final = "rate_limited"
+INTERNAL: Final = "internal"
+ERROR_CODES: Final = frozenset(
+    {BAD_REQUEST, UNKNOWN_TYPE, UNKNOWN_SESSION, TOO_LARGE, UNAUTHORIZED, RATE_LIMITED, INTERNAL}
+)
+
+MessageId = str | int | None
+
+
+class DecodeError(ProtocolError):
+    """A client frame that is not a valid message. ``id`` and ``session`` are set when readable."""
+
+    def __init__(self, code: str, message: str, *, id: MessageId = None, session: str | None = None) -> None:
+        super().__init__(code, message, id=id)
+        self.session = session
+
+
+# -- client messages -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SessionOpen:
+    session: str
+    config: Mapping[str, Any] | None = None
+    id: MessageId = None
+    type: str = field(default="session.open", init=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnAppend:
+    session: str
+    turn: Turn
+    id: MessageId = None
+    type: str = field(default="turn.append", init=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class NoteAppend:
+    session: str
+    note: Note
+    id: MessageId = None
+    type: str = field(default="note.append", init=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ContextGet:
+    session: str
+    format: Format = "messages"
+    budget_chars: int | None = None
+    base_instructions: str = ""
+    facts: tuple[str, ...] = ()
+    id: MessageId = None
+    type: str = field(default="context.get", init=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStateGet:
+    session: str
+    id: MessageId = None
+    type: str = field(default="session.state", init=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionClose:
+    session: str
+    id: MessageId = None
+    type: str = field(default="session.close", init=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """Answered with ``pong``; needs no session. Not recorded."""
+
+    id: MessageId = None
+    session: str | None = None
+    type: str = field(default="ping", init=False, repr=False)
+
+
+ClientMessage = SessionOpen | TurnAppend | NoteAppend | ContextGet | SessionStateGet | SessionClose | Ping
+SessionMessage = SessionOpen | TurnAppend | NoteAppend | ContextGet | SessionStateGet | SessionClose
+
+CLIENT_TYPES: Final = (
+    "session.open",
+    "turn.append",
+    "note.append",
+    "context.get",
+    "session.state",
+    "session.close",
+    "ping",
+)
+
+
+# -- decoding --------------------------------------------------------------------
+
+
+def _loads(frame: str | bytes | bytearray | memoryview) -> object:
+    try:
+        if isinstance(frame, memoryview):
+            frame = bytes(frame)
+        return orjson.loads(frame)
+    except orjson.JSONDecodeError as exc:
+        raise DecodeError(BAD_REQUEST, f"not valid JSON: {exc}") from None
+    except (TypeError, ValueError, RecursionError):  # pragma: no cover - orjson raises JSONDecodeError
+        raise DecodeError(BAD_REQUEST, "not valid JSON") from None
+
+
+def _read_id(obj: Mapping[str, object]) -> MessageId:
+    raw = obj.get("id")
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, str | int):
+        raise DecodeError(BAD_REQUEST, "id must be a string or an integer")
+    if isinstance(raw, str) and len(raw) > MAX_ID_CHARS:
+        raise DecodeError(BAD_REQUEST, f"id must be at most {MAX_ID_CHARS} characters")
+    return raw
+
+
+def valid_session_name(name: object) -> bool:
+    """A session name: a non-empty string of at most 200 printable characters."""
+    return isinstance(name, str) and 0 < len(name) <= MAX_SESSION_CHARS and name.isprintable()
+
+
+class _Reader:
+    """Reads typed fields out of one message object, raising ``DecodeError`` with context."""
+
+    def __init__(self, obj: Mapping[str, object], id: MessageId, session: str | None) -> None:
+        self.obj = obj
+        self.id = id
+        self.session = session
+
+    def fail(self, message: str, code: str = BAD_REQUEST) -> DecodeError:
+        return DecodeError(code, message, id=self.id, session=self.session)
+
+    def string(
+        self,
+        obj: Mapping[str, object],
+        key: str,
+        where: str,
+        *,
+        required: bool = True,
+        non_empty: bool = True,
+        max_chars: int | None = None,
+        too_large: bool = False,
+    ) -> str | None:
+        raw = obj.get(key)
+        if raw is None:
+            if required:
+                raise self.fail(f"{where}{key} is required")
+            return None
+        if not isinstance(raw, str):
+            raise self.fail(f"{where}{key} must be a string")
+        if non_empty and not raw.strip():
+            raise self.fail(f"{where}{key} must not be empty")
+        if max_chars is not None and len(raw) > max_chars:
+            code = TOO_LARGE if too_large else BAD_REQUEST
+            raise self.fail(f"{where}{key} is {len(raw)} characters, over the limit of {max_chars}", code)
+        return raw
+
+    def time(self, obj: Mapping[str, object], key: str, where: str) -> float:
+        raw = obj.get(key)
+        if raw is None:
+            raise self.fail(f"{where}{key} is required (unix seconds)")
+        if isinstance(raw, bool) or not isinstance(raw, int | float):
+            raise self.fail(f"{where}{key} must be a number (unix seconds)")
+        value = float(raw)
+        if not math.isfinite(value):  # pragma: no cover - JSON has no infinities
+            raise self.fail(f"{where}{key} must be finite")
+        return value
+
+    def object(self, key: str, *, required: bool = True) -> Mapping[str, object] | None:
+        raw = self.obj.get(key)
+        if raw is None:
+            if required:
+                raise self.fail(f"{key} is required")
+            return None
+        if not isinstance(raw, dict):
+            raise self.fail(f"{key} must be an object")
+        return cast(Mapping[str, object], raw)
+
+
+def decode(
+    frame: str | bytes | bytearray | memoryview, *, max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+) -> ClientMessage:
+    """One client frame as a typed message; raises only :class:`DecodeError`."""
+    obj = _loads(frame)
+    if not isinstance(obj, dict):
+        raise DecodeError(BAD_REQUEST, "a message must be a JSON object")
+    msg_id = _read_id(obj)
+    raw_session = obj.get("session")
+    readable_session = raw_session if valid_session_name(raw_session) else None
+    assert readable_session is None or isinstance(readable_session, str)
+    kind = obj.get("type")
+    if kind is None:
+        raise DecodeError(BAD_REQUEST, "type is required", id=msg_id, session=readable_session)
+    if not isinstance(kind, str):
+        raise DecodeError(BAD_REQUEST, "type must be a string", id=msg_id, session=readable_session)
+    if kind not in CLIENT_TYPES:
+        shown = kind if len(kind) <= 60 else kind[:60] + "…"
+        raise DecodeError(
+            UNKNOWN_TYPE, f"unknown message type {shown!r}", id=msg_id, session=readable_session
+        )
+    r = _Reader(obj, msg_id, readable_session)
+    if kind == "ping":
+        if raw_session is not None and readable_session is None:
+            raise r.fail("session must be a non-empty string of at most 200 printable characters")
+        return Ping(msg_id, readable_session)
+    if raw_session is None:
+        raise r.fail("session is required")
+    if readable_session is None:
+        raise r.fail("session must be a non-empty string of at most 200 printable characters")
+    session = readable_session
+    if kind == "session.open":
+        config = r.object("config", required=False)
+        return SessionOpen(session, dict(config) if config is not None else None, msg_id)
+    if kind == "turn.append":
+        body = r.object("turn")
+        assert body is not None
+        speaker = r.string(body, "speaker", "turn.", max_chars=MAX_SPEAKER_CHARS)
+        role = r.string(body, "role", "turn.")
+        if role not in ROLES:
+            raise r.fail(f"turn.role must be one of {', '.join(sorted(ROLES))}")
+        text = r.string(body, "text", "turn.", max_chars=max_text_chars, too_large=True)
+        at = r.time(body, "at", "turn.")
+        turn_id = r.string(body, "id", "turn.", required=False, max_chars=MAX_ID_CHARS)
+        assert speaker is not None and text is not None
+        return TurnAppend(session, Turn(speaker, cast(Role, role), text, at, turn_id), msg_id)
+    if kind == "note.append":
+        body = r.object("note")
+        assert body is not None
+        text = r.string(body, "text", "note.", max_chars=max_text_chars, too_large=True)
+        at = r.time(body, "at", "note.")
+        speaker = r.string(body, "speaker", "note.", required=False, max_chars=MAX_SPEAKER_CHARS)
+        source = r.string(body, "source", "note.", required=False, max_chars=MAX_SPEAKER_CHARS)
+        assert text is not None
+        return NoteAppend(session, Note(text, at, speaker, source), msg_id)
+    if kind == "context.get":
+        fmt = obj.get("format", "messages")
+        if fmt not in FORMATS:
+            raise r.fail(f"format must be one of {', '.join(sorted(FORMATS))}")
+        budget = obj.get("budget_chars")
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+            raise r.fail("budget_chars must be a non-negative integer")
+        base = r.string(obj, "base_instructions", "", required=False, non_empty=False)
+        raw_facts = obj.get("facts")
+        if raw_facts is None:
+            facts: tuple[str, ...] = ()
+        elif isinstance(raw_facts, list) and all(isinstance(f, str) for f in raw_facts):
+            facts = tuple(cast(list[str], raw_facts))
+        else:
+            raise r.fail("facts must be a list of strings")
+        return ContextGet(session, cast(Format, fmt), budget, base or "", facts, msg_id)
+    if kind == "session.state":
+        return SessionStateGet(session, msg_id)
+    assert kind == "session.close"
+    return SessionClose(session, msg_id)
+
+
+# -- encoding client messages ----------------------------------------------------
+
+
+def _dumps(obj: Mapping[str, Any]) -> str:
+    return orjson.dumps(obj).decode()
+
+
+def _with_id(obj: dict[str, Any], msg_id: MessageId) -> dict[str, Any]:
+    if msg_id is not None:
+        obj["id"] = msg_id
+    return obj
+
+
+def message_dict(message: ClientMessage) -> dict[str, Any]:
+    """The wire form of a client message as a dict (canonical: only defined fields)."""
+    out: dict[str, Any] = {"type": message.type}
+    if message.id is not None:
+        out["id"] = message.id
+    if message.session is not None:
+        out["session"] = message.session
+    if isinstance(message, SessionOpen):
+        if message.config is not None:
+            out["config"] = dict(message.config)
+    elif isinstance(message, TurnAppend):
+        t = message.turn
+        turn: dict[str, Any] = {"speaker": t.speaker, "role": t.role, "text": t.text, "at": t.at}
+        if t.id is not None:
+            turn["id"] = t.id
+        out["turn"] = turn
+    elif isinstance(message, NoteAppend):
+        n = message.note
+        note: dict[str, Any] = {"text": n.text, "at": n.at}
+        if n.speaker is not None:
+            note["speaker"] = n.speaker
+        if n.source is not None:
+            note["source"] = n.source
+        out["note"] = note
+    elif isinstance(message, ContextGet):
+        out["format"] = message.format
+        if message.budget_chars is not None:
+            out["budget_chars"] = message.budget_chars
+        if message.base_instructions:
+            out["base_instructions"] = message.base_instructions
+        if message.facts:
+            out["facts"] = list(message.facts)
+    return out
+
+
+def encode(message: ClientMessage) -> str:
+    """A client message as one JSON text frame; ``decode(encode(m)) == m``."""
+    return _dumps(message_dict(message))
+
+
+# -- server messages -------------------------------------------------------------
+
+
+def encode_opened(session: str, opened: Opened, msg_id: MessageId = None) -> str:
+    s = opened.stats
+    return _dumps(
+        _with_id(
+            {
+                "type": "session.opened",
+                "session": session,
+                "resumed": opened.resumed,
+                "turns": s.turns,
+                "cursor": s.cursor,
+                "summary_chars": s.summary_chars,
+                "in_flight": s.in_flight is not None,
+            },
+            msg_id,
+        )
+    )
+
+
+def encode_turn_appended(
+    session: str, index: int, msg_id: MessageId = None, *, duplicate: bool = False
+) -> str:
+    obj: dict[str, Any] = {"type": "turn.appended", "session": session, "index": index}
+    if duplicate:
+        obj["duplicate"] = True
+    return _dumps(_with_id(obj, msg_id))
+
+
+def encode_note_appended(session: str, changed: NotesChanged, msg_id: MessageId = None) -> str:
+    return _dumps(
+        _with_id(
+            {
+                "type": "note.appended",
+                "session": session,
+                "live": changed.live,
+                "pending": changed.pending,
+                "evicted": changed.evicted,
+                "dropped": changed.dropped,
+            },
+            msg_id,
+        )
+    )
+
+
+def encode_context(session: str, ctx: Context, *, in_flight: bool, msg_id: MessageId = None) -> str:
+    obj: dict[str, Any] = {
+        "type": "context",
+        "session": session,
+        "format": ctx.format,
+        "summary": ctx.summary,
+        "cursor": ctx.cursor,
+        "covered_through": ctx.covered_through,
+        "in_flight": in_flight,
+        "chars": ctx.chars,
+        "first_turn": ctx.first_turn,
+        "turns_shown": ctx.turns_shown,
+        "budget_chars": ctx.budget_chars,
+        "dropped": list(ctx.dropped),
+    }
+    if ctx.format == "messages":
+        obj["messages"] = [dict(m) for m in ctx.messages]
+    else:
+        obj["instructions"] = ctx.instructions
+    return _dumps(_with_id(obj, msg_id))
+
+
+def encode_state(session: str, stats: SessionStats, msg_id: MessageId = None) -> str:
+    return _dumps(
+        _with_id(
+            {
+                "type": "session.state",
+                "session": session,
+                "turns": stats.turns,
+                "cursor": stats.cursor,
+                "in_flight": stats.in_flight is not None,
+                "summary_chars": stats.summary_chars,
+                "live_notes": stats.live_notes,
+                "pending_notes": stats.pending_notes,
+                "failures": stats.failures,
+                "compactions": stats.compactions,
+                "notes_dropped": stats.notes_dropped,
+            },
+            msg_id,
+        )
+    )
+
+
+def encode_closed(session: str, msg_id: MessageId = None) -> str:
+    return _dumps(_with_id({"type": "session.closed", "session": session}, msg_id))
+
+
+def encode_pong(msg_id: MessageId = None) -> str:
+    return _dumps(_with_id({"type": "pong", "protocol": PROTOCOL_VERSION}, msg_id))
+
+
+def encode_event(event: CompactionEvent) -> str:
+    """A pushed ``compaction.completed`` or ``compaction.failed`` message."""
+    obj: dict[str, Any] = {
+        "type": f"compaction.{event.kind}",
+        "session": event.session,
+        "cursor": event.cursor,
+        "covered_through": event.covered_through,
+        "summary_chars": event.summary_chars,
+        "latency": round(event.latency, 6),
+    }
+    if event.kind == "completed":
+        obj["old_cursor"] = event.old_cursor
+    else:
+        obj.update(
+            error=event.error, retryable=event.retryable, failures=event.failures, retry_at=event.retry_at
+        )
+    return _dumps(obj)
+
+
+def encode_error(
+    code: str,
+    message: str,
+    *,
+    msg_id: MessageId = None,
+    session: str | None = None,
+    **extra: Any,
+) -> str:
+    """An ``error`` reply. ``extra`` adds documented optional fields (``retryable``, ``limit``, ...)."""
+    obj: dict[str, Any] = {"type": "error"}
+    if msg_id is not None:
+        obj["id"] = msg_id
+    if session is not None:
+        obj["session"] = session
+    obj["code"] = code
+    obj["message"] = message
+    obj.update({k: v for k, v in extra.items() if v is not None})
+    return _dumps(obj)
+
+
+def decode_reply(frame: str | bytes) -> dict[str, Any]:
+    """A server frame as a dict with a string ``type`` (for clients); raises ``DecodeError``."""
+    obj = _loads(frame)
+    if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
+        raise DecodeError(BAD_REQUEST, "a server message must be a JSON object with a type")
+    return cast(dict[str, Any], obj)
+
+
+__all__ = [
+    "BAD_REQUEST",
+    "CLIENT_TYPES",
+    "ERROR_CODES",
+    "INTERNAL",
+    "PROTOCOL_VERSION",
+    "RATE_LIMITED",
+    "TOO_LARGE",
+    "UNAUTHORIZED",
+    "UNKNOWN_SESSION",
+    "UNKNOWN_TYPE",
+    "ClientMessage",
+    "ContextGet",
+    "DecodeError",
+    "NoteAppend",
+    "Ping",
+    "SessionClose",
+    "SessionMessage",
+    "SessionOpen",
+    "SessionStateGet",
+    "TurnAppend",
+    "decode",
+    "decode_reply",
+    "encode",
+    "encode_closed",
+    "encode_context",
+    "encode_error",
+    "encode_event",
+    "encode_note_appended",
+    "encode_opened",
+    "encode_pong",
+    "encode_state",
+    "encode_turn_appended",
+    "message_dict",
+    "valid_session_name",
+]
