@@ -280,13 +280,19 @@ class Session:
         )
 
     def restore_notes(self, live: Iterable[Note], pending: Iterable[Note]) -> None:
-        """Put the note buffers back as they were (a store write failed)."""
+        """Put the note buffers back as they were (a store write failed).
+
+        The restored notes keep their sequence numbers, so a plan in flight still
+        clears exactly the notes it folded when it lands.
+        """
+        old = list(pending)
+        held = [note for _, note in self._pending]
+        # the write being undone dropped the oldest ``lost`` notes and queued new ones after the rest
+        lost = next(d for d in range(len(old) + 1) if held[: len(old) - d] == old[d:])
+        first = self._pending[0][0] - lost if self._pending else self._note_seq + 1
         self._live = deque(live)
-        self._pending.clear()
-        dropped = self._notes_dropped
-        for note in pending:
-            self._queue_pending(note)
-        self._notes_dropped = dropped
+        self._pending = deque((first + i, note) for i, note in enumerate(old))
+        self._note_seq = max(self._note_seq, first + len(old) - 1)
 
     def begin_ending(self) -> None:
         """The session is closing: no new compaction starts from now on."""
