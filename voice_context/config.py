@@ -74,7 +74,7 @@ class SummarizerSettings:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StoreSettings:
-    url: str = "memory"
+    url: str = "sqlite"
     data_dir: str = "data"
 
 

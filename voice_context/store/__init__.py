@@ -1,20 +1,64 @@
-"""Where sessions are kept: the ``Store`` protocol and its backends."""
+"""Where sessions are kept: the ``Store`` protocol and its backends.
+
+=============================  ==================================================
+``memory``                     this process only; nothing survives a restart
+``sqlite``                     ``<data_dir>/voice-context.db`` (the default)
+``sqlite:///abs/path.db``      that file (``sqlite://rel/path.db``: relative to
+                               the working directory)
+``redis://host:port/db``       a Redis server shared by every replica
+``rediss://...``, ``unix://``  the same over TLS, or over a Unix socket
+=============================  ==================================================
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from voice_context.store.base import SessionRecord, Store
 from voice_context.store.memory import MemoryStore
 
-__all__ = ["MemoryStore", "SessionRecord", "Store", "open_store"]
+__all__ = ["MemoryStore", "SessionRecord", "Store", "open_store", "sqlite_path"]
+
+DB_FILE = "voice-context.db"
+
+
+def sqlite_path(url: str, *, data_dir: str = "data") -> Path | None:
+    """The file a ``sqlite`` URL names, or ``None`` if the URL is not a sqlite one."""
+    if url in ("sqlite", "sqlite://"):
+        return Path(data_dir).expanduser() / DB_FILE
+    if url.startswith("sqlite://"):
+        return Path(url[len("sqlite://") :]).expanduser()
+    return None
 
 
 def open_store(url: str = "memory", *, data_dir: str = "data") -> Store:
-    """The store a URL names: ``memory`` (nothing persists), more backends as they land.
+    """The store a URL names (see the module docstring).
 
-    Raises ``ConfigError`` for a URL it does not know.
+    Nothing is connected yet: the first request opens the file or the
+    connection, and a store that is unreachable then fails that request with
+    a ``StoreError``. Raises ``ConfigError`` for a URL it does not know, or a
+    data directory it cannot create.
     """
     from voice_context.errors import ConfigError
 
     if url in ("memory", "memory://"):
         return MemoryStore()
-    raise ConfigError(f"unknown store URL {url!r}")
+    path = sqlite_path(url, data_dir=data_dir)
+    if path is not None:
+        from voice_context.store.sqlite import SQLiteStore
+
+        if path.name in ("", ".", ".."):
+            raise ConfigError(f"store URL {url!r} names no file")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create the data directory {path.parent}: {exc}") from exc
+        return SQLiteStore(path)
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        from voice_context.store.redis import RedisStore
+
+        try:
+            return RedisStore(url)
+        except ValueError as exc:
+            raise ConfigError(f"bad redis store URL {url!r}: {exc}") from exc
+    raise ConfigError(f"unknown store URL {url!r} (memory, sqlite, sqlite:///path.db, redis://host:port/db)")

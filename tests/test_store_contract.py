@@ -1,0 +1,535 @@
+"""The store contract, told once and run against every backend.
+
+The same stories run on the in-process store, on SQLite files on disk and on
+a real ``redis-server`` started for this module. Stories that only a durable
+store can tell (a retried write, a reopened store, hash tags) run on those.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+import pytest_asyncio
+from redis.crc import key_slot
+
+from voice_context.core.turns import Note, Turn
+from voice_context.errors import ConfigError, StoreError
+from voice_context.store import MemoryStore, SessionRecord, Store, open_store
+from voice_context.store.common import TurnConflict
+from voice_context.store.redis import RedisStore
+from voice_context.store.sqlite import SQLiteStore
+from voice_context.testing.redis_server import RedisServer
+
+T0 = 1714572187.0
+BACKENDS = ["memory", "sqlite", "redis"]
+DURABLE = ["sqlite", "redis"]
+
+
+def turn(i: int, speaker: str = "Alice") -> Turn:
+    return Turn(speaker, "user", f"line {i} from {speaker}", T0 + i, id=f"t{i}")
+
+
+def note(i: int) -> Note:
+    return Note(f"screen {i}", T0 + i, speaker="Alice", source="game")
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with RedisServer(directory=tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+class Backend:
+    """Makes stores of one kind that all see the same data (one file, one prefix)."""
+
+    def __init__(self, kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+        self.kind = kind
+        self.path = tmp_path / "data" / "voice-context.db"
+        self.prefix = f"t{uuid.uuid4().hex[:8]}"
+        self.server: RedisServer | None = None
+        if kind == "redis":
+            self.server = request.getfixturevalue("redis_server")
+        self.opened: list[Store] = []
+        self._memory = MemoryStore()
+
+    def open(self) -> Store:
+        store: Store
+        if self.kind == "memory":
+            store = self._memory
+        elif self.kind == "sqlite":
+            store = SQLiteStore(self.path)
+        else:
+            assert self.server is not None
+            store = RedisStore(self.server.url, prefix=self.prefix)
+        self.opened.append(store)
+        return store
+
+    async def aclose(self) -> None:
+        for store in self.opened:
+            await store.aclose()
+
+
+@pytest_asyncio.fixture(params=BACKENDS)
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    made = Backend(request.param, tmp_path, request)
+    yield made
+    await made.aclose()
+
+
+@pytest_asyncio.fixture(params=DURABLE)
+async def durable(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    made = Backend(request.param, tmp_path, request)
+    yield made
+    await made.aclose()
+
+
+@pytest.fixture
+def store(backend: Backend) -> Store:
+    return backend.open()
+
+
+async def a_session_with_turns(store: Store, name: str, count: int, **record: object) -> None:
+    await store.create(SessionRecord(name, **record))  # type: ignore[arg-type]
+    for i in range(count):
+        await store.append_turn(name, i, turn(i))
+
+
+# -- sessions and turns ------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_store_has_never_seen_a_session_until_it_is_created(store: Store) -> None:
+    assert await store.load("room-1") is None
+
+    await store.create(SessionRecord("room-1", config={"recent_window": 4}, owner="bot-a"))
+    record = await store.load("room-1")
+
+    assert record is not None
+    assert (record.name, record.cursor, record.summary, record.total_turns) == ("room-1", 0, "", 0)
+    assert record.config == {"recent_window": 4}
+    assert record.owner == "bot-a"
+    assert record.turns == () and record.live_notes == () and record.pending_notes == ()
+
+
+@pytest.mark.asyncio
+async def test_creating_a_session_twice_keeps_the_first(store: Store) -> None:
+    await a_session_with_turns(store, "room-1", 3, config={"batch_size": 2}, owner=None)
+
+    await store.create(SessionRecord("room-1", config={"batch_size": 9}, owner="someone-else"))
+
+    record = await store.load("room-1")
+    assert record is not None
+    assert record.config == {"batch_size": 2} and record.owner is None
+    assert record.total_turns == 3
+
+
+@pytest.mark.asyncio
+async def test_turns_come_back_in_order_with_every_field(store: Store) -> None:
+    odd = Turn("Zoë 🐉", "assistant", 'quotes " and \\ and\nnewlines', 0.1 + 0.2, id=None)
+    await store.create(SessionRecord("room-1"))
+    for i in range(4):
+        await store.append_turn("room-1", i, turn(i))
+    await store.append_turn("room-1", 4, odd)
+
+    record = await store.load("room-1")
+
+    assert record is not None
+    assert record.total_turns == 5
+    assert record.turns == (turn(0), turn(1), turn(2), turn(3), odd)
+    assert await store.read_turns("room-1", 0, 5) == list(record.turns)
+    assert await store.read_turns("room-1", 1, 3) == [turn(1), turn(2)]
+    assert await store.read_turns("room-1", 3, 3) == []
+    assert await store.read_turns("room-1", 4, 99) == [odd]
+
+
+@pytest.mark.asyncio
+async def test_an_index_out_of_order_is_rejected_and_changes_nothing(store: Store) -> None:
+    await a_session_with_turns(store, "room-1", 2)
+
+    with pytest.raises(ValueError):
+        await store.append_turn("room-1", 3, turn(3))  # would leave a gap at 2
+    with pytest.raises(ValueError):
+        await store.append_turn("room-1", 0, turn(7, "Mallory"))  # index 0 is taken
+
+    assert await store.read_turns("room-1", 0, 10) == [turn(0), turn(1)]
+    await store.append_turn("room-1", 2, turn(2))
+    assert await store.read_turns("room-1", 0, 10) == [turn(0), turn(1), turn(2)]
+
+
+@pytest.mark.asyncio
+async def test_a_session_it_does_not_know_is_an_unknown_session(store: Store) -> None:
+    with pytest.raises(KeyError):
+        await store.append_turn("ghost", 0, turn(0))
+    with pytest.raises(KeyError):
+        await store.save_notes("ghost", [note(1)], [])
+    with pytest.raises(KeyError):
+        await store.commit_compaction("ghost", expected_cursor=0, new_cursor=0, summary="", pending_notes=())
+    with pytest.raises(KeyError):
+        await store.read_turns("ghost", 0, 1)
+    with pytest.raises(KeyError):
+        await store.acquire_lease("ghost", "replica-a", 10)
+    await store.release_lease("ghost", "replica-a")
+    await store.delete("ghost")
+    assert await store.load("ghost") is None
+
+
+@pytest.mark.asyncio
+async def test_notes_are_replaced_as_a_whole(store: Store) -> None:
+    await store.create(SessionRecord("room-1"))
+
+    await store.save_notes("room-1", [note(1), note(2)], [])
+    await store.save_notes("room-1", [note(2), note(3)], [note(1)])
+
+    record = await store.load("room-1")
+    assert record is not None
+    assert record.live_notes == (note(2), note(3))
+    assert record.pending_notes == (note(1),)
+
+
+# -- compaction commits ---------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_commit_moves_cursor_summary_and_pending_notes_together(store: Store) -> None:
+    await a_session_with_turns(store, "room-1", 8)
+    await store.save_notes("room-1", [note(5)], [note(1), note(2)])
+
+    landed = await store.commit_compaction(
+        "room-1", expected_cursor=0, new_cursor=5, summary="Alice spoke five times.", pending_notes=[note(2)]
+    )
+
+    assert landed
+    record = await store.load("room-1")
+    assert record is not None
+    assert (record.cursor, record.summary) == (5, "Alice spoke five times.")
+    assert record.pending_notes == (note(2),)
+    assert record.live_notes == (note(5),)
+    assert record.turns == (turn(5), turn(6), turn(7)), "a live session gets only the turns from the cursor"
+    assert record.total_turns == 8
+    assert await store.read_turns("room-1", 0, 8) == [turn(i) for i in range(8)], "the transcript stays"
+
+
+@pytest.mark.asyncio
+async def test_a_commit_from_a_cursor_that_moved_on_is_refused(store: Store) -> None:
+    await a_session_with_turns(store, "room-1", 8)
+    assert await store.commit_compaction(
+        "room-1", expected_cursor=0, new_cursor=4, summary="first four", pending_notes=()
+    )
+
+    late = await store.commit_compaction(
+        "room-1", expected_cursor=0, new_cursor=6, summary="an older view of the first six", pending_notes=()
+    )
+
+    assert not late
+    record = await store.load("room-1")
+    assert record is not None
+    assert (record.cursor, record.summary) == (4, "first four")
+
+
+@pytest.mark.asyncio
+async def test_a_commit_with_a_superseded_fence_is_refused(store: Store) -> None:
+    await a_session_with_turns(store, "room-1", 8)
+    stalled = await store.acquire_lease("room-1", "replica-a", 30)
+    assert stalled is not None
+    await store.release_lease("room-1", "replica-a")  # or it expired while replica-a was stalled
+    newer = await store.acquire_lease("room-1", "replica-b", 30)
+    assert newer is not None and newer > stalled
+
+    refused = await store.commit_compaction(
+        "room-1", expected_cursor=0, new_cursor=4, summary="stale words", pending_notes=(), fence=stalled
+    )
+    landed = await store.commit_compaction(
+        "room-1", expected_cursor=0, new_cursor=4, summary="fresh words", pending_notes=(), fence=newer
+    )
+
+    assert (refused, landed) == (False, True)
+    record = await store.load("room-1")
+    assert record is not None
+    assert (record.cursor, record.summary) == (4, "fresh words")
+
+
+# -- leases -------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_lease_is_exclusive_and_every_grant_has_a_larger_token(store: Store) -> None:
+    await store.create(SessionRecord("room-1"))
+
+    first = await store.acquire_lease("room-1", "replica-a", 30)
+    assert first is not None
+    assert await store.acquire_lease("room-1", "replica-b", 30) is None
+
+    renewed = await store.acquire_lease("room-1", "replica-a", 30)
+    assert renewed is not None and renewed > first
+
+    await store.release_lease("room-1", "replica-b")  # not the holder: no effect
+    assert await store.acquire_lease("room-1", "replica-b", 30) is None
+
+    await store.release_lease("room-1", "replica-a")
+    taken = await store.acquire_lease("room-1", "replica-b", 30)
+    assert taken is not None and taken > renewed
+
+
+@pytest.mark.asyncio
+async def test_a_lease_nobody_releases_expires(store: Store) -> None:
+    await store.create(SessionRecord("room-1"))
+    crashed = await store.acquire_lease("room-1", "replica-a", 0.05)
+    assert crashed is not None
+
+    taken: int | None = None
+    with anyio.fail_after(10):
+        while taken is None:
+            await anyio.sleep(0.02)
+            taken = await store.acquire_lease("room-1", "replica-b", 30)
+
+    assert taken > crashed
+    assert await store.acquire_lease("room-1", "replica-a", 30) is None
+
+
+@pytest.mark.asyncio
+async def test_sessions_do_not_share_leases(store: Store) -> None:
+    await store.create(SessionRecord("room-1"))
+    await store.create(SessionRecord("room-2"))
+
+    assert await store.acquire_lease("room-1", "replica-a", 30) is not None
+    assert await store.acquire_lease("room-2", "replica-b", 30) is not None
+
+
+# -- delete ---------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_deleted_session_is_forgotten_entirely(store: Store) -> None:
+    await a_session_with_turns(store, "room-1", 3)
+    await store.save_notes("room-1", [note(1)], [note(0)])
+    await store.acquire_lease("room-1", "replica-a", 30)
+    await a_session_with_turns(store, "room-2", 1)
+
+    await store.delete("room-1")
+
+    assert await store.load("room-1") is None
+    with pytest.raises(KeyError):
+        await store.append_turn("room-1", 3, turn(3))
+    await store.create(SessionRecord("room-1"))
+    fresh = await store.load("room-1")
+    assert fresh is not None and fresh.total_turns == 0 and fresh.live_notes == ()
+    assert await store.acquire_lease("room-1", "replica-b", 30) is not None, "the old lease went too"
+    other = await store.load("room-2")
+    assert other is not None and other.total_turns == 1
+
+
+# -- durable stores only ------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_everything_survives_opening_the_store_again(durable: Backend) -> None:
+    first = durable.open()
+    await a_session_with_turns(first, "room-1", 6, config={"recent_window": 2}, owner="bot-a")
+    await first.save_notes("room-1", [note(3)], [note(1)])
+    assert await first.commit_compaction(
+        "room-1", expected_cursor=0, new_cursor=2, summary="two turns in", pending_notes=()
+    )
+    await first.aclose()
+
+    again = durable.open()
+    record = await again.load("room-1")
+
+    assert record is not None
+    assert (record.cursor, record.summary, record.total_turns) == (2, "two turns in", 6)
+    assert record.turns == tuple(turn(i) for i in range(2, 6))
+    assert (record.live_notes, record.pending_notes) == ((note(3),), ())
+    assert (record.config, record.owner, record.compactions) == ({"recent_window": 2}, "bot-a", 1)
+
+
+@pytest.mark.asyncio
+async def test_the_identical_turn_sent_again_is_a_retry_not_a_duplicate(durable: Backend) -> None:
+    store = durable.open()
+    await a_session_with_turns(store, "room-1", 3)
+
+    await store.append_turn("room-1", 1, turn(1))  # its first answer was lost; the bot tried again
+
+    assert await store.read_turns("room-1", 0, 10) == [turn(0), turn(1), turn(2)]
+    with pytest.raises(TurnConflict) as conflict:
+        await store.append_turn("room-1", 1, Turn("Alice", "user", "line 1 from Alice", T0 + 1, id="other"))
+    assert not conflict.value.retryable
+    assert isinstance(conflict.value, StoreError)
+
+
+@pytest.mark.asyncio
+async def test_a_commit_retried_after_it_landed_reports_success_once(durable: Backend) -> None:
+    store = durable.open()
+    await a_session_with_turns(store, "room-1", 6)
+    token = await store.acquire_lease("room-1", "replica-a", 30)
+    commit = {"expected_cursor": 0, "new_cursor": 3, "summary": "three", "pending_notes": [note(1)]}
+
+    assert await store.commit_compaction("room-1", fence=token, **commit)  # type: ignore[arg-type]
+    assert await store.commit_compaction("room-1", fence=token, **commit)  # type: ignore[arg-type]
+
+    record = await store.load("room-1")
+    assert record is not None
+    assert (record.cursor, record.summary, record.compactions) == (3, "three", 1)
+    assert not await store.commit_compaction(
+        "room-1", expected_cursor=0, new_cursor=3, summary="different words", pending_notes=[note(1)]
+    )
+
+
+@pytest.mark.asyncio
+async def test_a_commit_past_the_stored_turns_is_refused(durable: Backend) -> None:
+    store = durable.open()
+    await a_session_with_turns(store, "room-1", 3)
+
+    assert not await store.commit_compaction(
+        "room-1", expected_cursor=0, new_cursor=5, summary="turns it never saw", pending_notes=()
+    )
+    with pytest.raises(ValueError):
+        await store.commit_compaction("room-1", expected_cursor=2, new_cursor=1, summary="", pending_notes=())
+
+
+# -- SQLite specifics ---------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_the_sqlite_file_is_in_wal_mode_with_a_schema_version(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "vc.db")
+    await store.create(SessionRecord("room-1"))
+    await store.aclose()
+
+    with sqlite3.connect(tmp_path / "vc.db") as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(turns)")}
+    assert columns == {"session", "idx", "speaker", "role", "text", "at", "id"}
+
+
+@pytest.mark.asyncio
+async def test_a_file_from_a_newer_version_is_refused_not_rewritten(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "vc.db")
+    await store.create(SessionRecord("room-1"))
+    await store.aclose()
+    with sqlite3.connect(tmp_path / "vc.db") as conn:
+        conn.execute("UPDATE schema_version SET version = 99")
+
+    newer = SQLiteStore(tmp_path / "vc.db")
+    with pytest.raises(StoreError, match="schema version 99") as refused:
+        await newer.load("room-1")
+    assert not refused.value.retryable
+    await newer.aclose()
+
+
+@pytest.mark.asyncio
+async def test_two_sqlite_stores_on_one_file_share_the_lease(tmp_path: Path) -> None:
+    one, two = SQLiteStore(tmp_path / "vc.db"), SQLiteStore(tmp_path / "vc.db")
+    await one.create(SessionRecord("room-1"))
+
+    first = await one.acquire_lease("room-1", "replica-a", 30)
+    assert first is not None
+    assert await two.acquire_lease("room-1", "replica-b", 30) is None
+    await one.release_lease("room-1", "replica-a")
+    second = await two.acquire_lease("room-1", "replica-b", 30)
+    assert second is not None and second > first
+    await one.aclose()
+    await two.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_closed_store_says_so(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "vc.db")
+    await store.create(SessionRecord("room-1"))
+    await store.aclose()
+
+    with pytest.raises(StoreError, match="closed"):
+        await store.load("room-1")
+    assert "closed" in repr(store)
+
+
+# -- Redis specifics ---------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_every_key_of_a_session_carries_the_same_hash_tag(redis_server: RedisServer) -> None:
+    store = RedisStore(redis_server.url, prefix="tags")
+    names = ["room-1", "a{b}c", "}{", "x:y", "50%", "Zoë", ""]
+    for name in names:
+        await a_session_with_turns(store, name, 2)
+        await store.save_notes(name, [note(1)], [note(0)])
+        assert await store.acquire_lease(name, "replica-a", 30) is not None
+
+    keys = [key async for key in store.client.scan_iter(match="tags:*")]
+
+    assert len(keys) == 4 * len(names), "meta, turns, notes and lease for every session"
+    by_tag: dict[str, set[str]] = {}
+    for key in keys:
+        assert key.count("{") == 1 and key.count("}") == 1, key
+        tag = key[key.index("{") + 1 : key.index("}")]
+        assert tag, f"{key!r} has an empty hash tag, which Redis Cluster ignores"
+        by_tag.setdefault(tag, set()).add(key.rsplit(":", 1)[1])
+    assert len(by_tag) == len(names)
+    assert all(kinds == {"meta", "turns", "notes", "lease"} for kinds in by_tag.values())
+    for name in names:
+        assert len({key_slot(k.encode()) for k in store.keys(name).all}) == 1
+        record = await store.load(name)
+        assert record is not None and record.total_turns == 2, name
+    await store.aclose()
+
+
+@pytest.mark.asyncio
+async def test_two_prefixes_on_one_redis_do_not_see_each_other(redis_server: RedisServer) -> None:
+    blue, green = RedisStore(redis_server.url, prefix="blue"), RedisStore(redis_server.url, prefix="green")
+    await a_session_with_turns(blue, "room-1", 2)
+
+    assert await green.load("room-1") is None
+    await blue.aclose()
+    await green.aclose()
+
+
+def test_a_prefix_cannot_break_the_hash_tag() -> None:
+    with pytest.raises(ValueError):
+        RedisStore("redis://127.0.0.1:1/0", prefix="a{b")
+
+
+# -- open_store --------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_open_store_reads_every_kind_of_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    made: list[Store] = []
+
+    made.append(open_store("memory"))
+    assert isinstance(made[-1], MemoryStore)
+
+    made.append(open_store("sqlite", data_dir=str(tmp_path / "fresh" / "dir")))
+    assert isinstance(made[-1], SQLiteStore)
+    assert made[-1].path == tmp_path / "fresh" / "dir" / "voice-context.db"
+    assert (tmp_path / "fresh" / "dir").is_dir(), "the data directory is created"
+
+    made.append(open_store(f"sqlite://{tmp_path}/abs.db"))
+    assert isinstance(made[-1], SQLiteStore) and made[-1].path == tmp_path / "abs.db"
+
+    made.append(open_store("sqlite://rel/here.db"))
+    assert isinstance(made[-1], SQLiteStore) and made[-1].path == Path("rel/here.db")
+    await made[-1].create(SessionRecord("room-1"))
+    assert (tmp_path / "rel" / "here.db").exists()
+
+    made.append(open_store("redis://127.0.0.1:6390/2"))
+    assert isinstance(made[-1], RedisStore)
+    assert "127.0.0.1:6390/2" in repr(made[-1])
+
+    with pytest.raises(ConfigError):
+        open_store("postgres://db/vc")
+    (tmp_path / "a-file").write_text("not a directory")
+    with pytest.raises(ConfigError):
+        open_store("sqlite", data_dir=str(tmp_path / "a-file" / "data"))
+    for store in made:
+        await store.aclose()
+
+
+def test_the_service_keeps_sessions_on_disk_by_default() -> None:
+    from voice_context.config import StoreSettings
+
+    assert StoreSettings().url == "sqlite"
