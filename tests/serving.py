@@ -1,0 +1,178 @@
+"""Shared by the wire tests: a real server on 127.0.0.1, a raw protocol connection, plain HTTP."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import orjson
+from websockets.asyncio.client import ClientConnection, connect
+
+from voice_context.config import Settings
+from voice_context.core.turns import Note, Turn
+from voice_context.server import Server
+from voice_context.store.base import Store
+from voice_context.store.memory import MemoryStore
+from voice_context.summarizers.base import Summarizer
+from voice_context.summarizers.fakes import ScriptedSummarizer
+
+#: Every guard against a hang is a multiple of this; slow machines raise the scale.
+TIMEOUT = 5.0 * float(os.environ.get("VOICE_CONTEXT_TEST_TIMEOUT_SCALE", "1"))
+
+T0 = 1714572187.0
+
+
+def settings(**server: Any) -> Settings:
+    """Default settings on 127.0.0.1, port 0, with some server settings changed."""
+    values: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "shutdown_timeout": TIMEOUT,
+        "turns_per_second": 1000.0,
+        "turn_burst": 1000,
+    }
+    values.update(server)
+    return Settings().with_values("server", values)
+
+
+async def wait_until(predicate: Callable[[], bool]) -> None:
+    """Yield to the event loop until ``predicate()`` holds; fail after the timeout."""
+    with anyio.fail_after(TIMEOUT):
+        while not predicate():  # noqa: ASYNC110 - a condition owned by the code under test
+            await anyio.sleep(0.001)
+
+
+@asynccontextmanager
+async def running(
+    config: Settings | None = None,
+    *,
+    summarizer: Summarizer | None = None,
+    store: Store | None = None,
+) -> AsyncIterator[Server]:
+    """A real server, listening until the block ends."""
+    server = Server(
+        config or settings(),
+        summarizer=summarizer if summarizer is not None else ScriptedSummarizer(),
+        store=store if store is not None else MemoryStore(),
+    )
+    with anyio.fail_after(TIMEOUT * 4):
+        async with server:
+            yield server
+
+
+def turn_body(index: int, *, speaker: str | None = None, **extra: Any) -> dict[str, Any]:
+    who = speaker or ("Alice", "Bob")[index % 2]
+    body: dict[str, Any] = {"speaker": who, "role": "user", "text": f"turn {index}", "at": T0 + index}
+    body.update(extra)
+    return body
+
+
+def as_turn(body: dict[str, Any]) -> Turn:
+    return Turn(body["speaker"], body["role"], body["text"], body["at"], body.get("id"))
+
+
+def as_note(body: dict[str, Any]) -> Note:
+    return Note(body["text"], body["at"], body.get("speaker"), body.get("source"))
+
+
+@dataclass
+class Wire:
+    """A raw protocol connection: JSON objects in and out, pushes kept aside."""
+
+    ws: ClientConnection
+    pushed: list[dict[str, Any]] = field(default_factory=list)
+    ids: int = 0
+
+    async def send(self, message: dict[str, Any] | str | bytes) -> None:
+        if isinstance(message, dict):
+            message = orjson.dumps(message).decode()
+        await self.ws.send(message)
+
+    async def recv(self) -> dict[str, Any]:
+        with anyio.fail_after(TIMEOUT):
+            frame = await self.ws.recv()
+        value = orjson.loads(frame)
+        assert isinstance(value, dict)
+        return value
+
+    async def reply(self) -> dict[str, Any]:
+        """The next message that is not a pushed compaction event."""
+        while True:
+            message = await self.recv()
+            if str(message.get("type", "")).startswith("compaction."):
+                self.pushed.append(message)
+                continue
+            return message
+
+    async def request(self, type: str, **fields: Any) -> dict[str, Any]:
+        self.ids += 1
+        await self.send({"type": type, "id": self.ids, **fields})
+        answer = await self.reply()
+        assert answer.get("id") == self.ids, answer
+        return answer
+
+    async def push(self) -> dict[str, Any]:
+        """The next pushed compaction event (waiting for it if none has arrived)."""
+        if self.pushed:
+            return self.pushed.pop(0)
+        message = await self.recv()
+        assert str(message["type"]).startswith("compaction."), message
+        return message
+
+    async def open(self, session: str, **fields: Any) -> dict[str, Any]:
+        return await self.request("session.open", session=session, **fields)
+
+    async def append(self, session: str, index: int, **extra: Any) -> dict[str, Any]:
+        return await self.request("turn.append", session=session, turn=turn_body(index, **extra))
+
+    async def closed_with(self) -> int | None:
+        """Wait for the server to close the connection; its close code."""
+        with anyio.fail_after(TIMEOUT):
+            await self.ws.wait_closed()
+        return self.ws.close_code
+
+
+@asynccontextmanager
+async def wire(server: Server, *, token: str | None = None, **kwargs: Any) -> AsyncIterator[Wire]:
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    with anyio.fail_after(TIMEOUT):
+        ws = await connect(server.url, additional_headers=headers, open_timeout=TIMEOUT, **kwargs)
+    async with ws:
+        yield Wire(ws)
+
+
+@dataclass(frozen=True)
+class HttpReply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+
+async def http_get(port: int, path: str, headers: Sequence[tuple[str, str]] = ()) -> HttpReply:
+    """A plain HTTP/1.1 GET on 127.0.0.1 over a raw socket."""
+    with anyio.fail_after(TIMEOUT):
+        async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+            head = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            head += "".join(f"{k}: {v}\r\n" for k, v in headers)
+            await stream.send((head + "\r\n").encode())
+            data = b""
+            while True:
+                try:
+                    data += await stream.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    break
+    raw_head, _, body = data.partition(b"\r\n\r\n")
+    lines = raw_head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    parsed = {}
+    for line in lines[1:]:
+        key, _, value = line.partition(":")
+        parsed[key.strip().lower()] = value.strip()
+    return HttpReply(status, parsed, body)

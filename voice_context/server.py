@@ -1,0 +1,673 @@
+"""The websocket service: protocol v1 at ``/v1``, ``/healthz`` and ``/metrics`` on the same port.
+
+A thin shell around :class:`~voice_context.manager.SessionManager`. Frames
+become typed messages in :mod:`voice_context.codec`; the decisions that are
+not the manager's (rate limits, duplicate turns, file names for recordings)
+are small pure functions and classes here, fed the time as plain data.
+
+Lifetimes are lexical::
+
+    async with Server(settings) as server:
+        print(server.url)            # ws://127.0.0.1:8765/v1 (port 0 picks a free one)
+        await server.serve_forever() # until server.request_shutdown() or cancellation
+
+Leaving the block shuts down gracefully: stop accepting, let each request in
+progress finish and its reply go out, close every connection with 1001, then
+let the session manager land (or give up on) the compactions in flight, and
+close the store if the server opened it.
+
+Each connection reads one frame at a time and answers it before reading the
+next, so replies come in request order. Compaction events for the sessions a
+connection opened go into the same outbox, never blocking the manager: when a
+connection's outbox is full, the event is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import itertools
+import math
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import quote, urlsplit
+
+import anyio
+import orjson
+import structlog
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from websockets.asyncio.server import Server as WebsocketServer
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
+from websockets.http11 import Request, Response
+
+from voice_context import codec
+from voice_context.codec import (
+    BAD_REQUEST,
+    INTERNAL,
+    RATE_LIMITED,
+    UNAUTHORIZED,
+    UNKNOWN_SESSION,
+    ClientMessage,
+    ContextGet,
+    DecodeError,
+    MessageId,
+    NoteAppend,
+    Ping,
+    SessionClose,
+    SessionOpen,
+    SessionStateGet,
+    TurnAppend,
+)
+from voice_context.config import Settings, make_summarizer
+from voice_context.core.session import Session
+from voice_context.core.turns import Turn
+from voice_context.errors import ConfigError, RateLimited, SessionClosed, StoreError, UnknownSession
+from voice_context.manager import CompactionEvent, SessionManager
+from voice_context.metrics import CONTENT_TYPE, Metrics
+from voice_context.store import open_store
+from voice_context.store.base import Store
+from voice_context.summarizers.base import Summarizer
+
+log = structlog.get_logger("voice_context.server")
+
+PATH = "/v1"
+OUTBOX_FRAMES = 256
+DUPLICATE_LOOKBACK = 32
+SHUTDOWN_GRACE = 5.0
+
+
+# -- pure decisions ----------------------------------------------------------------
+
+
+class TokenBucket:
+    """Turns per second for one session: ``rate`` tokens a second, at most ``burst`` saved.
+
+    ``take(now)`` spends a token and returns 0.0, or returns how many seconds
+    until one is available (and spends nothing). ``now`` is any monotonic time.
+    """
+
+    def __init__(self, rate: float, burst: int, now: float) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError("rate must be positive and burst at least 1")
+        self.rate = rate
+        self.burst = float(burst)
+        self.tokens = float(burst)
+        self.updated = now
+
+    def take(self, now: float) -> float:
+        elapsed = max(0.0, now - self.updated)
+        self.tokens = min(self.burst, self.tokens + elapsed * self.rate)
+        self.updated = max(self.updated, now)
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / self.rate
+
+
+def find_duplicate(session: Session, turn: Turn, lookback: int = DUPLICATE_LOOKBACK) -> int | None:
+    """The index of a recent turn identical to ``turn`` (same ``id`` and content), if any.
+
+    Only turns that carry an ``id`` are ever duplicates: a bot that retries a
+    turn with the same ``id`` gets the first index back instead of a second copy.
+    """
+    if turn.id is None:
+        return None
+    held = session.verbatim_turns
+    first = session.total_turns - len(held)
+    for offset in range(len(held) - 1, max(-1, len(held) - 1 - lookback), -1):
+        if held[offset] == turn:
+            return first + offset
+    return None
+
+
+def recording_name(session: str) -> str:
+    """A file name for a session's recording, safe for any session name.
+
+    Percent-encoding of the name (a leading dot too), with ``.jsonl``; names
+    whose encoding is long are cut and given a hash suffix so they stay unique.
+    """
+    safe = quote(session, safe="-_.")
+    if safe.startswith("."):
+        safe = "%2E" + safe[1:]
+    if len(safe) > 160:
+        digest = hashlib.sha256(session.encode()).hexdigest()[:16]
+        safe = f"{safe[:140].rstrip('%')}~{digest}"
+    return safe + ".jsonl"
+
+
+def bearer_token(headers: Headers) -> str | None:
+    value = headers.get("Authorization")
+    if not value:
+        return None
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def token_matches(token: str | None, tokens: tuple[str, ...]) -> bool:
+    if token is None:
+        return False
+    matched = False
+    for candidate in tokens:  # compare against all of them, in constant time each
+        matched |= hmac.compare_digest(token.encode(), candidate.encode())
+    return matched
+
+
+def owner_of(token: str | None) -> str | None:
+    """Who owns the sessions opened under a token: a digest of it (tokens are never stored)."""
+    if token is None:
+        return None
+    return "token:" + hashlib.sha256(token.encode()).hexdigest()[:32]
+
+
+# -- the shell -----------------------------------------------------------------------
+
+
+class _Reject(Exception):
+    """A request refused by the server (not the manager): becomes an ``error`` reply."""
+
+    def __init__(self, code: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.extra = extra
+
+
+@dataclass(eq=False)
+class _SessionLimits:
+    bucket: TokenBucket
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+
+
+@dataclass(eq=False)
+class _Connection:
+    id: str
+    ws: ServerConnection
+    owner: str | None
+    outbox: MemoryObjectSendStream[str]
+    inbox: MemoryObjectReceiveStream[str]
+    sessions: set[str] = field(default_factory=set)
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    recv_scope: anyio.CancelScope | None = None
+    on_drop: Callable[[], None] = lambda: None
+
+    def push(self, event: CompactionEvent) -> None:
+        """A manager listener: queue the event, never wait."""
+        if event.session not in self.sessions:
+            return
+        try:
+            self.outbox.send_nowait(codec.encode_event(event))
+        except anyio.WouldBlock:
+            self.on_drop()
+            log.warning("voice_context_push_dropped", connection=self.id, session=event.session)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+
+    async def reply(self, frame: str) -> None:
+        try:
+            self.outbox.send_nowait(frame)  # no checkpoint: queued before any event it caused
+        except anyio.WouldBlock:
+            await self.outbox.send(frame)
+
+    def stop_reading(self) -> None:
+        if self.recv_scope is not None:
+            self.recv_scope.cancel()
+
+
+class Server:
+    """The voice-context websocket server. See the module docstring."""
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        summarizer: Summarizer | None = None,
+        store: Store | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.summarizer = summarizer if summarizer is not None else make_summarizer(self.settings.summarizer)
+        self._owns_store = store is None
+        self._store = store
+        self._monotonic = monotonic
+        self.metrics = Metrics()
+        self._manager: SessionManager | None = None
+        self._ws: WebsocketServer | None = None
+        self._tg: TaskGroup | None = None
+        self._stack: AsyncExitStack | None = None
+        self._connections: set[_Connection] = set()
+        self._holders: dict[str, set[_Connection]] = {}
+        self._limits: dict[str, _SessionLimits] = {}
+        self._stopping = False
+        self._stopped = anyio.Event()
+        self._ids = itertools.count(1)
+        self._record_dir = Path(self.settings.server.record_dir) if self.settings.server.record_dir else None
+        self.port = 0
+
+    # -- lifetime ------------------------------------------------------------------
+
+    @property
+    def manager(self) -> SessionManager:
+        if self._manager is None:
+            raise RuntimeError("the server is not running; use 'async with Server(...)'")
+        return self._manager
+
+    @property
+    def url(self) -> str:
+        host = self.settings.server.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"ws://{host}:{self.port}{PATH}"
+
+    @property
+    def stopping(self) -> bool:
+        """True once a shutdown has begun."""
+        return self._stopping
+
+    @property
+    def connections(self) -> int:
+        return len(self._connections)
+
+    async def __aenter__(self) -> Self:
+        stack = AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            cfg = self.settings.server
+            store = self._store
+            if store is None:
+                store = open_store(self.settings.store.url, data_dir=self.settings.store.data_dir)
+                self._store = store
+                stack.push_async_callback(store.aclose)
+            if self._record_dir is not None:
+                self._record_dir.mkdir(parents=True, exist_ok=True)
+            manager = SessionManager(
+                self.summarizer,
+                config=self.settings.session,
+                store=store,
+                compaction_timeout=self.settings.summarizer.compaction_timeout,
+                close_timeout=cfg.shutdown_timeout,
+            )
+            self._manager = await stack.enter_async_context(manager)
+            self.metrics.watch_manager(
+                lambda: manager.counters, lambda: manager.sessions, lambda: manager.in_flight
+            )
+            self._tg = await stack.enter_async_context(anyio.create_task_group())
+            self._ws = await serve(
+                self._handle,
+                cfg.host,
+                cfg.port,
+                process_request=self._process_request,
+                max_size=cfg.max_frame_bytes,
+                server_header=None,
+            )
+            stack.push_async_callback(self.shutdown)
+            self.port = self._ws.sockets[0].getsockname()[1] if self._ws.sockets else cfg.port
+        except BaseException:
+            await stack.__aexit__(None, None, None)
+            raise
+        self._stack = stack
+        log.info("voice_context_server_listening", url=self.url, summarizer=self.summarizer.model)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        stack, self._stack = self._stack, None
+        assert stack is not None
+        try:
+            return await stack.__aexit__(exc_type, exc, tb)
+        finally:
+            self._manager = None
+            self._tg = None
+            log.info("voice_context_server_stopped")
+
+    async def serve_forever(self) -> None:
+        """Wait until the server has shut down (see :meth:`request_shutdown`)."""
+        await self._stopped.wait()
+
+    def request_shutdown(self) -> None:
+        """Begin a graceful shutdown without waiting for it (safe to call more than once)."""
+        if self._tg is not None and not self._stopping:
+            self._tg.start_soon(self.shutdown)
+
+    async def shutdown(self) -> None:
+        """Stop accepting, finish the requests in progress, close connections with 1001."""
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._drain()
+        finally:
+            self._stopped.set()
+
+    async def _drain(self) -> None:
+        ws = self._ws
+        if ws is None:
+            return
+        log.info("voice_context_shutdown_started", connections=len(self._connections))
+        ws.close(close_connections=False)  # stop accepting; opening handshakes get a 503
+        for conn in list(self._connections):
+            conn.stop_reading()
+        with anyio.move_on_after(self.settings.server.shutdown_timeout) as waited:
+            await ws.wait_closed()
+        if waited.cancelled_caught:
+            log.warning("voice_context_shutdown_forced", connections=len(self._connections))
+            for conn in list(self._connections):
+                conn.scope.cancel()
+            with anyio.move_on_after(SHUTDOWN_GRACE):
+                await ws.wait_closed()
+        log.info("voice_context_shutdown_finished")
+
+    # -- HTTP on the same port -------------------------------------------------------
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = urlsplit(request.path).path
+        if path == "/healthz":
+            status = HTTPStatus.SERVICE_UNAVAILABLE if self._stopping else HTTPStatus.OK
+            health = {
+                "status": "stopping" if self._stopping else "ok",
+                "sessions": self._manager.sessions if self._manager else 0,
+                "connections": len(self._connections),
+                "in_flight": self._manager.in_flight if self._manager else 0,
+            }
+            return _response(status, orjson.dumps(health), "application/json")
+        if path == "/metrics":
+            return _response(HTTPStatus.OK, self.metrics.render(), CONTENT_TYPE)
+        if path != PATH:
+            missing = {"type": "error", "code": "not_found", "message": f"no such path: {path}"}
+            return _response(HTTPStatus.NOT_FOUND, orjson.dumps(missing), "application/json")
+        tokens = self.settings.server.auth_tokens
+        if tokens and not token_matches(bearer_token(request.headers), tokens):
+            self.metrics.errors.labels(code=UNAUTHORIZED).inc()
+            log.info("voice_context_unauthorized", remote=_remote(connection))
+            denied = codec.encode_error(UNAUTHORIZED, "a valid 'Authorization: Bearer <token>' is required")
+            return _response(
+                HTTPStatus.UNAUTHORIZED,
+                denied.encode(),
+                "application/json",
+                ("WWW-Authenticate", 'Bearer realm="voice-context"'),
+            )
+        return None
+
+    # -- one connection ----------------------------------------------------------------
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        if self._stopping:
+            await ws.close(CloseCode.GOING_AWAY, "server shutting down")
+            return
+        tokens = self.settings.server.auth_tokens
+        owner = owner_of(bearer_token(ws.request.headers)) if tokens and ws.request else None
+        outbox, inbox = anyio.create_memory_object_stream[str](OUTBOX_FRAMES)
+        conn = _Connection(f"c{next(self._ids)}-{uuid.uuid4().hex[:6]}", ws, owner, outbox, inbox)
+        conn.on_drop = self.metrics.pushes_dropped.inc
+        self._connections.add(conn)
+        self.metrics.connections.inc()
+        close: tuple[int, str] | None = None
+        try:
+            with conn.scope, structlog.contextvars.bound_contextvars(connection=conn.id):
+                log.info("voice_context_connection_opened", remote=_remote(ws), authenticated=bool(owner))
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._send_loop, conn)
+                    try:
+                        close = await self._read_loop(conn)
+                    finally:
+                        outbox.close()  # the send loop drains what is queued, then ends
+                if close is not None:
+                    await ws.close(*close)
+                log.info("voice_context_connection_closed", code=ws.close_code, sessions=len(conn.sessions))
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._detach_all(conn)
+            self._connections.discard(conn)
+            self.metrics.connections.dec()
+
+    async def _send_loop(self, conn: _Connection) -> None:
+        async with conn.inbox:
+            async for frame in conn.inbox:
+                with contextlib.suppress(ConnectionClosed):  # keep draining; the reader sees it too
+                    await conn.ws.send(frame)
+
+    async def _read_loop(self, conn: _Connection) -> tuple[int, str] | None:
+        """Answer frames one at a time; returns the close code to send, if any."""
+        while not self._stopping:
+            with anyio.CancelScope() as scope:
+                conn.recv_scope = scope
+                try:
+                    frame = await conn.ws.recv()
+                except ConnectionClosed:
+                    return None
+                finally:
+                    conn.recv_scope = None
+            if scope.cancelled_caught:
+                break
+            if not isinstance(frame, str):
+                log.info("voice_context_binary_frame", size=len(frame))
+                self.metrics.errors.labels(code="binary_frame").inc()
+                return CloseCode.UNSUPPORTED_DATA, "binary frames are not accepted: send JSON text"
+            await self._dispatch(conn, frame)
+        return CloseCode.GOING_AWAY, "server shutting down"
+
+    async def _dispatch(self, conn: _Connection, frame: str) -> None:
+        try:
+            message = codec.decode(frame, max_text_chars=self.settings.server.max_text_chars)
+        except DecodeError as exc:
+            await self._error(conn, exc.code, exc.message, msg_id=exc.id, session=exc.session)
+            return
+        session = message.session
+        with structlog.contextvars.bound_contextvars(session=session):
+            try:
+                reply, record = await self._answer(conn, message)
+            except _Reject as exc:
+                await self._error(
+                    conn, exc.code, exc.message, msg_id=message.id, session=session, **exc.extra
+                )
+            except UnknownSession:
+                text = f"no open session {session!r} on this connection: send session.open first"
+                await self._error(conn, UNKNOWN_SESSION, text, msg_id=message.id, session=session)
+            except ConfigError as exc:
+                await self._error(conn, BAD_REQUEST, str(exc), msg_id=message.id, session=session)
+            except RateLimited as exc:
+                await self._error(conn, RATE_LIMITED, str(exc), msg_id=message.id, session=session)
+            except SessionClosed as exc:
+                text = f"session unavailable: {exc}"
+                await self._error(conn, INTERNAL, text, msg_id=message.id, session=session, retryable=True)
+            except StoreError as exc:
+                log.warning("voice_context_store_failed", type=message.type, error=str(exc)[:300])
+                await self._error(
+                    conn,
+                    INTERNAL,
+                    f"the store failed: {exc}",
+                    msg_id=message.id,
+                    session=session,
+                    retryable=exc.retryable,
+                )
+            except Exception:
+                log.exception("voice_context_request_failed", type=message.type)
+                await self._error(
+                    conn, INTERNAL, "internal error", msg_id=message.id, session=session, retryable=False
+                )
+            else:
+                if record:
+                    self._record(message)
+                await conn.reply(reply)
+
+    async def _error(
+        self,
+        conn: _Connection,
+        code: str,
+        message: str,
+        *,
+        msg_id: MessageId = None,
+        session: str | None = None,
+        **extra: Any,
+    ) -> None:
+        self.metrics.errors.labels(code=code).inc()
+        log.info("voice_context_request_rejected", code=code, message=message[:200], id=msg_id)
+        await conn.reply(codec.encode_error(code, message, msg_id=msg_id, session=session, **extra))
+
+    # -- the messages ------------------------------------------------------------------
+
+    async def _answer(self, conn: _Connection, message: ClientMessage) -> tuple[str, bool]:
+        """The reply to one message, and whether the message is to be recorded."""
+        manager = self.manager
+        owner = conn.owner
+        if isinstance(message, Ping):
+            return codec.encode_pong(message.id), False
+        name = message.session
+        if isinstance(message, SessionOpen):
+            return await self._open(conn, message), True
+        if name not in conn.sessions:
+            raise UnknownSession(name)
+        if isinstance(message, TurnAppend):
+            return await self._append_turn(conn, message)
+        if isinstance(message, NoteAppend):
+            changed = await manager.append_note(name, message.note, owner=owner)
+            self.metrics.notes.inc()
+            return codec.encode_note_appended(name, changed, message.id), True
+        if isinstance(message, ContextGet):
+            started = time.perf_counter()
+            ctx = await manager.context(
+                name,
+                message.format,
+                budget_chars=message.budget_chars,
+                base_instructions=message.base_instructions,
+                facts=message.facts,
+                owner=owner,
+            )
+            in_flight = manager.state(name, owner=owner).in_flight is not None
+            self.metrics.context_latency.observe(time.perf_counter() - started)
+            return codec.encode_context(name, ctx, in_flight=in_flight, msg_id=message.id), True
+        if isinstance(message, SessionStateGet):
+            return codec.encode_state(name, manager.state(name, owner=owner), message.id), True
+        assert isinstance(message, SessionClose)
+        await self._detach(conn, name)
+        return codec.encode_closed(name, message.id), True
+
+    async def _open(self, conn: _Connection, message: SessionOpen) -> str:
+        name = message.session
+        limit = self.settings.server.max_sessions_per_connection
+        if name not in conn.sessions and len(conn.sessions) >= limit:
+            raise _Reject(
+                RATE_LIMITED,
+                f"too many sessions on this connection (limit {limit}): close one first",
+                limit="sessions_per_connection",
+            )
+        config = dict(message.config) if message.config is not None else None
+        opened = await self.manager.open(name, config, owner=conn.owner)
+        if name not in conn.sessions:
+            conn.sessions.add(name)
+            self._holders.setdefault(name, set()).add(conn)
+            self.manager.add_listener(conn.push, session=name)
+            if name not in self._limits:
+                cfg = self.settings.server
+                bucket = TokenBucket(cfg.turns_per_second, cfg.turn_burst, self._monotonic())
+                self._limits[name] = _SessionLimits(bucket)
+        log.info("voice_context_session_opened", resumed=opened.resumed, turns=opened.stats.turns)
+        return codec.encode_opened(name, opened, message.id)
+
+    async def _append_turn(self, conn: _Connection, message: TurnAppend) -> tuple[str, bool]:
+        name = message.session
+        limits = self._limits[name]
+        async with limits.lock:
+            session = self.manager.session(name, owner=conn.owner)
+            duplicate = find_duplicate(session, message.turn)
+            if duplicate is not None:
+                return codec.encode_turn_appended(name, duplicate, message.id, duplicate=True), False
+            wait = limits.bucket.take(self._monotonic())
+            if wait > 0:
+                rate = self.settings.server.turns_per_second
+                raise _Reject(
+                    RATE_LIMITED,
+                    f"too many turns for this session (limit {rate:g} per second)",
+                    limit="turns_per_second",
+                    retry_after=math.ceil(wait * 1000) / 1000,
+                )
+            index = await self.manager.append_turn(name, message.turn, owner=conn.owner)
+        self.metrics.turns.inc()
+        return codec.encode_turn_appended(name, index, message.id), True
+
+    async def _detach(self, conn: _Connection, name: str) -> None:
+        """This connection is done with a session; the last one to leave closes it here."""
+        conn.sessions.discard(name)
+        self.manager.remove_listener(conn.push, session=name)
+        holders = self._holders.get(name)
+        if holders is not None:
+            holders.discard(conn)
+            if holders:
+                return
+            del self._holders[name]
+        self._limits.pop(name, None)
+        if self._stopping:
+            return  # the manager lands compactions in flight as it closes
+        try:
+            await self.manager.close(name, owner=conn.owner)
+        except UnknownSession:
+            pass
+        else:
+            log.info("voice_context_session_closed")
+
+    async def _detach_all(self, conn: _Connection) -> None:
+        if self._manager is None:
+            return
+        for name in list(conn.sessions):
+            with structlog.contextvars.bound_contextvars(session=name):
+                await self._detach(conn, name)
+
+    # -- recording ---------------------------------------------------------------------
+
+    def _record(self, message: ClientMessage) -> None:
+        if self._record_dir is None or message.session is None:
+            return
+        path = self._record_dir / recording_name(message.session)
+        line = orjson.dumps(codec.message_dict(message)) + b"\n"
+        try:
+            with path.open("ab") as out:  # one write, flushed on close
+                out.write(line)
+        except OSError as exc:
+            log.warning("voice_context_record_failed", path=str(path), error=str(exc))
+
+
+def _response(status: HTTPStatus, body: bytes, content_type: str, *extra: tuple[str, str]) -> Response:
+    headers = Headers(
+        [
+            ("Content-Type", content_type),
+            ("Content-Length", str(len(body))),
+            ("Connection", "close"),
+            ("Cache-Control", "no-store"),
+            *extra,
+        ]
+    )
+    return Response(status.value, status.phrase, headers, body)
+
+
+def _remote(ws: ServerConnection) -> str:
+    address: Any = ws.remote_address
+    if isinstance(address, tuple) and len(address) >= 2:
+        return f"{address[0]}:{address[1]}"
+    return str(address)
+
+
+__all__ = [
+    "Server",
+    "TokenBucket",
+    "bearer_token",
+    "find_duplicate",
+    "owner_of",
+    "recording_name",
+    "token_matches",
+]
