@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import pytest
@@ -17,7 +17,7 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def logs() -> Iterator[list[dict[str, Any]]]:
+def logs() -> Iterator[list[MutableMapping[str, Any]]]:
     """Every structlog event emitted during the test, as dicts."""
     with capture_logs() as captured:
         yield captured

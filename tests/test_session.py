@@ -436,7 +436,7 @@ def test_notes_evicted_during_flight_stay_pending_after_success() -> None:
     session.append_note(Note("during", 3.0))  # evicts "live" while the plan is in flight
     assert session.pending_notes == (Note("before", 0.0), Note("live", 1.0))
     applied(session.compaction_succeeded(plan.plan_id, "Folded.", 4.0))
-    assert session.pending_notes == (Note("live", 1.0),)
+    assert list(session.pending_notes) == [Note("live", 1.0)]
     assert session.pending_after(plan) == (Note("live", 1.0),)
 
 
@@ -490,7 +490,7 @@ def test_restore_notes_while_in_flight_keeps_what_the_plan_folds() -> None:
     applied(session.compaction_succeeded(plan.plan_id, "Folded.", 4.0))
     assert session.pending_notes == ()  # not folded a second time by the next compaction
     session.append_note(Note("after", 5.0))
-    assert session.pending_notes == (Note("live", 1.0),)
+    assert list(session.pending_notes) == [Note("live", 1.0)]
 
 
 def test_restore_notes_while_in_flight_after_a_drop() -> None:
