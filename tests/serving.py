@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.abc
 import orjson
+from anyio.abc import SocketAttribute
 from websockets.asyncio.client import ClientConnection, connect
 
 from voice_context.config import Settings
@@ -62,6 +65,77 @@ async def running(
     with anyio.fail_after(TIMEOUT * 4):
         async with server:
             yield server
+
+
+class GatedStore(MemoryStore):
+    """Holds every turn append until the test opens the gate (a store mid-write)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = anyio.Event()
+        self.gate = anyio.Event()
+
+    def close_gate(self) -> None:
+        self.entered = anyio.Event()
+        self.gate = anyio.Event()
+
+    async def append_turn(self, name: str, index: int, turn: Turn) -> None:
+        self.entered.set()
+        await self.gate.wait()
+        await super().append_turn(name, index, turn)
+
+
+class Proxy:
+    """A TCP relay in front of a server that the test can cut, as a network drops a connection."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self._scopes: set[anyio.CancelScope] = set()
+        self._stack = AsyncExitStack()
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1"
+
+    @property
+    def links(self) -> int:
+        return len(self._scopes)
+
+    async def __aenter__(self) -> Proxy:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+        await self._stack.enter_async_context(listener)
+        self.port = listener.extra(SocketAttribute.local_port)
+        tg = await self._stack.enter_async_context(anyio.create_task_group())
+        self._stack.callback(tg.cancel_scope.cancel)
+        tg.start_soon(listener.serve, self._relay)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    def cut(self) -> None:
+        """Drop every relayed connection at once, without a closing handshake."""
+        for scope in list(self._scopes):
+            scope.cancel()
+
+    async def _relay(self, client: anyio.abc.SocketStream) -> None:
+        async with client, await anyio.connect_tcp("127.0.0.1", self.target_port) as upstream:
+            with anyio.CancelScope() as scope:
+                self._scopes.add(scope)
+                try:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(_copy, client, upstream, scope)
+                        tg.start_soon(_copy, upstream, client, scope)
+                finally:
+                    self._scopes.discard(scope)
+
+
+async def _copy(src: anyio.abc.SocketStream, dst: anyio.abc.SocketStream, scope: anyio.CancelScope) -> None:
+    with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
+        async for chunk in src:
+            await dst.send(chunk)
+    scope.cancel()
 
 
 def turn_body(index: int, *, speaker: str | None = None, **extra: Any) -> dict[str, Any]:

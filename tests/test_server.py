@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import orjson
 import pytest
-from serving import TIMEOUT, as_turn, http_get, running, settings, turn_body, wait_until, wire
+from serving import TIMEOUT, GatedStore, as_turn, http_get, running, settings, turn_body, wait_until, wire
 from structlog.testing import capture_logs
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
@@ -21,20 +21,6 @@ from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 from voice_context.summarizers.fakes import ScriptedSummarizer
-
-
-class GatedStore(MemoryStore):
-    """Holds every turn append until the test opens the gate."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.entered = anyio.Event()
-        self.gate = anyio.Event()
-
-    async def append_turn(self, name: str, index: int, turn: Turn) -> None:
-        self.entered.set()
-        await self.gate.wait()
-        await super().append_turn(name, index, turn)
 
 
 class GatedSummarizer:
@@ -417,8 +403,7 @@ async def test_shutdown_finishes_the_request_in_progress_then_closes_with_1001()
             for i in range(7):
                 await busy.append("room-1", i)
             await busy.request("context.get", session="room-1")  # a compaction is now in flight
-            store.gate = anyio.Event()
-            store.entered = anyio.Event()
+            store.close_gate()
             await busy.send({"type": "turn.append", "id": "last", "session": "room-1", "turn": turn_body(7)})
             with anyio.fail_after(TIMEOUT):
                 await store.entered.wait()

@@ -431,6 +431,8 @@ class Server:
                     await ws.close(*close)
                 log.info("voice_context_connection_closed", code=ws.close_code, sessions=len(conn.sessions))
         finally:
+            outbox.close()
+            inbox.close()
             with anyio.CancelScope(shield=True):
                 await self._detach_all(conn)
             self._connections.discard(conn)

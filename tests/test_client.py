@@ -1,0 +1,206 @@
+"""The bot's client against a real server: replies, errors, pushed events, reconnect and resume."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+from serving import T0, TIMEOUT, GatedStore, Proxy, running, settings, wait_until
+
+from voice_context.client import Client, ClientError, ConnectionLost
+from voice_context.store.memory import MemoryStore
+from voice_context.summarizers.deterministic import DeterministicSummarizer
+
+
+def fast(url: str, **kwargs: Any) -> Client:
+    """A client whose reconnect backoff is short, and whose waits are bounded by the test timeout."""
+    options: dict[str, Any] = {
+        "open_timeout": TIMEOUT,
+        "request_timeout": TIMEOUT,
+        "backoff_base": 0.01,
+        "backoff_max": 0.2,
+        "reconnect_attempts": 20,
+    }
+    options.update(kwargs)
+    return Client(url, **options)
+
+
+@pytest.mark.asyncio
+async def test_a_bot_appends_turns_and_notes_and_gets_its_context() -> None:
+    async with running() as server, fast(server.url) as client:
+        room = await client.open("room-1")
+        assert room.resumed is False
+        assert await room.append_turn("Alice", "user", "Can you find flights to Lisbon?", at=T0) == 0
+        assert await room.append_turn("Nova", "assistant", "Sure, which dates?", at=T0 + 2, id="a1") == 1
+        noted = await room.append_note("a flight search page", at=T0 + 3, speaker="Alice", source="browser")
+        assert (noted["live"], noted["pending"]) == (1, 0)
+
+        ctx = await room.context(
+            format="instructions",
+            budget_chars=5200,
+            base_instructions="You are Nova.",
+            facts=["Alice is vegan"],
+        )
+        assert ctx["instructions"].startswith("You are Nova.")
+        for part in ("- Alice is vegan", "Alice's screen (browser): a flight search page", "Nova: Sure"):
+            assert part in ctx["instructions"]
+        assert (ctx["cursor"], ctx["in_flight"], ctx["chars"]) == (0, False, len(ctx["instructions"]))
+        messages = (await room.context())["messages"]
+        assert messages[-1] == {"role": "assistant", "content": "Sure, which dates?"}
+
+        state = await room.state()
+        assert (state["turns"], state["live_notes"]) == (2, 1)
+        assert (await client.ping())["type"] == "pong"
+        await room.close()
+        assert client.sessions == []
+
+
+@pytest.mark.asyncio
+async def test_an_error_reply_raises_client_error_with_its_code() -> None:
+    async with running(settings(max_text_chars=50)) as server, fast(server.url) as client:
+        with pytest.raises(ClientError) as bad:
+            await client.open("room-1", config={"colour": "blue"})
+        assert bad.value.code == "bad_request"
+        assert "colour" in bad.value.message
+        room = await client.open("room-1")
+        with pytest.raises(ClientError) as big:
+            await room.append_turn("Alice", "user", "x" * 51, at=T0)
+        assert big.value.code == "too_large"
+        assert big.value.reply is not None and big.value.reply["session"] == "room-1"
+        assert await room.append_turn("Alice", "user", "still here", at=T0) == 0
+
+
+@pytest.mark.asyncio
+async def test_a_wrong_token_is_refused_when_connecting() -> None:
+    async with running(settings(auth_tokens=("right",))) as server:
+        with pytest.raises(ClientError) as refused:
+            async with fast(server.url, token="wrong"):
+                pass
+        assert refused.value.code == "unauthorized"
+        async with fast(server.url, token="right") as client:
+            assert (await client.open("room-1")).name == "room-1"
+
+
+@pytest.mark.asyncio
+async def test_compaction_events_reach_the_callback_and_the_event_stream() -> None:
+    seen: list[dict[str, Any]] = []
+    async with (
+        running(summarizer=DeterministicSummarizer()) as server,
+        fast(server.url, on_event=seen.append) as client,
+    ):
+        room = await client.open("room-1")
+        for i in range(61):
+            await room.append_turn(("Alice", "Bob")[i % 2], "user", f"turn {i}", at=T0 + i)
+        first = await room.context()
+        assert (first["cursor"], first["in_flight"]) == (0, True)
+        with anyio.fail_after(TIMEOUT):
+            event = await anext(aiter(client.events()))
+        assert (event["type"], event["session"], event["cursor"]) == ("compaction.completed", "room-1", 10)
+        assert seen == [event]
+        after = await room.context()
+        assert (after["cursor"], after["covered_through"]) == (10, 9)
+        assert after["summary"]
+
+
+@pytest.mark.asyncio
+async def test_the_client_reconnects_and_resumes_after_the_server_restarts_on_the_same_port() -> None:
+    store = MemoryStore()  # what a durable store keeps across the restart
+    async with running(store=store) as first, fast(first.url) as client:
+        room = await client.open("room-1", config={"recent_window": 30})
+        for i in range(3):
+            await room.append_turn("Alice", "user", f"turn {i}", at=T0 + i)
+        await first.shutdown()
+        await wait_until(lambda: not client.connected)
+
+        async with running(settings(port=first.port), store=store):
+            assert await room.append_turn("Alice", "user", "turn 3", at=T0 + 3) == 3
+            assert client.reconnects == 1
+            assert room.resumed is True, "the session was opened again before the turn"
+            assert (await room.state())["turns"] == 4
+
+
+@pytest.mark.asyncio
+async def test_after_the_network_drops_the_next_call_reconnects_and_resumes_every_session() -> None:
+    async with running() as server, Proxy(server.port) as proxy, fast(proxy.url) as client:
+        rooms = [await client.open(name) for name in ("room-1", "room-2")]
+        for room in rooms:
+            await room.append_turn("Alice", "user", "before", at=T0)
+        proxy.cut()
+        await wait_until(lambda: not client.connected)
+        assert await rooms[1].append_turn("Bob", "user", "after", at=T0 + 1) == 1
+        assert await rooms[0].append_turn("Bob", "user", "after", at=T0 + 1) == 1
+        assert client.reconnects == 1
+        assert [r.resumed for r in rooms] == [True, True]
+
+
+@pytest.mark.asyncio
+async def test_a_turn_with_an_id_in_flight_when_the_network_drops_is_stored_exactly_once() -> None:
+    store = GatedStore()
+    store.gate.set()
+    async with running(store=store) as server, Proxy(server.port) as proxy, fast(proxy.url) as client:
+        room = await client.open("room-1")
+        await room.append_turn("Alice", "user", "first", at=T0)
+        store.close_gate()
+        async with anyio.create_task_group() as tg:
+            result: list[int] = []
+
+            async def append() -> None:
+                result.append(await room.append_turn("Alice", "user", "second", at=T0 + 1, id="utt-2"))
+
+            tg.start_soon(append)
+            with anyio.fail_after(TIMEOUT):
+                await store.entered.wait()  # the server is writing the turn ...
+            proxy.cut()  # ... when the connection drops
+            store.gate.set()
+        assert result == [1]
+        assert client.reconnects == 1
+        state = await room.state()
+        assert state["turns"] == 2, "the retried turn was not stored twice"
+
+
+@pytest.mark.asyncio
+async def test_a_turn_without_an_id_in_flight_when_the_network_drops_raises_connection_lost() -> None:
+    store = GatedStore()
+    async with running(store=store) as server, Proxy(server.port) as proxy, fast(proxy.url) as client:
+        room = await client.open("room-1")
+        outcome: list[BaseException] = []
+
+        async def append() -> None:
+            try:
+                await room.append_turn("Alice", "user", "no id", at=T0)
+            except ConnectionLost as lost:
+                outcome.append(lost)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(append)
+            with anyio.fail_after(TIMEOUT):
+                await store.entered.wait()
+            proxy.cut()
+        assert len(outcome) == 1, "not retried: it may or may not have been stored"
+        store.gate.set()
+        assert (await room.state())["turns"] == 1, "this time the server had stored it"
+
+
+@pytest.mark.asyncio
+async def test_without_reconnect_a_dropped_connection_stays_dropped() -> None:
+    async with (
+        running() as server,
+        Proxy(server.port) as proxy,
+        fast(proxy.url, reconnect=False) as client,
+    ):
+        room = await client.open("room-1")
+        proxy.cut()
+        await wait_until(lambda: not client.connected)
+        with pytest.raises(ConnectionLost):
+            await room.state()
+
+
+@pytest.mark.asyncio
+async def test_an_unreachable_server_fails_after_the_bounded_backoff() -> None:
+    async with running() as server:
+        url = server.url
+    with pytest.raises(ConnectionLost) as lost:
+        async with fast(url, reconnect_attempts=3):
+            pass
+    assert "after 3 attempts" in lost.value.message

@@ -1,0 +1,427 @@
+"""An async client for bots, with reconnect-and-resume::
+
+    async with Client("ws://127.0.0.1:8765/v1", token="...") as client:
+        room = await client.open("room-1")
+        await room.append_turn("Alice", "user", "Let's book Lisbon for May 3rd.", id="utt-41")
+        ctx = await room.context(format="instructions", budget_chars=5200)
+        realtime_session.update(instructions=ctx["instructions"])
+
+Replies are plain dicts, exactly as the server sent them (see ``docs/protocol.md``);
+an ``error`` reply raises :class:`ClientError` with its ``code``.
+
+Compaction events pushed by the server reach ``on_event`` (a plain function
+called with each event dict) and :meth:`Client.events` (an async iterator).
+
+**Reconnect and resume.** When the connection drops, nothing happens until the
+next call: it reconnects (with bounded exponential backoff), re-sends
+``session.open`` for every session this client has open (with the config it
+was opened with), then goes on. A request that was in flight when the
+connection dropped is retried once after the resume when that is safe:
+``session.open``, ``context.get``, ``session.state``, ``session.close``, ``ping``,
+and ``turn.append`` of a turn that carries an ``id`` (the server answers a
+repeated turn with the index of the first copy, so it is stored exactly once).
+Anything else in flight (``turn.append`` without an ``id``, ``note.append``)
+raises :class:`ConnectionLost`, because it may or may not have been applied.
+Pushed events sent while the client was disconnected are not replayed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+import structlog
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+
+from voice_context import codec
+from voice_context.codec import (
+    ClientMessage,
+    ContextGet,
+    DecodeError,
+    NoteAppend,
+    Ping,
+    SessionClose,
+    SessionOpen,
+    SessionStateGet,
+    TurnAppend,
+)
+from voice_context.core.budget import Format
+from voice_context.core.turns import Note, Role, Turn
+
+log = structlog.get_logger("voice_context.client")
+
+EVENT_BUFFER = 256
+Event = dict[str, Any]
+EventCallback = Callable[[Event], None]
+
+
+class ClientError(Exception):
+    """The server answered with an ``error`` (``code`` is its code), or the client could not ask."""
+
+    def __init__(self, code: str, message: str, *, reply: Mapping[str, Any] | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.reply = dict(reply) if reply is not None else None
+
+
+class ConnectionLost(ClientError):
+    """The connection dropped with this request unanswered, or could not be made again."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("connection_lost", message)
+
+
+@dataclass(eq=False)
+class _Waiter:
+    done: anyio.Event = field(default_factory=anyio.Event)
+    reply: Event | None = None
+    error: ClientError | None = None
+
+
+@dataclass(eq=False)
+class _Link:
+    """One websocket connection and the requests waiting on it."""
+
+    ws: ClientConnection
+    pending: dict[int, _Waiter] = field(default_factory=dict)
+    alive: bool = True
+
+    def fail_all(self, reason: str) -> None:
+        self.alive = False
+        for waiter in self.pending.values():
+            if not waiter.done.is_set():
+                waiter.error = ConnectionLost(reason)
+                waiter.done.set()
+
+
+class Client:
+    """A connection to a voice-context server for any number of sessions. See the module docstring."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        open_timeout: float = 10.0,
+        request_timeout: float = 30.0,
+        reconnect: bool = True,
+        reconnect_attempts: int = 8,
+        backoff_base: float = 0.05,
+        backoff_max: float = 2.0,
+        on_event: EventCallback | None = None,
+    ) -> None:
+        self.url = url
+        self._token = token
+        self.open_timeout = open_timeout
+        self.request_timeout = request_timeout
+        self.reconnect = reconnect
+        self.reconnect_attempts = max(1, reconnect_attempts)
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.on_event = on_event
+        self.reconnects = 0
+        self.events_dropped = 0
+        self._sessions: dict[str, SessionHandle] = {}
+        self._link: _Link | None = None
+        self._tg: TaskGroup | None = None
+        self._lock = anyio.Lock()
+        self._ids = itertools.count(1)
+        self._closed = False
+        self._events_in: MemoryObjectSendStream[Event] | None = None
+        self._events_out: MemoryObjectReceiveStream[Event] | None = None
+
+    def __repr__(self) -> str:
+        state = "connected" if self.connected else "disconnected"
+        return f"<Client {self.url} {state} sessions={len(self._sessions)}>"
+
+    @property
+    def connected(self) -> bool:
+        return self._link is not None and self._link.alive
+
+    @property
+    def sessions(self) -> list[str]:
+        return list(self._sessions)
+
+    # -- lifetime --------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        self._events_in, self._events_out = anyio.create_memory_object_stream[Event](EVENT_BUFFER)
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        try:
+            await self._ensure_link()
+        except BaseException:
+            self._tg.cancel_scope.cancel()
+            await self._tg.__aexit__(None, None, None)
+            self._tg = None
+            self._close_events()
+            raise
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        self._closed = True
+        link, self._link = self._link, None
+        if link is not None:
+            with anyio.move_on_after(self.open_timeout, shield=True):
+                await link.ws.close()
+            link.fail_all("the client is closed")
+        self._close_events()
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        try:
+            return await self._tg.__aexit__(exc_type, exc, tb)
+        finally:
+            self._tg = None
+
+    def _close_events(self) -> None:
+        # iterators hold clones of the receiving end: they end after what is buffered
+        for stream in (self._events_in, self._events_out):
+            if stream is not None:
+                stream.close()
+
+    # -- the API ---------------------------------------------------------------------
+
+    async def open(self, name: str, config: Mapping[str, Any] | None = None) -> SessionHandle:
+        """Open (or resume) a session; reopened automatically after a reconnect."""
+        message = SessionOpen(name, dict(config) if config is not None else None)
+        reply = await self.request(message)
+        handle = self._sessions.get(name)
+        if handle is None:
+            handle = SessionHandle(self, name, message.config, reply)
+            self._sessions[name] = handle
+        else:
+            handle.config, handle.opened = message.config, reply
+        return handle
+
+    async def ping(self) -> Event:
+        return await self.request(Ping())
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Pushed compaction events, in arrival order, until the client is closed."""
+        if self._events_out is None:
+            raise ClientError("closed", "use 'async with Client(...)' before asking for events")
+        with self._events_out.clone() as events:
+            async for event in events:
+                yield event
+
+    async def request(self, message: ClientMessage) -> Event:
+        """Send one message and return its reply; raises ``ClientError`` for an ``error`` reply."""
+        retry_safe = _retry_safe(message)
+        for attempt in range(2):
+            link = await self._ensure_link()
+            try:
+                reply = await self._roundtrip(link, message)
+            except ConnectionLost:
+                if attempt == 0 and retry_safe and self.reconnect and not self._closed:
+                    log.info("voice_context_client_retrying", type=message.type, session=message.session)
+                    continue
+                raise
+            return _check(reply)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- internals -------------------------------------------------------------------
+
+    async def _ensure_link(self) -> _Link:
+        async with self._lock:
+            if self._link is not None and self._link.alive:
+                return self._link
+            if self._closed:
+                raise ClientError("closed", "the client is closed")
+            first = self._link is None and self.reconnects == 0
+            if not first and not self.reconnect:
+                raise ConnectionLost("the connection dropped and reconnecting is turned off")
+            self._link = await self._connect_and_resume(first)
+            if not first:
+                self.reconnects += 1
+            return self._link
+
+    async def _connect_and_resume(self, first: bool) -> _Link:
+        last: Exception | None = None
+        for attempt in range(self.reconnect_attempts):
+            if attempt:
+                await anyio.sleep(min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1)))
+            try:
+                link = await self._connect()
+            except ClientError:
+                raise
+            except (OSError, TimeoutError, InvalidHandshake) as exc:
+                last = exc
+                log.info("voice_context_client_connect_failed", attempt=attempt + 1, error=type(exc).__name__)
+                continue
+            try:
+                await self._resume(link)
+            except ConnectionLost as exc:
+                last = exc
+                continue
+            if not first:
+                log.info("voice_context_client_resumed", sessions=len(self._sessions))
+            return link
+        raise ConnectionLost(f"cannot reach {self.url} after {self.reconnect_attempts} attempts: {last}")
+
+    async def _connect(self) -> _Link:
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
+        try:
+            ws = await connect(self.url, additional_headers=headers, open_timeout=self.open_timeout)
+        except InvalidURI as exc:
+            raise ClientError("bad_url", str(exc)) from None
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            if status == 401:
+                raise ClientError("unauthorized", "the server refused the token") from None
+            if status == 404:
+                raise ClientError("not_found", f"no voice-context endpoint at {self.url}") from None
+            raise
+        link = _Link(ws)
+        assert self._tg is not None
+        self._tg.start_soon(self._read, link)
+        return link
+
+    async def _resume(self, link: _Link) -> None:
+        for handle in list(self._sessions.values()):
+            reply = await self._roundtrip(link, SessionOpen(handle.name, handle.config))
+            handle.opened = _check(reply)
+
+    async def _roundtrip(self, link: _Link, message: ClientMessage) -> Event:
+        msg_id = next(self._ids)
+        waiter = _Waiter()
+        link.pending[msg_id] = waiter
+        try:
+            try:
+                await link.ws.send(codec.encode(replace(message, id=msg_id)))
+            except ConnectionClosed:
+                link.fail_all("the connection dropped")
+            with anyio.fail_after(self.request_timeout):
+                await waiter.done.wait()
+        finally:
+            link.pending.pop(msg_id, None)
+        if waiter.error is not None:
+            raise waiter.error
+        assert waiter.reply is not None
+        return waiter.reply
+
+    async def _read(self, link: _Link) -> None:
+        reason = "the connection dropped"
+        try:
+            async for frame in link.ws:
+                try:
+                    message = codec.decode_reply(frame)
+                except DecodeError:
+                    log.warning("voice_context_client_bad_frame")
+                    continue
+                kind = message["type"]
+                if kind.startswith("compaction."):
+                    self._deliver(message)
+                    continue
+                reply_id = message.get("id")
+                waiter = link.pending.get(reply_id) if isinstance(reply_id, int) else None
+                if waiter is not None and not waiter.done.is_set():
+                    waiter.reply = message
+                    waiter.done.set()
+                elif kind == "error":
+                    log.warning("voice_context_client_error", code=message.get("code"), id=message.get("id"))
+        except ConnectionClosed:
+            pass
+        finally:
+            code = link.ws.close_code
+            if code is not None:
+                detail = f" {link.ws.close_reason}" if link.ws.close_reason else ""
+                reason = f"the connection closed ({code}{detail})"
+            link.fail_all(reason)
+
+    def _deliver(self, event: Event) -> None:
+        if self.on_event is not None:
+            try:
+                self.on_event(event)
+            except Exception:
+                log.exception("voice_context_client_callback_failed")
+        if self._events_in is None:
+            return
+        try:
+            self._events_in.send_nowait(event)
+        except anyio.WouldBlock:
+            self.events_dropped += 1
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+
+
+class SessionHandle:
+    """One open session on a :class:`Client`. ``opened`` is the last ``session.opened`` reply."""
+
+    def __init__(self, client: Client, name: str, config: Mapping[str, Any] | None, opened: Event) -> None:
+        self.client = client
+        self.name = name
+        self.config = config
+        self.opened = opened
+
+    def __repr__(self) -> str:
+        return f"<SessionHandle {self.name!r}>"
+
+    @property
+    def resumed(self) -> bool:
+        return bool(self.opened.get("resumed"))
+
+    async def append_turn(
+        self,
+        speaker: str,
+        role: Role,
+        text: str,
+        at: float | None = None,
+        id: str | None = None,
+    ) -> int:
+        """Append a finalized turn; returns its index. Give ``id`` to make retries exactly-once."""
+        when = time.time() if at is None else at
+        reply = await self.client.request(TurnAppend(self.name, Turn(speaker, role, text, when, id)))
+        index: int = reply["index"]
+        return index
+
+    async def append_note(
+        self, text: str, at: float | None = None, speaker: str | None = None, source: str | None = None
+    ) -> Event:
+        """Append a screen-watch note; the reply says how many notes are live and pending."""
+        when = time.time() if at is None else at
+        return await self.client.request(NoteAppend(self.name, Note(text, when, speaker, source)))
+
+    async def context(
+        self,
+        format: Format = "messages",
+        budget_chars: int | None = None,
+        base_instructions: str | None = None,
+        facts: Sequence[str] | None = None,
+    ) -> Event:
+        """The context for the next reply: ``messages`` or ``instructions``, plus the summary and cursor."""
+        message = ContextGet(self.name, format, budget_chars, base_instructions or "", tuple(facts or ()))
+        return await self.client.request(message)
+
+    async def state(self) -> Event:
+        return await self.client.request(SessionStateGet(self.name))
+
+    async def close(self) -> None:
+        """Stop using the session on this client (its state stays on the server's store)."""
+        await self.client.request(SessionClose(self.name))
+        self.client._sessions.pop(self.name, None)
+
+
+def _retry_safe(message: ClientMessage) -> bool:
+    if isinstance(message, TurnAppend):
+        return message.turn.id is not None
+    return not isinstance(message, NoteAppend)
+
+
+def _check(reply: Event) -> Event:
+    if reply.get("type") == "error":
+        raise ClientError(str(reply.get("code")), str(reply.get("message", "")), reply=reply)
+    return reply
+
+
+__all__ = ["Client", "ClientError", "ConnectionLost", "EventCallback", "SessionHandle"]
