@@ -46,6 +46,7 @@ from voice_context.core.turns import Note, Turn
 from voice_context.core.window import Skip, SkipReason
 from voice_context.errors import SessionClosed, StoreError, SummarizerError, UnknownSession
 from voice_context.store.base import SessionRecord, Store
+from voice_context.store.common import TurnConflict
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 
@@ -194,6 +195,7 @@ class SessionManager:
         if live is not None:
             if live.owner != owner:
                 raise UnknownSession(name)
+            await self._catch_up(live)
             if overrides:
                 live.session.reconfigure(live.session.config.with_overrides(overrides))
             return Opened(name, True, live.session.stats())
@@ -202,17 +204,7 @@ class SessionManager:
             if record.owner != owner:
                 raise UnknownSession(name)
             merged = {**record.config, **(overrides or {})}
-            config = self.config.with_overrides(merged)
-            session = Session(
-                name,
-                config,
-                cursor=record.cursor,
-                turns=record.turns,
-                summary=record.summary,
-                live_notes=record.live_notes,
-                pending_notes=record.pending_notes,
-                compactions=record.compactions,
-            )
+            session = _restore(record, self.config.with_overrides(merged))
             resumed = True
         else:
             config = self.config.with_overrides(overrides)
@@ -228,7 +220,11 @@ class SessionManager:
         live = self._get(name, owner)
         async with live.lock:
             index = live.session.total_turns
-            await self.store.append_turn(name, index, turn)
+            try:
+                await self.store.append_turn(name, index, turn)
+            except TurnConflict:
+                await self._catch_up_locked(live)  # the next request starts from the store's view
+                raise
             return live.session.append_turn(turn)
 
     async def append_note(self, name: str, note: Note, *, owner: str | None = None) -> NotesChanged:
@@ -284,6 +280,39 @@ class SessionManager:
         self._live.pop(name, None)
 
     # -- internals -------------------------------------------------------------
+
+    async def _catch_up(self, live: _Live) -> None:
+        async with live.lock:
+            await self._catch_up_locked(live)
+
+    async def _catch_up_locked(self, live: _Live) -> None:
+        """Adopt the store's copy of the session if another replica moved it on.
+
+        Turns reach the store before they reach a session, so a store holding
+        more turns, a later cursor or other notes than this replica knows means
+        another replica served the session meanwhile: rebuild it from the store
+        (a compaction in flight here is cancelled; its commit would be refused).
+        A store that is behind this replica is left alone.
+        """
+        session = live.session
+        record = await self.store.load(session.name)
+        if record is None or record.total_turns < session.total_turns or record.cursor < session.cursor:
+            return
+        seen = (session.total_turns, session.cursor, session.live_notes, session.pending_notes)
+        if (record.total_turns, record.cursor, record.live_notes, record.pending_notes) == seen:
+            return
+        if session.in_flight is not None and live.scope is not None:
+            live.scope.cancel()
+        session.begin_ending()
+        live.session = _restore(record, session.config)
+        log.info(
+            "voice_context_session_caught_up",
+            session=session.name,
+            turns=record.total_turns,
+            cursor=record.cursor,
+            was_turns=seen[0],
+            was_cursor=seen[1],
+        )
 
     def _get(self, name: str, owner: str | None, *, check_owner: bool = True) -> _Live:
         live = self._live.get(name)
@@ -412,6 +441,8 @@ class SessionManager:
                 self._record_failure(
                     live, plan, "fenced", True, "the store moved on (another replica compacted)"
                 )
+                with contextlib.suppress(StoreError):
+                    await self._catch_up(live)
                 return None
         outcome = session.compaction_succeeded(plan.plan_id, text, self.clock())
         if isinstance(outcome, CompactionPlan):
@@ -501,3 +532,17 @@ class SessionManager:
                 listener(event)
             except Exception:  # a listener's bug must not lose the compaction
                 log.exception("voice_context_listener_failed", session=event.session)
+
+
+def _restore(record: SessionRecord, config: SessionConfig) -> Session:
+    """A live session from the store's record (which holds the turns from its cursor on)."""
+    return Session(
+        record.name,
+        config,
+        cursor=record.cursor,
+        turns=record.turns,
+        summary=record.summary,
+        live_notes=record.live_notes,
+        pending_notes=record.pending_notes,
+        compactions=record.compactions,
+    )

@@ -40,7 +40,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 import anyio.to_thread
@@ -413,17 +413,34 @@ def _select_turns(conn: sqlite3.Connection, name: str, start: int, end: int) -> 
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
-    """Create the schema in a fresh file; refuse a file written by a newer version."""
-    with _write(conn):
-        conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-        row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
-        version: Any = row[0] if row else None
-        if version is None:
-            for statement in _SCHEMA:
-                conn.execute(statement)
-            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
-        elif version > SCHEMA_VERSION:
-            raise StoreError(
-                f"sqlite store: the file has schema version {version}, newer than {SCHEMA_VERSION}",
-                retryable=False,
-            )
+    """Create the schema in a fresh file; refuse a file written by a newer version.
+
+    A file that already has its schema is only read here, so a process can
+    start while another one holds the write lock.
+    """
+    version = _schema_version(conn)
+    if version is None:
+        with _write(conn):
+            conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            version = _schema_version(conn)
+            if version is None:
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+                version = SCHEMA_VERSION
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"sqlite store: the file has schema version {version}, newer than {SCHEMA_VERSION}",
+            retryable=False,
+        )
+
+
+def _schema_version(conn: sqlite3.Connection) -> int | None:
+    """The file's schema version, or ``None`` when it has none yet."""
+    exists = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
+    ).fetchone()
+    if exists is None:
+        return None
+    row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+    return None if row is None or row[0] is None else int(row[0])
