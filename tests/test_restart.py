@@ -1,0 +1,224 @@
+"""Real ``voice-context serve`` processes: killed with SIGKILL, restarted, and side by side on Redis.
+
+Each server is the real command line in its own process, listening on a free
+port of 127.0.0.1; the bot is the real client. Nothing here is faked: a turn
+the server acknowledged has to be in the store when the process dies a
+moment later, and a second process has to serve it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+
+from voice_context.client import Client, SessionHandle
+from voice_context.core.turns import Turn
+from voice_context.store.base import Store
+from voice_context.store.redis import RedisStore
+from voice_context.store.sqlite import SQLiteStore
+from voice_context.testing.redis_server import RedisServer
+
+#: Guards against a hang, never a measurement; slow machines raise the scale.
+TIMEOUT = 20.0 * float(os.environ.get("VOICE_CONTEXT_TEST_TIMEOUT_SCALE", "1"))
+T0 = 1714572187.0
+#: Folds 2 turns once more than 6 lie at or after the cursor.
+SMALL = {"recent_window": 4, "batch_size": 2}
+
+
+def spoken(i: int) -> Turn:
+    return Turn(("Alice", "Bob")[i % 2], "user", f"turn {i}: we meet on day {i}.", T0 + i, id=f"utt-{i}")
+
+
+class Serve:
+    """``voice-context serve`` in a child process; ``url`` is where it says it listens."""
+
+    def __init__(self, store_url: str, data_dir: Path, log: Path) -> None:
+        self.args = [
+            sys.executable, "-m", "voice_context", "serve",
+            "--port", "0", "--store", store_url, "--data-dir", str(data_dir), "--log-format", "json",
+        ]  # fmt: skip
+        self.log = log
+        self.process: subprocess.Popen[str] | None = None
+        self.url = ""
+
+    def __repr__(self) -> str:
+        pid = self.process.pid if self.process else None
+        return f"<Serve {self.url or 'not listening'} pid={pid}>"
+
+    def spawn(self) -> subprocess.Popen[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VOICE_CONTEXT_")}
+        with self.log.open("a") as log:
+            self.process = subprocess.Popen(
+                self.args, stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True
+            )
+        return self.process
+
+    async def start(self) -> str:
+        """Start the process and wait for the line that says where it listens."""
+        stdout = self.spawn().stdout
+        assert stdout is not None
+        with anyio.fail_after(TIMEOUT):
+            line = await anyio.to_thread.run_sync(stdout.readline, abandon_on_cancel=True)
+        if not line.startswith("listening on "):
+            self.kill()
+            raise RuntimeError(f"serve did not start: {line!r}\n{self.log.read_text()[-3000:]}")
+        self.url = line.split()[-1]
+        return self.url
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no flush, no goodbye."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self) -> int | None:
+        """SIGTERM: the graceful shutdown; returns the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def close(self) -> None:
+        self.kill()
+        if self.process is not None and self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[list[Serve]]:
+    made: list[Serve] = []
+    yield made
+    for server in made:
+        server.close()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    with RedisServer(directory=tmp_path / "redis") as server:
+        yield server
+
+
+@contextlib.asynccontextmanager
+async def bot(url: str) -> AsyncIterator[Client]:
+    with anyio.fail_after(TIMEOUT):
+        async with Client(url, reconnect=False) as client:
+            yield client
+
+
+async def speak(room: SessionHandle, indices: range) -> None:
+    for i in indices:
+        t = spoken(i)
+        assert await room.append_turn(t.speaker, t.role, t.text, at=t.at, id=t.id) == i
+
+
+async def compacted(room: SessionHandle, cursor: int) -> dict[str, Any]:
+    """Ask for contexts until the summary covers the turns before ``cursor``."""
+    with anyio.fail_after(TIMEOUT):
+        while True:
+            ctx = await room.context()
+            if ctx["cursor"] >= cursor:
+                return ctx
+            await anyio.sleep(0.01)
+
+
+async def transcript(store: Store, name: str) -> list[Turn]:
+    try:
+        return await store.read_turns(name, 0, 10_000)
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+async def test_kill_9_right_after_an_ack_then_a_restart_loses_nothing(
+    backend: str, tmp_path: Path, servers: list[Serve], request: pytest.FixtureRequest
+) -> None:
+    data = tmp_path / "data"
+    store_url = "sqlite" if backend == "sqlite" else request.getfixturevalue("redis_server").url
+    first = Serve(store_url, data, tmp_path / "serve.log")
+    servers.append(first)
+
+    async with bot(await first.start()) as client:
+        room = await client.open("room-1", SMALL)
+        assert not room.resumed
+        await speak(room, range(8))
+        await room.append_note("the raid planner is open", at=T0 + 3, speaker="Alice", source="game")
+        before = await compacted(room, 2)
+        last = spoken(8)
+        index = await room.append_turn(last.speaker, last.role, last.text, at=last.at, id=last.id)
+        assert index == 8
+        first.kill()  # the very moment the ack arrived
+
+    second = Serve(store_url, data, tmp_path / "serve.log")
+    servers.append(second)
+    async with bot(await second.start()) as client:
+        room = await client.open("room-1")
+        assert room.resumed
+        assert room.opened["turns"] == 9
+        after = await room.context()
+        state = await room.state()
+
+    assert (after["cursor"], after["summary"]) == (before["cursor"], before["summary"])
+    assert state["live_notes"] == 1
+    shown = [m["content"] for m in after["messages"]]
+    assert any("turn 8: we meet on day 8." in text for text in shown), "the last acked turn is back"
+    store: Store = (
+        SQLiteStore(data / "voice-context.db") if backend == "sqlite" else RedisStore(store_url, prefix="vc")
+    )
+    assert await transcript(store, "room-1") == [spoken(i) for i in range(9)]
+    assert second.stop() == 0
+
+
+@pytest.mark.asyncio
+async def test_two_server_processes_on_one_redis_with_a_bot_moving_between_them(
+    tmp_path: Path, servers: list[Serve], redis_server: RedisServer
+) -> None:
+    a = Serve(redis_server.url, tmp_path / "a", tmp_path / "a.log")
+    b = Serve(redis_server.url, tmp_path / "b", tmp_path / "b.log")
+    servers.extend([a, b])
+    url_a, url_b = await a.start(), await b.start()
+    name = f"room-{uuid.uuid4().hex[:6]}"
+
+    # the bot starts on A; its connection there stays open, as a half-dead one would
+    async with bot(url_a) as on_a:
+        room = await on_a.open(name, SMALL)
+        await speak(room, range(7))
+        first = await compacted(room, 2)
+
+        # the load balancer sends it to B
+        async with bot(url_b) as on_b:
+            moved = await on_b.open(name, SMALL)
+            assert moved.resumed and moved.opened["turns"] == 7 and moved.opened["cursor"] == 2
+            ctx = await moved.context()
+            assert ctx["summary"] == first["summary"]
+            await speak(moved, range(7, 11))
+            second = await compacted(moved, 4)
+            assert second["summary"] != first["summary"]
+
+        # and back to A, through a new connection
+        async with bot(url_a) as again:
+            back = await again.open(name, SMALL)
+            assert back.resumed and back.opened["turns"] == 11
+            ctx = await back.context()
+            assert ctx["cursor"] >= 4
+            await speak(back, range(11, 12))
+
+    assert await transcript(RedisStore(redis_server.url), name) == [spoken(i) for i in range(12)]
+    assert a.stop() == 0 and b.stop() == 0
