@@ -239,6 +239,7 @@ class Server:
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings or Settings()
+        self._owns_summarizer = summarizer is None
         self.summarizer = summarizer if summarizer is not None else make_summarizer(self.settings.summarizer)
         self._owns_store = store is None
         self._store = store
@@ -291,6 +292,9 @@ class Server:
                 store = open_store(self.settings.store.url, data_dir=self.settings.store.data_dir)
                 self._store = store
                 stack.push_async_callback(store.aclose)
+            aclose = getattr(self.summarizer, "aclose", None)
+            if self._owns_summarizer and aclose is not None:
+                stack.push_async_callback(aclose)
             if self._record_dir is not None:
                 self._record_dir.mkdir(parents=True, exist_ok=True)
             manager = SessionManager(

@@ -1,0 +1,113 @@
+"""``voice-context serve`` as a real process: it says where it listens, serves, and stops cleanly on a signal."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import orjson
+import pytest
+from anyio.abc import Process
+from serving import TIMEOUT, Wire, http_get
+from websockets.asyncio.client import connect
+
+from voice_context.cli import build_parser
+from voice_context.commands.serve import settings_from
+
+
+@dataclass
+class Running:
+    process: Process
+    url: str
+    port: int
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("VOICE_CONTEXT_")}
+
+
+@asynccontextmanager
+async def serve_process(*args: str) -> AsyncIterator[Running]:
+    command = [sys.executable, "-m", "voice_context", "serve", "--port", "0", "--log-format", "json", *args]
+    async with await anyio.open_process(command, env=clean_env()) as process:
+        try:
+            assert process.stdout is not None
+            with anyio.fail_after(TIMEOUT * 2):
+                line = b""
+                while not line.endswith(b"\n"):
+                    line += await process.stdout.receive()
+            text = line.decode().strip()
+            assert text.startswith("listening on ws://127.0.0.1:"), text
+            url = text.removeprefix("listening on ")
+            port = int(url.rsplit(":", 1)[1].split("/")[0])
+            yield Running(process, url, port)
+        finally:
+            if process.returncode is None:
+                process.kill()
+                with anyio.move_on_after(TIMEOUT):
+                    await process.wait()
+
+
+async def stderr_of(process: Process) -> str:
+    assert process.stderr is not None
+    chunks = []
+    with anyio.move_on_after(TIMEOUT):
+        async for chunk in process.stderr:
+            chunks.append(chunk)
+    return b"".join(chunks).decode()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+async def test_serve_listens_then_shuts_down_gracefully_on_a_signal(signum: int, tmp_path: Path) -> None:
+    async with serve_process("--store", "memory", "--record", str(tmp_path / "rec")) as running:
+        health = await http_get(running.port, "/healthz")
+        assert health.json()["status"] == "ok"
+        async with connect(running.url, open_timeout=TIMEOUT) as ws:
+            bot = Wire(ws)
+            assert (await bot.open("room-1"))["type"] == "session.opened"
+            assert (await bot.append("room-1", 0))["index"] == 0
+            running.process.send_signal(signum)
+            assert await bot.closed_with() == 1001
+        with anyio.fail_after(TIMEOUT * 2):
+            code = await running.process.wait()
+        logs = [orjson.loads(line) for line in (await stderr_of(running.process)).splitlines() if line]
+        assert code == 0
+    events = [entry["event"] for entry in logs]
+    assert "voice_context_shutdown_finished" in events
+    assert events[-1] == "voice_context_server_stopped"
+    recorded = (tmp_path / "rec" / "room-1.jsonl").read_text().splitlines()
+    assert [orjson.loads(line)["type"] for line in recorded] == ["session.open", "turn.append"]
+
+
+@pytest.mark.asyncio
+async def test_a_bad_config_file_exits_2_with_the_reason(tmp_path: Path) -> None:
+    config = tmp_path / "voice-context.toml"
+    config.write_text("[server]\nport = 99999\n")
+    command = [sys.executable, "-m", "voice_context", "serve", "--config", str(config)]
+    with anyio.fail_after(TIMEOUT * 2):
+        result = await anyio.run_process(command, env=clean_env(), check=False)
+    assert result.returncode == 2
+    assert b"server.port must be 0..65535" in result.stderr
+
+
+def test_flags_override_the_file_and_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "voice-context.toml"
+    config.write_text('[server]\nhost = "0.0.0.0"\nport = 9000\nauth_tokens = ["t1"]\n')
+    monkeypatch.setenv("VOICE_CONTEXT_SERVER_PORT", "9100")
+    monkeypatch.setenv("VOICE_CONTEXT_SESSION_RECENT_WINDOW", "30")
+    args = build_parser().parse_args(
+        ["serve", "--config", str(config), "--host", "127.0.0.1", "--store", "memory", "--record", "rec"]
+    )
+    settings = settings_from(args)
+    assert (settings.server.host, settings.server.port) == ("127.0.0.1", 9100)
+    assert settings.server.auth_tokens == ("t1",)
+    assert settings.server.record_dir == "rec"
+    assert settings.store.url == "memory"
+    assert settings.session.recent_window == 30

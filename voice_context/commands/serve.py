@@ -1,0 +1,136 @@
+"""``voice-context serve``: run the websocket sidecar until SIGTERM or SIGINT.
+
+Settings come from the defaults, then ``--config FILE`` (TOML), then
+``VOICE_CONTEXT_*`` environment variables, then the flags given here. The
+listening URL is printed on stdout (``listening on ws://HOST:PORT/v1``, with the
+real port when ``--port 0`` asked for any free one); logs go to stderr.
+
+The first SIGTERM or SIGINT shuts down gracefully: stop accepting, finish the
+requests in progress, close connections with 1001, land the compactions in
+flight (up to ``server.shutdown_timeout``), close the store; then exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from typing import Any
+
+import anyio
+import structlog
+
+from voice_context.config import Settings, load_settings
+from voice_context.errors import ConfigError, StoreError
+from voice_context.server import Server
+
+log = structlog.get_logger("voice_context.serve")
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "serve",
+        help="run the websocket sidecar",
+        description="Serve protocol v1 at ws://HOST:PORT/v1, with /healthz and /metrics on the same port.",
+    )
+    parser.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on; 0 picks a free one (default 8765)")
+    parser.add_argument("--config", metavar="FILE", help="a TOML settings file")
+    parser.add_argument("--record", metavar="DIR", help="write every accepted message to DIR/<session>.jsonl")
+    parser.add_argument(
+        "--store", metavar="URL", help="sqlite (default), sqlite:///path.db, memory, redis://..."
+    )
+    parser.add_argument("--data-dir", metavar="DIR", help="where the embedded store keeps its file")
+    parser.add_argument(
+        "--log-format",
+        choices=("auto", "json", "console"),
+        default="auto",
+        help="JSON lines, or readable lines; auto picks console on a terminal (default auto)",
+    )
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.set_defaults(func=run)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """Defaults, the file, the environment, then the flags."""
+    settings = load_settings(args.config)
+    server: dict[str, Any] = {}
+    if args.host is not None:
+        server["host"] = args.host
+    if args.port is not None:
+        server["port"] = args.port
+    if args.record is not None:
+        server["record_dir"] = args.record
+    if server:
+        settings = settings.with_values("server", server)
+    store: dict[str, Any] = {}
+    if args.store is not None:
+        store["url"] = args.store
+    if args.data_dir is not None:
+        store["data_dir"] = args.data_dir
+    if store:
+        settings = settings.with_values("store", store)
+    return settings
+
+
+def configure_logging(fmt: str = "auto", level: str = "info") -> None:
+    """structlog to stderr: JSON lines, or readable lines on a terminal."""
+    if fmt == "auto":
+        fmt = "console" if sys.stderr.isatty() else "json"
+    renderer: Any = (
+        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    logging.getLogger("websockets").setLevel(logging.WARNING)
+
+
+async def serve(settings: Settings) -> None:
+    """Run until the first SIGTERM or SIGINT, then shut down gracefully."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with Server(settings) as server:
+            print(f"listening on {server.url}", flush=True)
+
+            async def watch() -> None:
+                async for signum in signals:
+                    if server.stopping:
+                        log.warning("voice_context_signal_ignored", signal=signal.Signals(signum).name)
+                        continue
+                    log.info("voice_context_signal", signal=signal.Signals(signum).name)
+                    server.request_shutdown()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                await server.serve_forever()
+                tg.cancel_scope.cancel()
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from(args)
+    except ConfigError as exc:
+        print(f"voice-context serve: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(args.log_format, args.log_level)
+    try:
+        anyio.run(serve, settings)
+    except (ConfigError, StoreError) as exc:
+        print(f"voice-context serve: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        where = f"{settings.server.host}:{settings.server.port}"
+        print(f"voice-context serve: cannot listen on {where}: {exc}", file=sys.stderr)
+        return 1
+    return 0
