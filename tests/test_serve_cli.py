@@ -1,4 +1,4 @@
-"""``voice-context serve`` as a real process: it says where it listens, serves, and stops cleanly on a signal."""
+"""``voice-context serve`` as a real process: it says where it listens, serves, stops cleanly on a signal."""
 
 from __future__ import annotations
 
