@@ -351,9 +351,13 @@ async def test_recording_writes_every_accepted_message_per_session(tmp_path: Pat
         await bot.append("room-1", 0, id="u0")
         await bot.append("room-1", 0, id="u0")  # a duplicate: not appended, not recorded
         await bot.request("turn.append", session="room-1", turn={**turn_body(1), "role": "god"})
-        await bot.request(
-            "note.append", session="room-1", note={"text": "slides", "at": 5.0, "source": "screen"}
+        note = {"text": "slides", "at": 1714572190, "source": "screen"}
+        pretty = orjson.dumps(
+            {"type": "note.append", "session": "room-1", "mood": "calm", "note": note},
+            option=orjson.OPT_INDENT_2,
         )
+        await bot.send(pretty.decode())  # over several lines, with a field the server does not know
+        assert (await bot.reply())["type"] == "note.appended"
         await bot.request("context.get", session="room-1", format="instructions", budget_chars=900)
         await bot.request("ping")
         await bot.open(odd_name)
@@ -372,6 +376,7 @@ async def test_recording_writes_every_accepted_message_per_session(tmp_path: Pat
     ]
     assert lines[0] == {"type": "session.open", "id": 1, "session": "room-1", "config": {"recent_window": 20}}
     assert as_turn(lines[1]["turn"]) == as_turn(turn_body(0, id="u0"))
+    assert lines[2] == {"type": "note.append", "session": "room-1", "mood": "calm", "note": note}, "as sent"
     assert lines[3]["budget_chars"] == 900
     [odd] = [orjson.loads(x) for x in (record_dir / recording_name(odd_name)).read_text().splitlines()][1:]
     assert odd["session"] == odd_name

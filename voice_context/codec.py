@@ -233,9 +233,20 @@ def decode(
     frame: str | bytes | bytearray | memoryview, *, max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
 ) -> ClientMessage:
     """One client frame as a typed message; raises only :class:`DecodeError`."""
+    return parse(frame, max_text_chars=max_text_chars)[0]
+
+
+def parse(
+    frame: str | bytes | bytearray | memoryview, *, max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+) -> tuple[ClientMessage, dict[str, Any]]:
+    """The typed message and the JSON object it was read from (for recordings, kept as sent)."""
     obj = _loads(frame)
     if not isinstance(obj, dict):
         raise DecodeError(BAD_REQUEST, "a message must be a JSON object")
+    return _message(obj, max_text_chars), obj
+
+
+def _message(obj: dict[str, Any], max_text_chars: int) -> ClientMessage:
     msg_id = _read_id(obj)
     raw_session = obj.get("session")
     readable_session = raw_session if valid_session_name(raw_session) else None
@@ -537,5 +548,6 @@ __all__ = [
     "encode_state",
     "encode_turn_appended",
     "message_dict",
+    "parse",
     "valid_session_name",
 ]

@@ -470,7 +470,7 @@ class Server:
 
     async def _dispatch(self, conn: _Connection, frame: str) -> None:
         try:
-            message = codec.decode(frame, max_text_chars=self.settings.server.max_text_chars)
+            message, sent = codec.parse(frame, max_text_chars=self.settings.server.max_text_chars)
         except DecodeError as exc:
             await self._error(conn, exc.code, exc.message, msg_id=exc.id, session=exc.session)
             return
@@ -509,7 +509,7 @@ class Server:
                 )
             else:
                 if record:
-                    self._record(message)
+                    self._record(message.session, sent)
                 await conn.reply(reply)
 
     async def _error(
@@ -636,11 +636,12 @@ class Server:
 
     # -- recording ---------------------------------------------------------------------
 
-    def _record(self, message: ClientMessage) -> None:
-        if self._record_dir is None or message.session is None:
+    def _record(self, session: str | None, sent: dict[str, Any]) -> None:
+        """Append an accepted message, as the client sent it, to its session's recording."""
+        if self._record_dir is None or session is None:
             return
-        path = self._record_dir / recording_name(message.session)
-        line = orjson.dumps(codec.message_dict(message)) + b"\n"
+        path = self._record_dir / recording_name(session)
+        line = orjson.dumps(sent) + b"\n"
         try:
             with path.open("ab") as out:  # one write, flushed on close
                 out.write(line)
