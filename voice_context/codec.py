@@ -325,9 +325,11 @@ def _dumps(obj: Mapping[str, Any]) -> str:
 
 
 def _with_id(obj: dict[str, Any], msg_id: MessageId) -> dict[str, Any]:
-    if msg_id is not None:
-        obj["id"] = msg_id
-    return obj
+    """``obj`` with the request's ``id`` placed right after ``type``, when there is one."""
+    if msg_id is None:
+        return obj
+    kind = obj.pop("type")
+    return {"type": kind, "id": msg_id, **obj}
 
 
 def message_dict(message: ClientMessage) -> dict[str, Any]:
