@@ -1,7 +1,8 @@
 """The store contract, told once and run against every backend.
 
-The same stories run on the in-process store, on SQLite files on disk and on
-a real ``redis-server`` started for this module. Stories that only a durable
+The same stories run on the in-process store, on SQLite files on disk, on a
+real ``redis-server`` and on a real three-node Redis Cluster started for this
+module (where a script that touched two slots would fail with CROSSSLOT). Stories that only a durable
 store can tell (a retried write, a reopened store, hash tags) run on those.
 """
 
@@ -23,11 +24,11 @@ from voice_context.store import MemoryStore, SessionRecord, Store, open_store
 from voice_context.store.common import TurnConflict
 from voice_context.store.redis import RedisStore
 from voice_context.store.sqlite import SQLiteStore
-from voice_context.testing.redis_server import RedisServer
+from voice_context.testing.redis_server import RedisClusterServers, RedisServer
 
 T0 = 1714572187.0
-BACKENDS = ["memory", "sqlite", "redis"]
-DURABLE = ["sqlite", "redis"]
+BACKENDS = ["memory", "sqlite", "redis", "redis-cluster"]
+DURABLE = ["sqlite", "redis", "redis-cluster"]
 
 
 def turn(i: int, speaker: str = "Alice") -> Turn:
@@ -44,6 +45,12 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         yield server
 
 
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
+    with RedisClusterServers(directory=tmp_path_factory.mktemp("redis-cluster")) as cluster:
+        yield cluster
+
+
 class Backend:
     """Makes stores of one kind that all see the same data (one file, one prefix)."""
 
@@ -51,9 +58,11 @@ class Backend:
         self.kind = kind
         self.path = tmp_path / "data" / "voice-context.db"
         self.prefix = f"t{uuid.uuid4().hex[:8]}"
-        self.server: RedisServer | None = None
+        self.url = ""
         if kind == "redis":
-            self.server = request.getfixturevalue("redis_server")
+            self.url = request.getfixturevalue("redis_server").url
+        elif kind == "redis-cluster":
+            self.url = request.getfixturevalue("redis_cluster").url
         self.opened: list[Store] = []
         self._memory = MemoryStore()
 
@@ -64,8 +73,7 @@ class Backend:
         elif self.kind == "sqlite":
             store = SQLiteStore(self.path)
         else:
-            assert self.server is not None
-            store = RedisStore(self.server.url, prefix=self.prefix)
+            store = RedisStore(self.url, prefix=self.prefix)
         self.opened.append(store)
         return store
 
@@ -451,8 +459,11 @@ async def test_a_closed_store_says_so(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
-async def test_every_key_of_a_session_carries_the_same_hash_tag(redis_server: RedisServer) -> None:
-    store = RedisStore(redis_server.url, prefix="tags")
+@pytest.mark.parametrize("where", ["redis_server", "redis_cluster"])
+async def test_every_key_of_a_session_carries_the_same_hash_tag(
+    where: str, request: pytest.FixtureRequest
+) -> None:
+    store = RedisStore(request.getfixturevalue(where).url, prefix="tags")
     names = ["room-1", "a{b}c", "}{", "x:y", "50%", "Zoë", ""]
     for name in names:
         await a_session_with_turns(store, name, 2)
@@ -518,7 +529,11 @@ async def test_open_store_reads_every_kind_of_url(tmp_path: Path, monkeypatch: p
 
     made.append(open_store("redis://127.0.0.1:6390/2"))
     assert isinstance(made[-1], RedisStore)
-    assert "127.0.0.1:6390/2" in repr(made[-1])
+    assert "127.0.0.1:6390/2" in repr(made[-1]) and not made[-1].cluster
+
+    made.append(open_store("redis+cluster://127.0.0.1:7000"))
+    assert isinstance(made[-1], RedisStore)
+    assert made[-1].cluster and "cluster 127.0.0.1:7000" in repr(made[-1])
 
     with pytest.raises(ConfigError):
         open_store("postgres://db/vc")

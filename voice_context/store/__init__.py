@@ -7,6 +7,7 @@
                                the working directory)
 ``redis://host:port/db``       a Redis server shared by every replica
 ``rediss://...``, ``unix://``  the same over TLS, or over a Unix socket
+``redis+cluster://host:port``  a Redis Cluster (any node; ``rediss+cluster://`` for TLS)
 =============================  ==================================================
 """
 
@@ -54,11 +55,14 @@ def open_store(url: str = "memory", *, data_dir: str = "data") -> Store:
         except OSError as exc:
             raise ConfigError(f"cannot create the data directory {path.parent}: {exc}") from exc
         return SQLiteStore(path)
-    if url.startswith(("redis://", "rediss://", "unix://")):
+    if url.startswith(("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")):
         from voice_context.store.redis import RedisStore
 
         try:
             return RedisStore(url)
         except ValueError as exc:
             raise ConfigError(f"bad redis store URL {url!r}: {exc}") from exc
-    raise ConfigError(f"unknown store URL {url!r} (memory, sqlite, sqlite:///path.db, redis://host:port/db)")
+    raise ConfigError(
+        f"unknown store URL {url!r} (memory, sqlite, sqlite:///path.db, redis://host:port/db,"
+        " redis+cluster://host:port)"
+    )

@@ -43,11 +43,12 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import orjson
 import redis.asyncio as aioredis
 import redis.exceptions as rex
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
@@ -65,6 +66,7 @@ from voice_context.store.common import (
 )
 
 PREFIX = "vc"
+CLUSTER_SUFFIX = "+cluster"
 RETRIES = 3
 BACKOFF_BASE = 0.05
 BACKOFF_CAP = 1.0
@@ -198,6 +200,7 @@ class RedisStore:
         url: str,
         *,
         prefix: str = PREFIX,
+        cluster: bool = False,
         retries: int = RETRIES,
         backoff_base: float = BACKOFF_BASE,
         backoff_cap: float = BACKOFF_CAP,
@@ -208,15 +211,24 @@ class RedisStore:
             raise ValueError(f"a key prefix must be non-empty and hold no braces, got {prefix!r}")
         if retries < 0:
             raise ValueError("retries must be >= 0")
-        self.url = url
+        parts = urlsplit(url)
+        if parts.scheme.endswith(CLUSTER_SUFFIX):
+            cluster = True
+            url = urlunsplit(parts._replace(scheme=parts.scheme.removesuffix(CLUSTER_SUFFIX)))
         self.prefix = prefix
-        self._redis = aioredis.Redis.from_url(
-            url,
-            decode_responses=True,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=connect_timeout,
-            retry=Retry(ExponentialBackoff(cap=backoff_cap, base=backoff_base), retries),
-            retry_on_error=[rex.ConnectionError, rex.TimeoutError],
+        self.cluster = cluster
+        self._where = (
+            parts.path if parts.scheme == "unix" else f"{parts.hostname}:{parts.port or 6379}{parts.path}"
+        )
+        options: dict[str, Any] = {
+            "decode_responses": True,
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": connect_timeout,
+            "retry": Retry(ExponentialBackoff(cap=backoff_cap, base=backoff_base), retries),
+            "retry_on_error": [rex.ConnectionError, rex.TimeoutError],
+        }
+        self._redis: aioredis.Redis | AsyncRedisCluster = (
+            AsyncRedisCluster.from_url(url, **options) if cluster else aioredis.Redis.from_url(url, **options)
         )
         self._create = self._redis.register_script(_CREATE)
         self._load = self._redis.register_script(_LOAD)
@@ -231,16 +243,15 @@ class RedisStore:
         self.errors = 0
 
     def __repr__(self) -> str:
-        kwargs = self._redis.connection_pool.connection_kwargs
-        where = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}/{kwargs.get('db', 0)}"
+        kind = "cluster " if self.cluster else ""
         state = "closed" if self._closed else "open"
         return (
-            f"<RedisStore {where} prefix={self.prefix!r} {state} "
+            f"<RedisStore {kind}{self._where} prefix={self.prefix!r} {state} "
             f"operations={self.operations} errors={self.errors}>"
         )
 
     @property
-    def client(self) -> aioredis.Redis:
+    def client(self) -> aioredis.Redis | AsyncRedisCluster:
         """The underlying client (for inspection in tests and tools)."""
         return self._redis
 

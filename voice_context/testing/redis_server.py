@@ -12,6 +12,8 @@ acknowledged::
         ...
         server.restart(kill=True)   # Redis went away and came back
 
+``RedisClusterServers`` starts a real Redis Cluster the same way.
+
 As a pytest fixture::
 
     @pytest.fixture
@@ -30,6 +32,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -63,6 +66,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (the port + 10000) is free too."""
+    for _ in range(100):
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
 class RedisServer:
     """One ``redis-server`` process; ``start``/``stop``/``restart`` keep port and data."""
 
@@ -74,8 +92,10 @@ class RedisServer:
         executable: str | None = None,
         appendfsync: str = "always",
         startup_timeout: float = STARTUP_TIMEOUT,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.executable = executable or find_redis_server()
+        self.extra_args = tuple(extra_args)
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if directory is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="vc-redis-")
@@ -133,6 +153,7 @@ class RedisServer:
             "--protected-mode", "yes",
             "--daemonize", "no",
             "--logfile", str(log),
+            *self.extra_args,
         ]  # fmt: skip
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.starts += 1
@@ -189,3 +210,90 @@ class RedisServer:
             sock.sendall(b"PING\r\n")
             return sock.recv(64).startswith(b"+PONG")
         return False
+
+
+class RedisClusterServers:
+    """A real Redis Cluster of ``nodes`` masters (no replicas) on 127.0.0.1, slots split evenly.
+
+    ``url`` (``redis+cluster://127.0.0.1:PORT``) names one node; a cluster client
+    discovers the others::
+
+        with RedisClusterServers() as cluster:
+            store = RedisStore(cluster.url)
+    """
+
+    SLOTS = 16384
+
+    def __init__(self, *, nodes: int = 3, directory: str | os.PathLike[str] | None = None) -> None:
+        if nodes < 1:
+            raise ValueError("a cluster needs at least one node")
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if directory is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="vc-redis-cluster-")
+            directory = self._tmp.name
+        self.directory = Path(directory)
+        self.nodes = [
+            RedisServer(
+                directory=self.directory / f"node-{i}",
+                port=free_cluster_port(),
+                extra_args=("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
+            )
+            for i in range(nodes)
+        ]
+
+    def __repr__(self) -> str:
+        ports = ",".join(str(n.port) for n in self.nodes)
+        return f"<RedisClusterServers 127.0.0.1:{ports} running={sum(n.running for n in self.nodes)}>"
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}"
+
+    def start(self) -> None:
+        """Start every node, give each its share of the slots, join them, wait for ``cluster_state:ok``."""
+        for node in self.nodes:
+            node.start()
+        share = -(-self.SLOTS // len(self.nodes))
+        for i, node in enumerate(self.nodes):
+            slots = range(i * share, min(self.SLOTS, (i + 1) * share))
+            _command(node.port, "CLUSTER", "ADDSLOTS", *map(str, slots))
+        for node in self.nodes[1:]:
+            _command(self.nodes[0].port, "CLUSTER", "MEET", "127.0.0.1", str(node.port))
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while not all(b"cluster_state:ok" in _command(n.port, "CLUSTER", "INFO") for n in self.nodes):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the redis cluster did not reach cluster_state:ok")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _command(port: int, *args: str) -> bytes:
+    """Send one command in RESP and return the raw reply (enough for the replies used here)."""
+    payload = f"*{len(args)}\r\n".encode() + b"".join(
+        f"${len(a.encode())}\r\n".encode() + a.encode() + b"\r\n" for a in args
+    )
+    with socket.create_connection(("127.0.0.1", port), 2) as sock:
+        sock.sendall(payload)
+        reply = sock.recv(65536)
+    if reply.startswith(b"-"):
+        raise RuntimeError(f"redis on port {port}: {reply.decode(errors='replace').strip()}")
+    return reply
