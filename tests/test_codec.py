@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -350,3 +352,41 @@ def test_decode_reply_rejects_what_is_not_a_server_message() -> None:
     with pytest.raises(DecodeError):
         decode_reply('{"kind": "x"}')
     assert decode_reply('{"type": "pong", "protocol": 1}') == {"type": "pong", "protocol": 1}
+
+
+# -- the documented examples are real messages ---------------------------------------------
+
+PROTOCOL_DOC = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
+SERVER_TYPES = {
+    "session.opened",
+    "turn.appended",
+    "note.appended",
+    "context",
+    "session.state",
+    "session.closed",
+    "pong",
+    "compaction.completed",
+    "compaction.failed",
+    "error",
+}
+
+
+def documented_examples() -> list[dict[str, Any]]:
+    blocks = re.findall(r"```json\n(.*?)```", PROTOCOL_DOC.read_text(encoding="utf-8"), re.DOTALL)
+    return [json.loads(block) for block in blocks]
+
+
+def test_the_protocol_doc_shows_every_message_and_its_client_examples_decode() -> None:
+    examples = documented_examples()
+    shown = {example["type"] for example in examples}
+    assert set(CLIENT_TYPES) <= shown
+    assert shown - set(CLIENT_TYPES) >= SERVER_TYPES - {"session.state"}
+    for example in examples:
+        if example.get("type") in CLIENT_TYPES and "turns" not in example:  # session.state has both
+            message = decode(json.dumps(example))
+            assert message.type == example["type"]
+    codes = {example["code"] for example in examples if example["type"] == "error"}
+    assert codes <= ERROR_CODES
+    text = PROTOCOL_DOC.read_text(encoding="utf-8")
+    for code in ERROR_CODES:
+        assert f"| `{code}` |" in text, f"{code} has a row in the error table"

@@ -217,6 +217,13 @@ async def test_a_frame_over_the_size_limit_closes_the_connection_with_1009() -> 
 
 @pytest.mark.asyncio
 async def test_without_a_valid_token_the_handshake_is_refused_with_401() -> None:
+    with capture_logs() as logs:
+        await refuse_without_a_valid_token()
+    assert logs, "refusals are logged"
+    assert "alpha-token" not in repr(logs) and "wrong" not in repr(logs), "tokens are never logged"
+
+
+async def refuse_without_a_valid_token() -> None:
     async with running(settings(auth_tokens=("alpha-token", "beta-token"))) as server:
         for headers in (None, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic alpha-token"}):
             with pytest.raises(InvalidStatus) as refused:
@@ -427,6 +434,21 @@ async def test_shutdown_finishes_the_request_in_progress_then_closes_with_1001()
         gated.gate.set()
     assert gated.finished == 1, "the compaction in flight landed before the server stopped"
     assert manager.counters["completed"] == 1
+
+
+@pytest.mark.asyncio
+async def test_a_request_stuck_past_the_shutdown_timeout_is_abandoned_and_the_server_still_stops() -> None:
+    store = GatedStore()  # its gate never opens
+    async with running(settings(shutdown_timeout=0.2), store=store) as server, wire(server) as bot:
+        await bot.open("room-1")
+        await bot.send({"type": "turn.append", "id": "stuck", "session": "room-1", "turn": turn_body(0)})
+        with anyio.fail_after(TIMEOUT):
+            await store.entered.wait()
+        with capture_logs() as logs:
+            await server.shutdown()
+        assert await bot.closed_with() == 1001
+        assert "voice_context_shutdown_forced" in [e["event"] for e in logs]
+        assert server.connections == 0
 
 
 def test_the_token_bucket_allows_a_burst_then_the_rate() -> None:

@@ -59,6 +59,7 @@ from voice_context.core.turns import Note, Role, Turn
 log = structlog.get_logger("voice_context.client")
 
 EVENT_BUFFER = 256
+MAX_REPLY_BYTES = 16 * 1024 * 1024
 Event = dict[str, Any]
 EventCallback = Callable[[Event], None]
 
@@ -264,6 +265,10 @@ class Client:
             except ConnectionLost as exc:
                 last = exc
                 continue
+            except BaseException:
+                with anyio.move_on_after(self.open_timeout, shield=True):
+                    await link.ws.close()
+                raise
             if not first:
                 log.info("voice_context_client_resumed", sessions=len(self._sessions))
             return link
@@ -272,7 +277,9 @@ class Client:
     async def _connect(self) -> _Link:
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
         try:
-            ws = await connect(self.url, additional_headers=headers, open_timeout=self.open_timeout)
+            ws = await connect(
+                self.url, additional_headers=headers, open_timeout=self.open_timeout, max_size=MAX_REPLY_BYTES
+            )
         except InvalidURI as exc:
             raise ClientError("bad_url", str(exc)) from None
         except InvalidStatus as exc:

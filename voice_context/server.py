@@ -423,16 +423,20 @@ class Server:
         self.metrics.connections.inc()
         close: tuple[int, str] | None = None
         try:
-            with conn.scope, structlog.contextvars.bound_contextvars(connection=conn.id):
+            with structlog.contextvars.bound_contextvars(connection=conn.id):
                 log.info("voice_context_connection_opened", remote=_remote(ws), authenticated=bool(owner))
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._send_loop, conn)
-                    try:
-                        close = await self._read_loop(conn)
-                    finally:
-                        outbox.close()  # the send loop drains what is queued, then ends
+                with conn.scope:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._send_loop, conn)
+                        try:
+                            close = await self._read_loop(conn)
+                        finally:
+                            outbox.close()  # the send loop drains what is queued, then ends
+                if conn.scope.cancelled_caught:  # a shutdown that could not wait any longer
+                    close = (CloseCode.GOING_AWAY, "server shutting down")
                 if close is not None:
-                    await ws.close(*close)
+                    with anyio.move_on_after(SHUTDOWN_GRACE):
+                        await ws.close(*close)
                 log.info("voice_context_connection_closed", code=ws.close_code, sessions=len(conn.sessions))
         finally:
             outbox.close()
