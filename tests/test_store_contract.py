@@ -9,13 +9,17 @@ store can tell (a retried write, a reopened store, hash tags) run on those.
 from __future__ import annotations
 
 import sqlite3
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 import pytest_asyncio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from voice_context.core.turns import Note, Turn
@@ -548,3 +552,143 @@ def test_the_service_keeps_sessions_on_disk_by_default() -> None:
     from voice_context.config import StoreSettings
 
     assert StoreSettings().url == "sqlite"
+
+
+# -- any sequence of operations, against a model of the contract ----------------------------------------
+
+
+class Model:
+    """What a durable store must answer, in a few lines of plain Python."""
+
+    def __init__(self) -> None:
+        self.turns: list[Turn] = []
+        self.cursor, self.summary, self.compactions = 0, "", 0
+        self.live: tuple[Note, ...] = ()
+        self.pending: tuple[Note, ...] = ()
+        self.fence, self.holder = 0, ""
+
+    def append(self, index: int, t: Turn) -> str:
+        if index == len(self.turns):
+            self.turns.append(t)
+            return "ok"
+        if 0 <= index < len(self.turns) and self.turns[index] == t:
+            return "ok"
+        return "conflict"
+
+    def commit(
+        self, expected: int, new: int, summary: str, pending: tuple[Note, ...], fence: int | None
+    ) -> bool:
+        if fence is not None and fence != self.fence:
+            return False
+        if self.cursor != expected:
+            return (self.cursor, self.summary, self.pending) == (new, summary, pending)
+        if new > len(self.turns):
+            return False
+        self.cursor, self.summary, self.pending = new, summary, pending
+        self.compactions += 1
+        return True
+
+    def acquire(self, holder: str) -> int | None:
+        if self.holder not in ("", holder):
+            return None
+        self.holder, self.fence = holder, self.fence + 1
+        return self.fence
+
+    def release(self, holder: str) -> None:
+        if self.holder == holder:
+            self.holder = ""
+
+
+OPERATIONS = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.sampled_from([0, 0, 0, 1, -1, -2]), st.booleans()),
+        st.tuples(
+            st.just("commit"), st.integers(-1, 0), st.integers(0, 3), st.sampled_from(["none", "now", "old"])
+        ),
+        st.tuples(st.just("retry")),
+        st.tuples(st.just("lease"), st.sampled_from(["a", "b"])),
+        st.tuples(st.just("release"), st.sampled_from(["a", "b"])),
+        st.tuples(st.just("notes"), st.integers(0, 2), st.integers(0, 2)),
+    ),
+    max_size=30,
+)
+
+
+async def replay(store: Store, operations: list[tuple[Any, ...]]) -> None:
+    model = Model()
+    await store.create(SessionRecord("room-1"))
+    for step, op in enumerate(operations):
+        kind = op[0]
+        if kind == "append":
+            index = len(model.turns) + op[1]
+            same = op[2] and 0 <= index < len(model.turns)
+            t = model.turns[index] if same else turn(step, ("Alice", "Bob")[step % 2])
+            try:
+                await store.append_turn("room-1", index, t)
+                got = "ok"
+            except TurnConflict:
+                got = "conflict"
+            assert got == model.append(index, t), (step, op)
+        elif kind in ("commit", "retry"):
+            if kind == "commit":
+                expected = max(0, model.cursor + op[1])
+                new, summary, pending = expected + op[2], f"summary {step}", model.pending[1:]
+                fence = {"none": None, "now": model.fence, "old": model.fence - 1}[op[3]]
+            else:  # the last commit, sent again
+                expected, new, summary, pending, fence = 0, model.cursor, model.summary, model.pending, None
+            got_commit = await store.commit_compaction(
+                "room-1", expected_cursor=expected, new_cursor=new, summary=summary,
+                pending_notes=pending, fence=fence,
+            )  # fmt: skip
+            assert got_commit == model.commit(expected, new, summary, pending, fence), (step, op)
+            if got_commit and kind == "commit":  # its answer was lost, so it is sent again
+                again = await store.commit_compaction(
+                    "room-1", expected_cursor=expected, new_cursor=new, summary=summary,
+                    pending_notes=pending, fence=fence,
+                )  # fmt: skip
+                assert again == model.commit(expected, new, summary, pending, fence), (step, op)
+        elif kind == "lease":
+            assert await store.acquire_lease("room-1", op[1], 60) == model.acquire(op[1]), (step, op)
+        elif kind == "release":
+            await store.release_lease("room-1", op[1])
+            model.release(op[1])
+        else:
+            model.live = tuple(note(step * 10 + i) for i in range(op[1]))
+            model.pending = tuple(note(step * 10 + 5 + i) for i in range(op[2]))
+            await store.save_notes("room-1", model.live, model.pending)
+    record = await store.load("room-1")
+    assert record is not None
+    assert (record.cursor, record.summary, record.total_turns) == (
+        model.cursor,
+        model.summary,
+        len(model.turns),
+    )
+    assert record.turns == tuple(model.turns[model.cursor :])
+    assert (record.live_notes, record.pending_notes) == (model.live, model.pending)
+    assert record.compactions == model.compactions
+    assert await store.read_turns("room-1", 0, len(model.turns) + 5) == model.turns
+
+
+@pytest.mark.parametrize("kind", DURABLE)
+def test_any_sequence_of_operations_agrees_with_the_model(kind: str, request: pytest.FixtureRequest) -> None:
+    fixture = {"redis": "redis_server", "redis-cluster": "redis_cluster"}.get(kind)
+    url = request.getfixturevalue(fixture).url if fixture else ""
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(operations=OPERATIONS)
+    def run(operations: list[tuple[Any, ...]]) -> None:
+        async def main() -> None:
+            with tempfile.TemporaryDirectory() as tmp:
+                store: Store = (
+                    SQLiteStore(Path(tmp) / "vc.db")
+                    if kind == "sqlite"
+                    else RedisStore(url, prefix=f"m{uuid.uuid4().hex[:8]}")
+                )
+                try:
+                    await replay(store, operations)
+                finally:
+                    await store.aclose()
+
+        anyio.run(main)
+
+    run()
