@@ -30,9 +30,19 @@ from voice_context.errors import (
 from voice_context.manager import CompactionEvent, Opened, SessionManager
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 from voice_context.summarizers.deterministic import DeterministicSummarizer
-from voice_context.summarizers.openai_compat import OpenAISummarizer
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # The OpenAI client is imported on first use: the CLI and the deterministic
+    # default start without paying for it.
+    if name == "OpenAISummarizer":
+        from voice_context.summarizers.openai_compat import OpenAISummarizer
+
+        return OpenAISummarizer
+    raise AttributeError(f"module 'voice_context' has no attribute {name!r}")
+
 
 __all__ = [
     "CompactionEvent",
