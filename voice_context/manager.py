@@ -336,6 +336,7 @@ class SessionManager:
             )
             return
         if self._tg is None:
+            session.abandon()  # nothing will run the plan: do not leave it in flight
             raise RuntimeError("SessionManager must be used as 'async with SessionManager(...)'")
         self._in_flight += 1
         self._idle = anyio.Event() if self._in_flight == 1 else self._idle
