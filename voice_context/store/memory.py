@@ -9,6 +9,7 @@ from typing import Any
 
 from voice_context.core.turns import Note, Turn
 from voice_context.store.base import SessionRecord
+from voice_context.store.common import TurnConflict
 
 
 @dataclass
@@ -43,8 +44,11 @@ class MemoryStore:
 
     async def append_turn(self, name: str, index: int, turn: Turn) -> None:
         entry = self._sessions[name]
-        if index != len(entry.turns):
-            raise ValueError(f"turn index {index} out of order (have {len(entry.turns)})")
+        stored = len(entry.turns)
+        if index < stored and entry.turns[index] == turn:
+            return  # a retry of a write whose answer was lost: stored once
+        if index != stored:
+            raise TurnConflict(name, index, stored, differs=index < stored)
         entry.turns.append(turn)
 
     async def save_notes(self, name: str, live: Sequence[Note], pending: Sequence[Note]) -> None:
@@ -62,12 +66,18 @@ class MemoryStore:
         fence: int | None = None,
     ) -> bool:
         entry = self._sessions[name]
-        if entry.record.cursor != expected_cursor:
-            return False
         if fence is not None and fence != entry.fence:
             return False
+        if entry.record.cursor == new_cursor and entry.record.summary == summary:
+            return True  # a retry of a commit that already landed
+        if entry.record.cursor != expected_cursor or new_cursor > len(entry.turns):
+            return False
         entry.record = replace(
-            entry.record, cursor=new_cursor, summary=summary, pending_notes=tuple(pending_notes)
+            entry.record,
+            cursor=new_cursor,
+            summary=summary,
+            pending_notes=tuple(pending_notes),
+            compactions=entry.record.compactions + 1,
         )
         return True
 
