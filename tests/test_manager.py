@@ -7,11 +7,11 @@ from typing import Any
 
 import anyio
 import pytest
-from helpers import TIMEOUT, ManualClock, turn, turns, wait_until
+from helpers import TIMEOUT, ManualClock, notes, turn, turns, wait_until
 
 from voice_context.core.budget import SUMMARY_PREFIX
 from voice_context.core.turns import Note
-from voice_context.errors import SessionClosed, SummarizerError, UnknownSession
+from voice_context.errors import SessionClosed, StoreError, SummarizerError, UnknownSession
 from voice_context.manager import CompactionEvent, SessionManager
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import Summarizer, SummaryRequest
@@ -587,3 +587,61 @@ async def test_many_sessions_compact_independently() -> None:
             else:
                 assert (stats.cursor, summary) == (10, f"Turns 0-9: {name}-A, {name}-B spoke.")
         assert manager.counters == {"started": 20, "completed": 19, "failed": 1, "stale": 0}
+
+
+# -- landing waits for a note write in progress -------------------------------------
+
+
+class SlowNoteStore(MemoryStore):
+    """A store whose next note write waits for the test, then fails."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing = anyio.Event()
+        self.release = anyio.Event()
+        self.fail_next = False
+
+    async def save_notes(self, name: str, live: Any, pending: Any) -> None:
+        if self.fail_next:
+            self.fail_next = False
+            self.writing.set()
+            await self.release.wait()
+            raise StoreError("disk full", retryable=True)
+        await super().save_notes(name, live, pending)
+
+
+@pytest.mark.asyncio
+async def test_a_compaction_lands_only_after_a_note_write_in_progress_settles() -> None:
+    store = SlowNoteStore()
+    gated = GatedSummarizer()
+    with anyio.fail_after(TIMEOUT):
+        async with SessionManager(gated, store=store) as manager:
+            await manager.open("room", {"live_note_entries": 1})
+            for note in notes(3):  # note 0 and note 1 are pushed out, pending
+                await manager.append_note("room", note)
+            await feed(manager, "room", 61)
+            await manager.context("room")  # folds turns 0..9 with the two pending notes
+            await gated.entered.wait()
+
+            # a note write starts (and will fail) while the summary is ready to land
+            store.fail_next = True
+            async with anyio.create_task_group() as tg:
+
+                async def write_note() -> None:
+                    with pytest.raises(StoreError):
+                        await manager.append_note("room", Note("note 3", 3.0))
+
+                tg.start_soon(write_note)
+                await store.writing.wait()
+                gated.gate.set()
+                await anyio.sleep(0.05)
+                assert manager.state("room").cursor == 0, "the fold waits for the note write"
+                store.release.set()
+            await settle(manager)
+
+            session = manager.session("room")
+            assert session.cursor == 10
+            assert session.pending_notes == ()  # the folded notes are gone, not restored
+            assert [n.text for n in session.live_notes] == ["note 2"]
+            record = await store.load("room")
+            assert record is not None and record.pending_notes == () and record.cursor == 10

@@ -347,16 +347,20 @@ class SessionManager:
         scope = anyio.CancelScope()
         live.scope = scope
         fence: int | None = None
+        running = plan
         try:
             with scope, structlog.contextvars.bound_contextvars(session=session.name):
-                fence = await self._lease(live, plan)
+                fence = await self._lease(live, session, plan)
                 if fence is None:
                     return
                 current: CompactionPlan | None = plan
                 while current is not None:
-                    current = await self._run_plan(live, current, fence)
+                    running = current
+                    current = await self._run_plan(live, session, current, fence)
         finally:
-            if session.in_flight is not None and session.in_flight.start == plan.start:
+            # cancelled (the session closed, the manager shut down) with this task's plan
+            # still in flight: nothing else will land it
+            if session.in_flight is not None and session.in_flight.plan_id == running.plan_id:
                 session.abandon()
             if live.scope is scope:
                 live.scope = None
@@ -367,30 +371,31 @@ class SessionManager:
                 with anyio.move_on_after(2, shield=True), contextlib.suppress(StoreError):
                     await self.store.release_lease(session.name, self.replica)
 
-    async def _lease(self, live: _Live, plan: CompactionPlan) -> int | None:
+    async def _lease(self, live: _Live, session: Session, plan: CompactionPlan) -> int | None:
         """Take the store's compaction lease (its fencing token); ``None`` when the plan
         cannot go ahead (another replica holds the lease, or the store failed)."""
         try:
             token = await self.store.acquire_lease(
-                live.session.name, self.replica, self.compaction_timeout * 2 + 5
+                session.name, self.replica, self.compaction_timeout * 2 + 5
             )
         except StoreError as exc:
-            self._record_failure(live, plan, "store", exc.retryable, str(exc))
+            self._record_failure(live, session, plan, "store", exc.retryable, str(exc))
             return None
         if token is None:
-            live.session.abandon()
+            session.abandon()
             log.info(
                 "voice_context_compaction_skipped",
-                session=live.session.name,
+                session=session.name,
                 reason="leased_elsewhere",
-                turns=live.session.total_turns,
-                cursor=live.session.cursor,
+                turns=session.total_turns,
+                cursor=session.cursor,
                 recent_start=plan.recent_start,
             )
         return token
 
-    async def _run_plan(self, live: _Live, plan: CompactionPlan, fence: int | None) -> CompactionPlan | None:
-        session = live.session
+    async def _run_plan(
+        self, live: _Live, session: Session, plan: CompactionPlan, fence: int | None
+    ) -> CompactionPlan | None:
         self.counters["started"] += 1
         log.info(
             "voice_context_compaction_started",
@@ -416,13 +421,30 @@ class SessionManager:
             with anyio.fail_after(self.compaction_timeout):
                 text = await self.summarizer.summarize(request)
         except SummarizerError as exc:
-            self._record_failure(live, plan, exc.kind, exc.retryable, str(exc))
+            self._record_failure(live, session, plan, exc.kind, exc.retryable, str(exc))
             return None
         except TimeoutError:
-            self._record_failure(live, plan, "timeout", True, f"no answer in {self.compaction_timeout:g}s")
+            self._record_failure(
+                live, session, plan, "timeout", True, f"no answer in {self.compaction_timeout:g}s"
+            )
             return None
         except Exception as exc:  # a summarizer bug must not take the server down
-            self._record_failure(live, plan, type(exc).__name__, False, str(exc))
+            self._record_failure(live, session, plan, type(exc).__name__, False, str(exc))
+            return None
+        # Landing holds the session's lock, so a turn or a note written meanwhile cannot
+        # interleave with the commit: the pending notes the store keeps are the ones the
+        # session keeps.
+        async with live.lock:
+            return await self._land(live, session, plan, text, fence)
+
+    async def _land(
+        self, live: _Live, session: Session, plan: CompactionPlan, text: str, fence: int | None
+    ) -> CompactionPlan | None:
+        if live.session is not session:
+            # the session was rebuilt from the store meanwhile: this result is for a copy
+            # that no longer serves anyone
+            self.counters["stale"] += 1
+            log.info("voice_context_compaction_stale", session=session.name, plan=plan.plan_id, current=None)
             return None
         verdict = session.check_result(plan.plan_id, text)
         if isinstance(verdict, Accepted):
@@ -436,14 +458,14 @@ class SessionManager:
                     fence=fence,
                 )
             except StoreError as exc:
-                self._record_failure(live, plan, "store", exc.retryable, str(exc))
+                self._record_failure(live, session, plan, "store", exc.retryable, str(exc))
                 return None
             if not committed:
                 self._record_failure(
-                    live, plan, "fenced", True, "the store moved on (another replica compacted)"
+                    live, session, plan, "fenced", True, "the store moved on (another replica compacted)"
                 )
                 with contextlib.suppress(StoreError):
-                    await self._catch_up(live)
+                    await self._catch_up_locked(live)
                 return None
         outcome = session.compaction_succeeded(plan.plan_id, text, self.clock())
         if isinstance(outcome, CompactionPlan):
@@ -458,7 +480,7 @@ class SessionManager:
             )
             return None
         if isinstance(outcome, Failed):
-            self._log_failure(live, outcome, "empty summary")
+            self._log_failure(live, session, outcome, "empty summary")
             return None
         assert isinstance(outcome, Applied)
         self.counters["completed"] += 1
@@ -488,18 +510,17 @@ class SessionManager:
         return None
 
     def _record_failure(
-        self, live: _Live, plan: CompactionPlan, kind: str, retryable: bool, message: str
+        self, live: _Live, session: Session, plan: CompactionPlan, kind: str, retryable: bool, message: str
     ) -> None:
-        outcome = live.session.compaction_failed(plan.plan_id, kind, retryable, self.clock())
+        outcome = session.compaction_failed(plan.plan_id, kind, retryable, self.clock())
         if isinstance(outcome, Stale):
             self.counters["stale"] += 1
-            log.info("voice_context_compaction_stale", session=live.session.name, plan=plan.plan_id)
+            log.info("voice_context_compaction_stale", session=session.name, plan=plan.plan_id)
             return
-        self._log_failure(live, outcome, message)
+        self._log_failure(live, session, outcome, message)
 
-    def _log_failure(self, live: _Live, outcome: Failed, message: str) -> None:
+    def _log_failure(self, live: _Live, session: Session, outcome: Failed, message: str) -> None:
         self.counters["failed"] += 1
-        session = live.session
         log.warning(
             "voice_context_compaction_failed",
             session=session.name,
