@@ -7,6 +7,7 @@ from helpers import turns
 
 from voice_context.core.budget import (
     FACTS_HEADER,
+    MIN_SUMMARY_CUT,
     RECENT_HEADER,
     SUMMARY_HEADER,
     SUMMARY_PREFIX,
@@ -231,6 +232,29 @@ def test_summary_cut_keeps_the_newest_sentences() -> None:
     assert ctx.summary == "Gamma was third. Delta is newest."
     assert f"{SUMMARY_HEADER}\nGamma was third. Delta is newest.\n\n" in ctx.instructions
     assert ctx.chars == budget
+
+
+def test_a_summary_with_no_real_room_is_left_out_rather_than_sent_as_a_stub() -> None:
+    view = view_of([Turn("Alice", "user", "hi", 0.0)], summary="A" * 300 + ".", live_notes=())
+    bare = build_context(view, "messages", budget_chars=0 + len("Alice: hi"))
+    assert bare.summary == "" and "summary" in bare.dropped
+    for room in range(1, MIN_SUMMARY_CUT):
+        ctx = build_context(view, "messages", budget_chars=len("Alice: hi") + len(SUMMARY_PREFIX) + room)
+        assert ctx.summary == "", room
+        assert "summary" in ctx.dropped
+    ctx = build_context(
+        view, "messages", budget_chars=len("Alice: hi") + len(SUMMARY_PREFIX) + MIN_SUMMARY_CUT
+    )
+    assert len(ctx.summary) == MIN_SUMMARY_CUT and ctx.summary.startswith("…")
+
+
+def test_a_dropped_current_turn_is_not_also_reported_as_older_turns() -> None:
+    view = view_of([Turn("Alice", "user", "hello there", 0.0)], summary="", live_notes=())
+    ctx = build_context(
+        view, "instructions", budget_chars=len("You are Nova.") + 3, base_instructions="You are Nova."
+    )
+    assert ctx.turns_shown == 0
+    assert ctx.dropped == ("current_turn",)
 
 
 def test_newest_turns_outrank_facts_which_outrank_the_summary_which_outranks_older_turns() -> None:

@@ -44,6 +44,8 @@ FACTS_HEADER = "Durable facts:"
 SUMMARY_HEADER = "Session conversation summary:"
 NOTES_HEADER = "Screen notes:"
 RECENT_HEADER = "Recent conversation:"
+MIN_SUMMARY_CUT = 24
+"""A summary cut shorter than this (a word and an ellipsis) is left out instead."""
 Message = dict[str, str]
 
 
@@ -140,14 +142,17 @@ class _Fill:
         self.total += extra
         return True
 
-    def add_cut(self, section: str, text: str, cut: Callable[[str, int], str], fixed: int = 0) -> bool:
+    def add_cut(
+        self, section: str, text: str, cut: Callable[[str, int], str], fixed: int = 0, least: int = 1
+    ) -> bool:
         """Add ``text``, or as much of it as ``cut`` keeps in the room left (``fixed`` chars of
-        the item are not cuttable, e.g. a speaker prefix)."""
+        the item are not cuttable, e.g. a speaker prefix). A cut shorter than ``least``
+        chars is not worth sending: nothing is added."""
         if self.add(section, text):
             return True
         space = self.room(section) - fixed
-        short = cut(text[fixed:], space) if space > 0 else ""
-        return bool(short) and self.add(section, text[:fixed] + short)
+        short = cut(text[fixed:], space) if space >= least else ""
+        return len(short) >= least and self.add(section, text[:fixed] + short)
 
 
 def _turn_line(turn: Turn, text: str) -> str:
@@ -264,7 +269,7 @@ def build_context(
 
     # 5. the summary, its newest sentences first
     if view.summary:
-        if not fill.add_cut("summary", view.summary, keep_newest_sentences):
+        if not fill.add_cut("summary", view.summary, keep_newest_sentences, least=MIN_SUMMARY_CUT):
             dropped.append("summary")
         elif fill.items["summary"][0] != view.summary:
             dropped.append("summary_head")
@@ -282,7 +287,7 @@ def build_context(
         else:
             next_turn -= 1
     shown = len(fill.items["turns"])
-    if shown < n:
+    if shown < n - ("current_turn" in dropped):
         dropped.append("older_turns")
 
     chosen = turns[n - shown :]
