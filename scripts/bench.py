@@ -6,6 +6,9 @@
    ratio shows whether a compaction in flight delays a reply.
 3. Many sessions at once: the same percentiles across 50 sessions, each with
    its own compaction in flight.
+4. Over the wire: ``context.get`` round trips through a real server on
+   127.0.0.1 with the client, against ``ping`` round trips (the transport's
+   floor) and against ``context.get`` while a slow fold is in flight.
 """
 
 from __future__ import annotations
@@ -109,6 +112,47 @@ async def bench_manager(n: int, delay: float, sessions: int) -> None:
         print(row(f"{sessions} sessions, {manager.in_flight} folds in flight", many, idle))
 
 
+async def bench_wire(n: int, delay: float) -> None:
+    from voice_context.client import Client
+    from voice_context.config import Settings
+    from voice_context.server import Server
+
+    print("== over the wire (real server on 127.0.0.1, the client)")
+    settings = Settings().with_values("server", {"port": 0, "turns_per_second": 1e6, "turn_burst": 1_000_000})
+    settings = settings.with_values("store", {"url": "memory"})
+    slow = SlowSummarizer(DeterministicSummarizer(), delay)
+    async with Server(settings, summarizer=slow) as server, Client(server.url) as client:
+        pings: list[float] = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await client.ping()
+            pings.append(time.perf_counter() - t0)
+        print(row("ping (transport floor)", pings))
+        room = await client.open("room")
+        for i in range(60):
+            t = turn(i)
+            await room.append_turn(t.speaker, t.role, t.text, at=t.at)
+        idle: list[float] = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await room.context(format="instructions", budget_chars=5200)
+            idle.append(time.perf_counter() - t0)
+        print(row("context.get, 60 turns, nothing to fold", idle, pings))
+        t = turn(60)
+        await room.append_turn(t.speaker, t.role, t.text, at=t.at)
+        busy: list[float] = []
+        first = await room.context(format="instructions", budget_chars=5200)
+        assert first["in_flight"], "the first request starts a fold"
+        while len(busy) < n:
+            t0 = time.perf_counter()
+            reply = await room.context(format="instructions", budget_chars=5200)
+            busy.append(time.perf_counter() - t0)
+            if not reply["in_flight"]:
+                busy.pop()
+                break
+        print(row(f"context.get, a {delay:g}s fold in flight", busy, idle))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -120,6 +164,7 @@ def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     bench_core(args.n)
     anyio.run(bench_manager, args.n, args.delay, args.sessions)
+    anyio.run(bench_wire, args.n, args.delay)
 
 
 if __name__ == "__main__":
