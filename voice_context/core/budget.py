@@ -18,9 +18,14 @@ summary, and the current turn when it alone is larger than the budget):
 2. the current turn,
 3. the ``priority_turns`` most recent verbatim turns, newest first,
 4. the durable facts,
-5. the session summary (its newest sentences first),
+5. the session summary, up to ``summary_priority_chars`` of it,
 6. the live screen notes, newest first,
-7. the older verbatim turns back to the cursor, newest first.
+7. the older verbatim turns back to the cursor, newest first,
+8. the rest of a longer summary, in whatever room is left.
+
+A summary is shrunk by :func:`~voice_context.core.text.condense_summary`:
+whole sentences go, the oldest and longest time windows losing theirs first
+(a one-paragraph summary keeps its newest sentences).
 
 Verbatim turns are always a contiguous run ending at the current turn: a cut
 falls at a turn boundary, never inside a turn and never leaving a hole. Nothing
@@ -34,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from voice_context.core.session import ContextView
-from voice_context.core.text import clip, keep_newest_sentences
+from voice_context.core.text import clip, condense_summary
 from voice_context.core.turns import Turn
 
 Format = Literal["messages", "instructions"]
@@ -154,6 +159,16 @@ class _Fill:
         short = cut(text[fixed:], space) if space >= least else ""
         return len(short) >= least and self.add(section, text[:fixed] + short)
 
+    def grow(self, section: str, text: str, cut: Callable[[str, int], str]) -> None:
+        """Replace the section's last item by ``text``, or by as much of it as ``cut`` keeps in
+        the room the item has now plus the room left, when that is longer."""
+        old = self.items[section][-1]
+        space = len(old) + (self.limit - self.total if self.limit is not None else len(text))
+        longer = text if len(text) <= space else cut(text, space)
+        if len(old) < len(longer) <= space:
+            self.items[section][-1] = longer
+            self.total += len(longer) - len(old)
+
 
 def _turn_line(turn: Turn, text: str) -> str:
     return f"{turn.speaker}: {text}" if turn.speaker else text
@@ -267,9 +282,13 @@ def build_context(
             dropped.append("facts")
             break
 
-    # 5. the summary, its newest sentences first
+    # 5. the summary, up to its priority share
     if view.summary:
-        if not fill.add_cut("summary", view.summary, keep_newest_sentences, least=MIN_SUMMARY_CUT):
+        share = config.summary_priority_chars
+        first = view.summary
+        if budget_chars is not None and len(first) > share:
+            first = condense_summary(first, share)
+        if not fill.add_cut("summary", first, condense_summary, least=MIN_SUMMARY_CUT):
             dropped.append("summary")
         elif fill.items["summary"][0] != view.summary:
             dropped.append("summary_head")
@@ -289,6 +308,12 @@ def build_context(
     shown = len(fill.items["turns"])
     if shown < n - ("current_turn" in dropped):
         dropped.append("older_turns")
+
+    # 8. the rest of a longer summary, in the room left
+    if "summary_head" in dropped:
+        fill.grow("summary", view.summary, condense_summary)
+        if fill.items["summary"][0] == view.summary:
+            dropped.remove("summary_head")
 
     chosen = turns[n - shown :]
     messages: tuple[Message, ...] = ()

@@ -10,6 +10,7 @@ from voice_context.errors import ConfigError
 RECENT_WINDOW = 50
 BATCH_SIZE = 10
 MAX_SUMMARY_CHARS = 1200
+SUMMARY_PRIORITY_CHARS = 5000
 MAX_NOTE_CHARS = 400
 LIVE_NOTE_ENTRIES = 8
 LIVE_NOTE_CHARS = 220
@@ -26,6 +27,9 @@ class SessionConfig:
     - ``batch_size``: turns folded per compaction; compaction fires once more than
       ``recent_window + batch_size`` turns lie at or after the cursor.
     - ``max_summary_chars``: the rolling summary's ceiling.
+    - ``summary_priority_chars``: in a budgeted context, how much of the summary
+      outranks the older verbatim turns; the rest of a longer summary only takes
+      the room those turns leave.
     - ``max_note_chars``: how much of the pending screen notes one compaction folds in.
     - ``live_note_entries`` / ``live_note_chars``: the live screen-note buffer.
     - ``max_pending_notes``: evicted notes waiting to be folded; past this the
@@ -44,6 +48,7 @@ class SessionConfig:
     recent_window: int = RECENT_WINDOW
     batch_size: int = BATCH_SIZE
     max_summary_chars: int = MAX_SUMMARY_CHARS
+    summary_priority_chars: int = SUMMARY_PRIORITY_CHARS
     max_note_chars: int = MAX_NOTE_CHARS
     live_note_entries: int = LIVE_NOTE_ENTRIES
     live_note_chars: int = LIVE_NOTE_CHARS
@@ -60,6 +65,7 @@ class SessionConfig:
             "recent_window",
             "batch_size",
             "max_summary_chars",
+            "summary_priority_chars",
             "live_note_entries",
             "live_note_chars",
             "max_turn_chars",
@@ -79,6 +85,8 @@ class SessionConfig:
                 raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
         if self.max_summary_chars < 40:
             raise ConfigError("max_summary_chars must be at least 40")
+        if self.summary_priority_chars < 40:
+            raise ConfigError("summary_priority_chars must be at least 40")
 
     def with_overrides(self, overrides: dict[str, Any] | None) -> SessionConfig:
         """A copy with some fields changed; unknown names raise ``ConfigError``."""

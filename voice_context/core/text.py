@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import heapq
 import re
+from functools import lru_cache
 
 _SENTENCE_END = re.compile(r"(?<=[.!?…])[\"')\]]*\s+")
 ELLIPSIS = "…"
@@ -94,3 +96,58 @@ def keep_newest_sentences(text: str, limit: int) -> str:
     if kept:
         return _join(kept)
     return clip_start(normalize(text), limit)
+
+
+_LINE_SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|(?<=[.!?…][\"')\]])\s+")
+
+
+@lru_cache(maxsize=16)
+def _summary_lines(text: str) -> tuple[tuple[str, ...], ...]:
+    """A summary's lines as their sentences (cached: one summary serves many contexts)."""
+    return tuple(
+        tuple(part for part in _LINE_SENTENCE_END.split(paragraph) if part)
+        for paragraph in normalize(text).split("\n")
+    )
+
+
+def condense_summary(text: str, limit: int, *, half_life: float = 48.0) -> str:
+    """``text`` shrunk to at most ``limit`` chars by whole sentences, coarser with age.
+
+    A summary written as one paragraph keeps its newest sentences
+    (:func:`keep_newest_sentences`). A summary written in lines, one per time
+    window and oldest first, keeps each line's start (its head and first
+    sentence) as long as it can: while the text is too long, the line whose
+    length weighted by its age (``1 + age / half_life``, in lines) is the
+    greatest loses its last sentence; once every line is down to one sentence,
+    the oldest lines go. A summarizer that writes each line's most important
+    sentences first loses the least.
+    """
+    if len(text) <= limit:
+        return text
+    parsed = _summary_lines(text)
+    if len(parsed) == 1:
+        return keep_newest_sentences(text, limit)
+    lines = [list(line) for line in parsed]
+    lengths = [len(" ".join(line)) for line in lines]
+    total = sum(lengths) + len(lines) - 1
+    # a max-heap of (age-weighted length, line) over the lines that still have two sentences or more
+    heap = [(-lengths[i] * (1 + (len(lines) - 1 - i) / half_life), i) for i in range(len(lines))]
+    heap = [item for item in heap if len(lines[item[1]]) > 1]
+    heapq.heapify(heap)
+    first = 0  # lines before this one are gone
+    while total > limit and first < len(lines) - 1:
+        if not heap:
+            total -= lengths[first] + 1
+            first += 1
+            continue
+        _, i = heapq.heappop(heap)
+        if i < first:
+            continue
+        dropped = lines[i].pop()
+        lengths[i] -= len(dropped) + 1
+        total -= len(dropped) + 1
+        if len(lines[i]) > 1:
+            heapq.heappush(heap, (-lengths[i] * (1 + (len(lines) - 1 - i) / half_life), i))
+    lines = lines[first:]
+    result = "\n".join(" ".join(line) for line in lines)
+    return result if len(result) <= limit else keep_newest_sentences(result, limit)

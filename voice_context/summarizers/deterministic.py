@@ -1,62 +1,135 @@
 """A summarizer that needs no model and no network: extractive, speaker-attributed, budgeted.
 
-It keeps the sentences that carry state (names, numbers, dates, decisions,
-commitments, open questions), drops filler (greetings, laughter, backchannels,
-repeated rephrasings), attributes each kept sentence to its speaker, and writes
-one line per batch, headed by the batch's time. Older lines are condensed
-first when the summary must shrink, so detail fades with age.
+The summary is prose, one line per time window, oldest first::
+
+    [8 May 2023, 13:56] Caroline: I went to an LGBTQ support group on 7 May 2023. Melanie: ...
+    [14:20] Caroline: I'm researching adoption agencies. Melanie's screen (image): A lake at sunset.
+
+Each batch of turns becomes a new line headed by the time its first turn was
+spoken (the date is written when it changes from the line before). A line
+keeps the batch's sentences that carry state, shortened and attributed, the
+most informative first (so a context that must shrink the summary, which drops
+the ends of lines, loses the least; see ``core.text.condense_summary``):
+
+- filler is dropped: greetings, thanks, backchannels, laughter, and sentences
+  whose words are all small talk ("That's awesome!", "How have you been?");
+- sentences are shortened: leading interjections ("Wow,", "Oh yeah,"),
+  vocatives ("Hey Mel!"), hesitations ("um", "uh") and stuttered repeats go;
+  dashes and semicolons split a sentence into its clauses;
+- relative dates are resolved against the time the turn was spoken:
+  "yesterday" becomes "on 7 May 2023", "last week" "the week before
+  8 May 2023", "last year" "in 2022", "two days ago" "on 6 May 2023";
+- numbers spoken as words become digits ("twenty five euros" -> "25 euros");
+- screen notes are folded in as sentences of their own, with their provenance.
+
+When the summary must shrink to ``max_chars``, sentences are dropped (never
+cut) by their value per character, lowest first. A sentence's value is the
+information its words carry (names, numbers, dates and rarer words count more,
+small talk less), shared out among the sentences that repeat the same words,
+and discounted with age: older windows grow coarser, never silently cut off,
+and the newest keep their detail. Lines left empty disappear. Everything is a
+pure function of the request: the same request always gives the same summary.
 """
 
 from __future__ import annotations
 
-import math
+import heapq
 import re
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 
-from voice_context.core.text import clip, keep_newest_sentences, normalize, sentences
+from voice_context.core.text import clip, normalize, sentences
 from voice_context.core.turns import Note, Turn
 from voice_context.summarizers.base import SummaryRequest
 
-_WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*|\d[\d,.:/-]*")
-_FILLER = re.compile(
-    r"^(?:(?:hi|hello|hey|yo|heya|bye|goodbye|thanks|thank you|ok(?:ay)?|yeah|yep|yes|no|nope|sure|right|"
-    r"cool|nice|great|awesome|wow|oh|ah|uh|um|hmm+|mm+|mhm|uh-huh|mm-hmm|lol|haha+|hehe+|ha|lmao|k|"
-    r"alright|gotcha|i see|true|"
-    r"exactly|totally|same|good|fine|really|indeed|wait|well|so)[\s,.!?…-]*)+$",
-    re.IGNORECASE,
-)
+_WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*|\d[\d,.:/]*")
 _STOPWORDS = """
 a an the and or but if so to of in on at by for with from as is are was were be been being am do does did
 have has had i you he she it we they me him her us them my your his its our their this that these those
 there here what which who whom whose when where why how not no yes just really very too also then than
 can could would should will shall may might must about into over after before up down out off again
 oh uh um yeah like know think mean get got go going gonna wanna kind sort thing things stuff lot lots
-well okay ok right sure maybe some any all more most much many one ones now still even only
+well okay ok right sure maybe some any all more most much many one ones now still even only i'm it's
+that's i've you're we're they're don't can't didn't isn't wasn't i'll you'll we'll let's what's there's
+it'll i'd you'd he's she's mm hmm mhm huh ah eh hey hi hello
 """
 _STOP = frozenset(_STOPWORDS.split())
-_DECISION = re.compile(
-    r"\b(decid\w*|agree\w*|plan\w*|will|going to|gonna|let's|lets|promise\w*|deadline|schedul\w*|"
-    r"need to|have to|must|should|todo|remind\w*|book\w*|buy|bought|start\w*|finish\w*|adopt\w*|"
-    r"moved?|married|birthday|favou?rite|prefer\w*|love[sd]?|hate[sd]?)\b",
+_SMALL_TALK = frozenset(
+    """
+    good great awesome amazing cool nice lovely glad happy sad sorry thanks thank fun wonderful fantastic
+    incredible beautiful super sweet proud excited exciting hope hoping wish sounds sound feel feels felt
+    feeling totally definitely absolutely true see seeing hear hearing heard talk talking chat chatting
+    care wow interesting love loved loves time times day days people person life world really awesome
+    appreciate appreciated glad lucky luck best better tough hard yay congrats congratulations ha haha
+    hahaha lol lmao hehe omg gosh agree agreed thing way ways keep keeping going doing done make making
+    made take taking took look looks looking looked want wanted need needed say said tell told share
+    sharing shared let lets new old lot big little bit yes yeah okay cool alright right exactly indeed
+    anyway guess guys friend friends stuff kind sort mean means
+    """.split()
+)
+_MONTH_NAMES = "january february march april may june july august september october november december".split()
+_WEEKDAYS = "monday tuesday wednesday thursday friday saturday sunday".split()
+_DATEISH = frozenset(_MONTH_NAMES) | frozenset(_WEEKDAYS)
+_WEEKDAY_ABBR = {day[:3]: day for day in _WEEKDAYS}
+
+_LEAD = re.compile(
+    r"^(?:(?:hey|hi|hello|heya|yo|wow|whoa|oh|ooh|ah|aw+|yeah|yep|yup|well|so|ok|okay|alright|um+|uh+|uhm|"
+    r"hmm+|mm+|mhm|haha+|hehe+|lol|omg|gosh|anyway|anyways|also|but|and|like|actually|honestly|"
+    r"oh my god|oh man|man|dude)(?=[\s,!.…?-])[\s,!.…?-]*|"
+    r"(?:great|awesome|nice|cool|thanks|thank you|right|sure|totally|absolutely|exactly|yes|no|true|"
+    r"wonderful|amazing|fantastic|congrats|congratulations|sweet|good|perfect|indeed|of course)"
+    r"[\s]*[,!.…]+\s*)+",
     re.IGNORECASE,
 )
-_NUMBER = re.compile(r"\d")
-_MONTHS = re.compile(
-    r"\b(jan(uary)?|feb(ruary)?|mar(ch)?|apr(il)?|may|june?|july?|aug(ust)?|sep(tember)?|oct(ober)?|"
-    r"nov(ember)?|dec(ember)?|monday|tuesday|wednesday|thursday|friday|saturday|sunday|yesterday|"
-    r"tomorrow|tonight|today|last (week|month|year)|next (week|month|year))\b",
+_HESITATION = re.compile(r"(?:,\s*)?\b(?:um+|uh+|uhm|erm|er|hmm+|mm+|you know|i mean)\b(?:\s*,)?", re.I)
+_INTENSIFIER = re.compile(
+    r"\b(?:really|just|super|actually|totally|definitely|literally|basically|honestly|truly|so much|"
+    r"kinda|kind of|sort of|pretty much)\s+",
+    re.IGNORECASE,
+)
+_REPEAT = re.compile(r"\b(\w+(?:'\w+)?)(?:\s+\1\b)+", re.IGNORECASE)
+_CLAUSE = re.compile(r"\s+[-–—]+\s+|;\s+")
+_CAPTION_LEAD = re.compile(r"^(?:a |an )?(?:photo|picture|image|screenshot|close up|closeup)\s+of\s+", re.I)
+_HEAD = re.compile(
+    r"^\[(?:(?P<date>\d{1,2} [A-Za-z]+ \d{4}),? )?(?P<time>\d{1,2}:\d{2})\]\s*"
+    r"|^\[(?P<iso>\d{4}-\d{2}-\d{2}) (?P<isotime>\d{1,2}:\d{2})\]\s*"
+)
+_LABEL = re.compile(r"(?:^|(?<=[.!?…] ))([A-Z][^:.!?\n]{0,48}?): ")
+
+_UNITS = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen".split()
+)
+_NUMBER_WORDS = {word: value for value, word in enumerate(_UNITS)} | {
+    "sixteen": 16,
+    "seventeen": 17,
+    "eighteen": 18,
+    "nineteen": 19,
+    "twenty": 20,
+    "thirty": 30,
+    "forty": 40,
+    "fifty": 50,
+    "sixty": 60,
+    "seventy": 70,
+    "eighty": 80,
+    "ninety": 90,
+}
+#: Each sentence costs this many chars more than its length when ranking, so that a
+#: short exclamation ("Bon voyage!") does not outrank a fact for being short.
+COST_PAD = 20
+#: A line's last sentence is worth this much more, so windows grow coarser before they go.
+LAST_SENTENCE = 2.0
+_NUMBER_RUN = re.compile(
+    r"\b(?:(?:"
+    + "|".join(sorted(_NUMBER_WORDS, key=len, reverse=True))
+    + r"|hundred(?:\s+and)?|thousand(?:\s+and)?|point)(?:[\s-]+|\b)){1,8}",
     re.IGNORECASE,
 )
 
 
-@dataclass(frozen=True, slots=True)
-class _Candidate:
-    order: int
-    speaker: str
-    text: str
-    score: float
+# -- words and their value ----------------------------------------------------------------
 
 
 def content_words(text: str) -> list[str]:
@@ -65,158 +138,484 @@ def content_words(text: str) -> list[str]:
 
 
 def is_filler(text: str) -> bool:
-    """True for greetings, laughter, backchannels and other turns that change nothing."""
-    stripped = text.strip()
-    return not stripped or bool(_FILLER.match(stripped)) or not content_words(stripped)
+    """True for greetings, laughter, backchannels and other sentences that change nothing."""
+    return _value(text) < 1.0
 
 
-def _score(sentence: str, seen: set[str]) -> float:
-    words = content_words(sentence)
-    if not words:
-        return 0.0
-    fresh = [w for w in words if w not in seen]
-    score = len(set(fresh)) + 0.3 * len(set(words))
-    if _NUMBER.search(sentence) or _MONTHS.search(sentence):
-        score += 3
-    if _DECISION.search(sentence):
-        score += 2
-    if sentence.rstrip().endswith("?"):
-        score += 1.5
-    names = re.findall(r"(?<![.!?]\s)(?<!^)\b[A-Z][a-z]+", sentence)
-    score += 1.5 * len(set(names))
-    return score / math.sqrt(max(4, len(sentence) / 12))
+def _fold(word: str) -> str:
+    word = word.lower().strip("'’-.,:/").replace("’", "'")
+    if word.endswith("'s"):
+        word = word[:-2]
+    if len(word) > 4 and word.endswith("ies"):
+        return word[:-3] + "y"
+    if len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        return word[:-1]
+    return word
 
 
-def _stamp(at: float) -> str:
-    return datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%d %H:%M")
+@lru_cache(maxsize=16384)
+def _weight_items(text: str) -> tuple[tuple[str, float], ...]:
+    """The informative words of a sentence (folded) and what each is worth."""
+    out: dict[str, float] = {}
+    for k, match in enumerate(_WORD.finditer(text)):
+        raw = match.group(0)
+        low = raw.lower().replace("’", "'")
+        if low in _STOP or (len(raw) < 2 and not raw.isdigit()):
+            continue
+        word = _fold(raw)
+        if not word or word in _STOP:
+            continue
+        if raw[0].isdigit() or word in _DATEISH:
+            weight = 1.6
+        elif word in _SMALL_TALK:
+            weight = 0.25
+        elif raw[0].isupper() and k > 0:
+            weight = 1.6
+        else:
+            weight = 1.0 + (0.3 if len(word) >= 8 else 0.0)
+        out[word] = max(out.get(word, 0.0), weight)
+    return tuple(out.items())
+
+
+def _value(text: str) -> float:
+    return sum(w for _, w in _weight_items(text))
+
+
+# -- dates ------------------------------------------------------------------------------------
+
+
+def _day(when: datetime) -> str:
+    return f"{when.day} {_MONTH_NAMES[when.month - 1].capitalize()} {when.year}"
+
+
+def _month(year: int, month: int) -> str:
+    while month < 1:
+        month += 12
+        year -= 1
+    while month > 12:
+        month -= 12
+        year += 1
+    return f"{_MONTH_NAMES[month - 1].capitalize()} {year}"
+
+
+_COUNTS = {
+    "a": 1,
+    "an": 1,
+    "one": 1,
+    "two": 2,
+    "three": 3,
+    "four": 4,
+    "five": 5,
+    "six": 6,
+    "seven": 7,
+    "eight": 8,
+    "nine": 9,
+    "ten": 10,
+    "couple of": 2,
+    "a couple of": 2,
+}
+_RELATIVE = re.compile(
+    r"\b(?P<prep>(?:since|until|till|from|by|before|after|on|in|during|over|of)\s+)?"
+    r"(?P<phrase>yesterday|tomorrow|last night|the day before yesterday|"
+    r"(?:last|this past|past|next|this|the other) (?:week|weekend|month|year|"
+    + "|".join(_WEEKDAYS)
+    + r"|mon|tues?|wed|thu(?:rs?)?|fri|sat|sun)|"
+    r"(?P<n>a few|a couple of|couple of|several|a|an|one|two|three|four|five|six|seven|eight|nine|ten|\d+)"
+    r" (?P<unit>day|week|month|year|weekend)s? ago)\b",
+    re.IGNORECASE,
+)
+
+
+def _resolve(match: re.Match[str], at: datetime) -> str:
+    prep = match.group("prep") or ""
+    phrase = " ".join(match.group("phrase").lower().split())
+    on, inside = ("", "") if prep else ("on ", "in ")  # "since yesterday" -> "since 7 May 2023"
+    if phrase in ("yesterday", "the day before yesterday", "tomorrow", "last night"):
+        days = {"yesterday": -1, "the day before yesterday": -2, "tomorrow": 1, "last night": -1}[phrase]
+        night = ("the night of " if prep else "on the night of ") if phrase == "last night" else on
+        return prep + night + _day(at + timedelta(days=days))
+    if match.group("unit"):
+        unit, amount = match.group("unit").lower(), match.group("n").lower()
+        n = int(amount) if amount.isdigit() else _COUNTS.get(amount)
+        if n is None:  # "a few days ago"
+            return f"{prep}{amount} {unit}s before {_day(at)}"
+        if unit == "day":
+            return prep + on + _day(at - timedelta(days=n))
+        if unit == "month":
+            return prep + inside + _month(at.year, at.month - n)
+        if unit == "year":
+            return prep + inside + str(at.year - n)
+        return f"{prep}{'a' if n == 1 else n} {unit}{'' if n == 1 else 's'} before {_day(at)}"
+    words = phrase.split()
+    which = "last" if words[0] in ("past", "the") or words[:2] == ["this", "past"] else words[0]
+    unit = words[-1]
+    step = {"last": -1, "next": 1}.get(which, 0)
+    if unit == "year":
+        return prep + inside + str(at.year + step)
+    if unit == "month":
+        return prep + inside + _month(at.year, at.month + step)
+    if unit in ("week", "weekend"):
+        return f"{prep}the {unit} { ({-1: 'before', 1: 'after'}.get(step, 'of')) } {_day(at)}"
+    day = _WEEKDAY_ABBR[unit[:3]]
+    target = _WEEKDAYS.index(day)
+    if step < 0:
+        when = at - timedelta(days=(at.weekday() - target) % 7 or 7)
+    else:
+        when = at + timedelta(days=(target - at.weekday()) % 7 or (7 if step else 0))
+    return f"{prep}{on}{day.capitalize()} {_day(when)}"
+
+
+def resolve_dates(text: str, at: float) -> str:
+    """Relative dates in ``text`` made absolute, given that it was said at ``at`` (unix seconds, UTC)."""
+    when = datetime.fromtimestamp(at, tz=UTC)
+    return _RELATIVE.sub(lambda m: _resolve(m, when), text)
+
+
+def _digits(match: re.Match[str]) -> str:
+    raw = match.group(0)
+    body = re.sub(r"(?:[\s-]+and)?[\s-]*$", "", raw, flags=re.I)
+    words = [w for w in re.split(r"[\s-]+", body.lower()) if w != "and"]
+    # "one" alone is a pronoun more often than a number; "point" must sit between numbers
+    if words == ["one"] or words[0] in ("point", "hundred", "thousand") or words[-1] == "point":
+        return raw
+    total, current, decimals = 0, 0, ""
+    for k, word in enumerate(words):
+        if decimals or word == "point":
+            if word != "point" and (_NUMBER_WORDS.get(word, 10) > 9 or "point" in words[k + 1 :]):
+                return raw
+            decimals += "." if word == "point" else str(_NUMBER_WORDS[word])
+        elif word == "hundred":
+            current = max(current, 1) * 100
+        elif word == "thousand":
+            total, current = total + max(current, 1) * 1000, 0
+        else:
+            value = _NUMBER_WORDS[word]
+            tens = current % 100
+            fits = tens == 0 or (value < 10 and tens >= 20 and tens % 10 == 0)
+            if not fits:
+                return raw  # "one two three" is a count, not a number
+            current += value
+    return str(total + current) + decimals + raw[len(body) :]
+
+
+def spoken_numbers(text: str) -> str:
+    """Numbers said as words written as digits: "twenty five" -> "25", "twelve point five" -> "12.5"."""
+    return _NUMBER_RUN.sub(_digits, text)
+
+
+# -- one batch ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class _Sentence:
+    speaker: str
+    text: str
+    weights: tuple[tuple[str, float], ...]
+
+    @classmethod
+    def of(cls, speaker: str, text: str) -> _Sentence:
+        return cls(speaker, text, _weight_items(text))
+
+    @property
+    def value(self) -> float:
+        return sum(w for _, w in self.weights)
+
+
+@dataclass(slots=True)
+class _Line:
+    day: str | None  # "8 May 2023", or None when unknown
+    time: str | None  # "13:56", or None for a line without a head
+    sentences: list[_Sentence]
+    length: int = 0
+
+
+def _finish(text: str) -> str:
+    text = text.strip(" ,;:-–—")
+    if not text:
+        return ""
+    text = text[0].upper() + text[1:]
+    if text[-1] not in ".!?…":
+        text += "."
+    return text
+
+
+def _is_vocative(word: str, speakers: Iterable[str]) -> bool:
+    low = word.lower()
+    return len(low) >= 3 and any(s.lower().startswith(low) for s in speakers)
+
+
+def shorten(sentence: str, speakers: Sequence[str] = ()) -> str:
+    """A sentence without its leading interjections, vocatives, hesitations and stutters."""
+    text = _HESITATION.sub("", sentence)
+    text = _INTENSIFIER.sub("", text)
+    text = _REPEAT.sub(r"\1", text)
+    for _ in range(3):
+        before = text
+        text = _LEAD.sub("", text).lstrip()
+        head = re.match(r"^([A-Z][a-z]+)\s*[,!]+\s*", text)
+        if head and _is_vocative(head.group(1), speakers):
+            text = text[head.end() :]
+        if text == before:
+            break
+    tail = re.search(r",\s*([A-Z][a-z]+)\s*([.!?…]*)$", text)
+    if tail and _is_vocative(tail.group(1), speakers):
+        text = text[: tail.start()] + (tail.group(2) or ".")
+    return _finish(" ".join(text.split()))
+
+
+def _turn_sentences(turn: Turn, speakers: Sequence[str]) -> list[str]:
+    text = spoken_numbers(resolve_dates(" ".join(turn.text.split()), turn.at))
+    out: list[str] = []
+    for sentence in sentences(text) or [text]:
+        for clause in _CLAUSE.split(sentence):
+            short = shorten(clause, speakers)
+            if short and not is_filler(short):
+                out.append(short)
+    return out
+
+
+def _note_sentence(note: Note) -> tuple[str, str]:
+    who = f"{note.speaker}'s screen" if note.speaker else "Screen"
+    if note.source:
+        who += f" ({note.source})"
+    return who, _finish(_CAPTION_LEAD.sub("", " ".join(note.text.split())))
+
+
+def _new_line(turns: Sequence[Turn], notes: Sequence[Note], note_chars: int) -> _Line | None:
+    speakers = sorted({t.speaker for t in turns if t.speaker})
+    seen: set[str] = set()
+    kept: list[_Sentence] = []
+    for turn in turns:
+        who = turn.speaker or turn.role.capitalize()
+        for text in _turn_sentences(turn, speakers):
+            sentence = _Sentence.of(who, text)
+            key = " ".join(sorted(w for w, _ in sentence.weights))
+            if key not in seen:
+                seen.add(key)
+                kept.append(sentence)
+    used = 0
+    for note in notes:
+        who, text = _note_sentence(note)
+        if not text or is_filler(text):
+            continue
+        if kept and used + len(text) > note_chars:
+            text = clip(text, max(20, note_chars - used))
+        used += len(text)
+        kept.append(_Sentence.of(who, text))
+    if not kept:
+        return None
+    # a line's most informative sentences first: a context that must shrink the
+    # summary drops the ends of lines (see condense_summary)
+    kept.sort(key=lambda c: -c.value / (len(c.text) + COST_PAD))
+    first = turns[0].at if turns else notes[0].at
+    when = datetime.fromtimestamp(first, tz=UTC)
+    return _Line(_day(when), f"{when:%H:%M}", kept)
+
+
+def _small_talk_line(turns: Sequence[Turn]) -> _Line:
+    """A batch of pure small talk, first in a session: one honest line, so the summary is not empty
+    (an empty summary is a failed compaction, and the same batch would fail again)."""
+    when = datetime.fromtimestamp(turns[0].at, tz=UTC)
+    names = sorted({t.speaker or t.role.capitalize() for t in turns})
+    who = " and ".join(names) if len(names) <= 3 else ", ".join(names[:3]) + " and others"
+    return _Line(_day(when), f"{when:%H:%M}", [_Sentence.of("", f"{who} made small talk.")])
+
+
+# -- the whole summary ----------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=16384)
+def _parse_line(
+    raw: str,
+) -> tuple[str | None, str | None, bool, tuple[tuple[str, str, tuple[tuple[str, float], ...]], ...]]:
+    """One summary line: its head's date and time, whether it has a head, its labelled sentences.
+
+    Cached: a summary's older lines come back unchanged with every batch.
+    """
+    head = _HEAD.match(raw)
+    day: str | None = None
+    time: str | None = None
+    if head:
+        if head.group("iso"):
+            day = _day(datetime.strptime(head.group("iso"), "%Y-%m-%d"))
+            time = head.group("isotime")
+        else:
+            day, time = head.group("date"), head.group("time")
+        body = raw[head.end() :]
+    else:
+        body = raw
+    found: list[tuple[str, str, tuple[tuple[str, float], ...]]] = []
+    cuts = [(m.start(), m.end(), m.group(1)) for m in _LABEL.finditer(body)]
+    if not cuts or cuts[0][0] > 0:
+        cuts.insert(0, (0, 0, ""))
+    for k, (_, end, who) in enumerate(cuts):
+        stop = cuts[k + 1][0] if k + 1 < len(cuts) else len(body)
+        for text in sentences(body[end:stop]):
+            found.append((who, text, _weight_items(text)))
+    return day, time, head is not None, tuple(found)
+
+
+def _parse(summary: str) -> list[_Line]:
+    lines: list[_Line] = []
+    day: str | None = None
+    for raw in normalize(summary).split("\n"):
+        head_day, time, has_head, found = _parse_line(raw)
+        if has_head:
+            day = head_day or day
+        if found:
+            lines.append(
+                _Line(
+                    day if has_head else None,
+                    time,
+                    [_Sentence(who, text, weights) for who, text, weights in found],
+                )
+            )
+    return lines
+
+
+def _render_line(line: _Line, previous_day: str | None) -> str:
+    parts: list[str] = []
+    if line.time is not None:
+        parts.append(
+            f"[{line.day}, {line.time}]" if line.day and line.day != previous_day else f"[{line.time}]"
+        )
+    last: str | None = None
+    for sentence in line.sentences:
+        if sentence.speaker and sentence.speaker != last:
+            parts.append(f"{sentence.speaker}: {sentence.text}")
+        else:
+            parts.append(sentence.text)
+        last = sentence.speaker
+    return " ".join(parts)
+
+
+def _render(lines: Sequence[_Line]) -> str:
+    out: list[str] = []
+    previous: str | None = None
+    for line in lines:
+        out.append(_render_line(line, previous))
+        previous = line.day if line.time is not None else previous
+    return "\n".join(out)
 
 
 class DeterministicSummarizer:
     """Extractive, speaker-attributed summaries within the char budget. No model, no network.
 
-    ``line_share`` is the part of ``max_chars`` one batch's line may take when
-    it is written; older lines shrink further when the summary runs out of room.
+    ``half_life`` is the age, in lines, at which a sentence is worth half as much
+    when the summary must shrink: lower makes older windows coarser sooner.
     """
 
-    def __init__(self, *, line_share: float = 0.5, stamp_times: bool = True) -> None:
-        if not 0 < line_share <= 1:
-            raise ValueError("line_share must be in (0, 1]")
-        self.line_share = line_share
-        self.stamp_times = stamp_times
+    def __init__(self, *, half_life: float = 48.0) -> None:
+        if half_life <= 0:
+            raise ValueError("half_life must be positive")
+        self.half_life = half_life
 
     @property
     def model(self) -> str:
         return "deterministic"
 
     def __repr__(self) -> str:
-        return f"<DeterministicSummarizer line_share={self.line_share}>"
+        return f"<DeterministicSummarizer half_life={self.half_life:g}>"
 
     async def summarize(self, request: SummaryRequest) -> str:
         return self.summarize_now(request)
 
     def summarize_now(self, request: SummaryRequest) -> str:
         """The same as ``summarize``, synchronously (it never waits on anything)."""
-        limit = request.max_chars
-        lines = [line for line in normalize(request.previous_summary).split("\n") if line]
+        previous = normalize(request.previous_summary)
+        line = None
         if request.turns or request.notes:
-            room = max(60, int(limit * self.line_share))
-            line = self._line(request.turns, request.notes, request.max_note_chars, room)
-            if line:
-                lines.append(line)
-        return self._fit(lines, limit)
+            line = _new_line(request.turns, request.notes, request.max_note_chars)
+            if line is None and not previous and request.turns:
+                line = _small_talk_line(request.turns)
+        if line is None and len(previous) <= request.max_chars:
+            return previous
+        lines = _parse(previous)
+        if line is not None:
+            lines.append(line)
+        return self.fit(lines, request.max_chars)
 
-    # -- one batch -------------------------------------------------------------
+    def fit(self, lines: list[_Line], limit: int) -> str:
+        """Drop the sentences worth least per character until the summary fits ``limit``.
 
-    def _line(self, turns: Sequence[Turn], notes: Sequence[Note], note_chars: int, room: int) -> str:
-        candidates: list[_Candidate] = []
-        seen_texts: set[str] = set()
-        order = 0
-        for turn in turns:
-            if is_filler(turn.text):
+        A sentence's worth is shared with the sentences that repeat its words, so
+        it is re-scored whenever one of those goes; a line's last sentence counts
+        double, so that windows grow coarser before they disappear.
+        """
+        text = _render(lines)
+        if len(text) <= limit:
+            return text
+        entries = [(line, sentence) for line in lines for sentence in line.sentences]
+        counts: Counter[str] = Counter()
+        holders: dict[str, list[int]] = {}
+        for k, (_, sentence) in enumerate(entries):
+            for word, _ in sentence.weights:
+                counts[word] += 1
+                holders.setdefault(word, []).append(k)
+        newest = len(lines) - 1
+        discount = {id(line): 1.0 / (1.0 + (newest - li) / self.half_life) for li, line in enumerate(lines)}
+        position = {id(sentence): k for k, (_, sentence) in enumerate(entries)}
+        alive = [True] * len(entries)
+        version = [0] * len(entries)
+
+        def score(k: int) -> float:
+            line, sentence = entries[k]
+            value = sum(w / counts[word] for word, w in sentence.weights)
+            last = LAST_SENTENCE if len(line.sentences) == 1 else 1.0
+            return value * last * discount[id(line)] / (len(sentence.text) + COST_PAD)
+
+        heap = [(score(k), k, 0) for k in range(len(entries))]
+        heapq.heapify(heap)
+        shown = list(lines)
+        previous_day: dict[int, str | None] = {}
+
+        def measure() -> int:
+            total = 0
+            day: str | None = None
+            for line in shown:
+                previous_day[id(line)] = day
+                line.length = len(_render_line(line, day))
+                total += line.length
+                day = line.day if line.time is not None else day
+            return total + max(0, len(shown) - 1)
+
+        total = measure()
+        remaining = len(entries)
+        while heap and total > limit and remaining > 1:
+            _, k, seen = heapq.heappop(heap)
+            if not alive[k] or seen != version[k]:
                 continue
-            for sentence in sentences(turn.text) or [turn.text]:
-                key = " ".join(content_words(sentence))
-                if not key or key in seen_texts or is_filler(sentence):
-                    continue
-                seen_texts.add(key)
-                candidates.append(_Candidate(order, turn.speaker or turn.role, sentence, 0.0))
-                order += 1
-        seen: set[str] = set()
-        scored = []
-        for cand in candidates:
-            scored.append(_Candidate(cand.order, cand.speaker, cand.text, _score(cand.text, seen)))
-            seen.update(content_words(cand.text))
-        note_text = ""
-        if notes:
-            rendered = "; ".join(note.render() for note in notes)
-            note_text = "Screen: " + clip(rendered, max(20, min(note_chars, room // 3)))
-        head = ""
-        if self.stamp_times and turns:
-            head = f"[{_stamp(turns[0].at)}] "
-        budget = room - len(head) - (len(note_text) + 1 if note_text else 0)
-        chosen = self._choose(scored, budget)
-        body = self._render(chosen)
-        parts = [p for p in (body, note_text) if p]
-        if not parts:
-            return ""
-        return clip(head + " ".join(parts), room)
-
-    @staticmethod
-    def _choose(cands: list[_Candidate], budget: int) -> list[_Candidate]:
-        picked: list[_Candidate] = []
-        for cand in sorted(cands, key=lambda c: (-c.score, c.order)):
-            trial = sorted([*picked, cand], key=lambda c: c.order)
-            if len(DeterministicSummarizer._render(trial)) <= budget:
-                picked = trial
-        return picked
-
-    @staticmethod
-    def _render(cands: Sequence[_Candidate]) -> str:
-        out: list[str] = []
-        last = None
-        for cand in cands:
-            text = cand.text.strip()
-            if text[-1:] not in ".!?…":
-                text += "."
-            out.append(text if cand.speaker == last else f"{cand.speaker}: {text}")
-            last = cand.speaker
-        return " ".join(out)
-
-    # -- the whole summary -------------------------------------------------------
-
-    def _fit(self, lines: list[str], limit: int) -> str:
-        """Shrink the oldest lines first until the summary fits ``limit``."""
-        lines = list(lines)
-        while len("\n".join(lines)) > limit and lines:
-            excess = len("\n".join(lines)) - limit
-            oldest = lines[0]
-            if len(lines) > 1 and len(oldest) - excess < 40:
-                lines.pop(0)
-                continue
-            target = max(0, len(oldest) - max(excess, len(oldest) // 3))
-            lines[0] = _condense(oldest, target)
-            if not lines[0]:
-                lines.pop(0)
-        return "\n".join(lines)
+            alive[k] = False
+            remaining -= 1
+            line, sentence = entries[k]
+            line.sentences = [s for s in line.sentences if s is not sentence]
+            if line.sentences:
+                new_length = len(_render_line(line, previous_day[id(line)]))
+                total += new_length - line.length
+                line.length = new_length
+            else:
+                shown.remove(line)
+                total = measure()
+            touched = {other for word, _ in sentence.weights for other in holders[word]}
+            for word, _ in sentence.weights:
+                counts[word] -= 1
+            if len(line.sentences) == 1:
+                touched.add(position[id(line.sentences[0])])
+            for other in touched:
+                if alive[other]:
+                    version[other] += 1
+                    heapq.heappush(heap, (score(other), other, version[other]))
+        text = _render(shown)
+        if len(text) > limit:
+            text = clip(text.replace("\n", " "), limit)
+        return text
 
 
-def _condense(line: str, target: int) -> str:
-    """Keep the line's time head and its most informative sentences within ``target`` chars."""
-    if target < 20:
-        return ""
-    match = re.match(r"^(\[[^\]]*\]\s*)", line)
-    head = match.group(1) if match else ""
-    body = line[len(head) :]
-    parts = sentences(body)
-    if len(parts) <= 1:
-        return head + keep_newest_sentences(body, target - len(head)) if target > len(head) + 10 else ""
-    seen: set[str] = set()
-    ranked = sorted(range(len(parts)), key=lambda i: -_score(parts[i], seen))
-    keep: set[int] = set()
-    for i in ranked:
-        trial = " ".join(parts[j] for j in sorted(keep | {i}))
-        if len(head) + len(trial) <= target:
-            keep.add(i)
-    if not keep:
-        return ""
-    return head + " ".join(parts[j] for j in sorted(keep))
+__all__ = [
+    "DeterministicSummarizer",
+    "content_words",
+    "is_filler",
+    "resolve_dates",
+    "shorten",
+    "spoken_numbers",
+]

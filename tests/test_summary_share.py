@@ -1,0 +1,103 @@
+"""A long summary in a budgeted context: its priority share, the room older turns leave, and
+how it shrinks (coarser with age, never past the budget)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from voice_context.core.budget import build_context
+from voice_context.core.config import SessionConfig
+from voice_context.core.session import ContextView
+from voice_context.core.text import condense_summary
+from voice_context.core.turns import Turn
+
+LINES = [
+    f"[{day} May 2023, 10:00] Alice: We booked {city} for {day} nights. Bob: The ferry leaves at {day} pm. "
+    f"Alice: My cousin lives near the {city} harbour."
+    for day, city in zip(
+        range(1, 31), "Lisbon Porto Berlin Oslo Tahoe Lyon Quito Perth Dakar Hanoi".split() * 3, strict=True
+    )
+]
+SUMMARY = "\n".join(LINES)
+
+
+def conversation(n: int) -> tuple[Turn, ...]:
+    return tuple(
+        Turn("Alice" if i % 2 else "Bob", "user", f"turn number {i} of the call", float(i)) for i in range(n)
+    )
+
+
+def view(summary: str = SUMMARY, n: int = 40, **config: int) -> ContextView:
+    return ContextView(100, summary, conversation(n), (), SessionConfig(max_summary_chars=20_000, **config))
+
+
+def test_a_summary_longer_than_its_share_gives_way_to_older_turns_then_takes_the_room_left() -> None:
+    everything = len(build_context(view(), "instructions", budget_chars=100_000).instructions)
+    turns_only = build_context(view(summary=""), "instructions", budget_chars=100_000).chars
+
+    # a budget that cannot hold every turn and the whole summary: the summary keeps its share,
+    # the turns take the rest
+    tight = build_context(view(summary_priority_chars=1000), "instructions", budget_chars=2000)
+    assert len(tight.summary) <= 1000
+    assert 0 < tight.turns_shown < 40
+    assert tight.chars <= 2000
+    assert {"summary_head", "older_turns"} <= set(tight.dropped)
+
+    # room for every turn: the summary grows into whatever they leave
+    roomy = build_context(view(summary_priority_chars=1000), "instructions", budget_chars=turns_only + 3000)
+    assert roomy.turns_shown == 40
+    assert 2000 < len(roomy.summary) < len(SUMMARY)
+    assert roomy.chars <= turns_only + 3000
+
+    # room for everything: nothing is left out
+    whole = build_context(view(summary_priority_chars=1000), "instructions", budget_chars=everything)
+    assert (whole.summary, whole.turns_shown, whole.dropped) == (SUMMARY, 40, ())
+
+
+def test_without_a_budget_the_whole_summary_is_given() -> None:
+    context = build_context(view(summary_priority_chars=1000), "messages")
+    assert context.summary == SUMMARY
+    assert context.turns_shown == 40
+
+
+def test_a_shrunk_summary_keeps_every_time_window_it_can_and_drops_from_the_oldest_first() -> None:
+    short = condense_summary(SUMMARY, 3000)
+    assert len(short) <= 3000
+    kept = short.split("\n")
+    assert len(kept) == len(LINES)  # every window is still there
+    assert all(line.startswith(LINES[i].split("]")[0]) for i, line in enumerate(kept))  # heads intact
+    assert kept[-1] == LINES[-1]  # the newest window keeps its detail
+    assert len(kept[0]) < len(LINES[0])  # the oldest is coarser
+
+    tiny = condense_summary(SUMMARY, 400).split("\n")
+    assert tiny[-1].startswith(LINES[-1][:20])  # when lines must go, the oldest go first
+    assert len(tiny) < len(LINES)
+
+
+def test_a_one_paragraph_summary_keeps_its_newest_sentences() -> None:
+    text = "Alpha happened first. Beta came second. Gamma was third. Delta is newest."
+    assert condense_summary(text, 40) == "Gamma was third. Delta is newest."
+
+
+SENTENCE = st.sampled_from(["Alice: We booked Porto.", "Bob left at 9.", "A long day at the harbour!", "Ok."])
+LINE = st.lists(SENTENCE, min_size=1, max_size=5).map(" ".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines=st.lists(LINE, min_size=1, max_size=12), limit=st.integers(0, 400))
+def test_a_condensed_summary_never_exceeds_its_limit(lines: list[str], limit: int) -> None:
+    text = "\n".join(lines)
+    short = condense_summary(text, limit)
+    assert len(short) <= limit
+    if len(text) <= limit:
+        assert short == text
+
+
+@settings(max_examples=100, deadline=None)
+@given(budget=st.integers(0, 6000), share=st.integers(40, 3000), n=st.integers(0, 40))
+def test_no_context_exceeds_its_budget_whatever_the_share(budget: int, share: int, n: int) -> None:
+    context = build_context(view(n=n, summary_priority_chars=share), "instructions", budget_chars=budget)
+    assert context.chars == len(context.instructions) <= budget
+    older = conversation(n)[n - context.turns_shown : n - 1]  # the current turn alone may be clipped
+    assert "\n".join(f"{t.speaker}: {t.text}" for t in older) in context.instructions
