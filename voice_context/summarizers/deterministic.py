@@ -221,7 +221,7 @@ _RELATIVE = re.compile(
     + "|".join(_WEEKDAYS)
     + r"|mon|tues?|wed|thu(?:rs?)?|fri|sat|sun)|"
     r"(?P<n>a few|a couple of|couple of|several|a|an|one|two|three|four|five|six|seven|eight|nine|ten|\d+)"
-    r" (?P<unit>day|week|month|year|weekend)s? ago)\b",
+    r" (?P<unit>day|week|month|year|weekend)s? ago)\b(?!['’]s)",
     re.IGNORECASE,
 )
 

@@ -1,0 +1,200 @@
+"""Replaying recordings offline: logical time, the batch rule, byte-identical outputs, a live server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from serving import running
+
+from voice_context.cli import main
+from voice_context.config import Settings
+from voice_context.core.config import SessionConfig
+from voice_context.errors import ConfigError
+from voice_context.replay import (
+    OfflineReplay,
+    Recording,
+    parse_assignments,
+    parse_recording,
+    read_contexts,
+    replay_live,
+)
+from voice_context.summarizers.deterministic import DeterministicSummarizer
+from voice_context.summarizers.fakes import FailingSummarizer, ScriptedSummarizer
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+T0 = 1714572187.0
+
+
+def line(obj: dict[str, Any]) -> str:
+    return json.dumps(obj)
+
+
+def turn(i: int, session: str = "room-1") -> str:
+    speaker = ("Alice", "Bob")[i % 2]
+    body = {
+        "speaker": speaker,
+        "role": "user",
+        "text": f"turn {i} about Porto",
+        "at": T0 + 10 * i,
+        "id": f"u{i}",
+    }
+    return line({"type": "turn.append", "session": session, "turn": body})
+
+
+def get(request_id: str, session: str = "room-1", **extra: Any) -> str:
+    return line(
+        {"type": "context.get", "session": session, "id": request_id, "format": "instructions", **extra}
+    )
+
+
+def recording(*lines: str) -> Recording:
+    return parse_recording(lines, "room-1")
+
+
+def replay(rec: Recording, summarizer: Any = None, **kwargs: Any) -> Any:
+    engine = OfflineReplay(summarizer or ScriptedSummarizer(), **kwargs)
+    return anyio.run(engine.run, rec)
+
+
+def test_the_reader_skips_what_it_cannot_use_and_says_so() -> None:
+    rec = parse_recording(
+        [
+            line({"type": "session.open", "session": "room-1"}),
+            "",
+            "not json",
+            "[1, 2]",
+            line({"type": "ping"}),
+            line({"session": "room-1"}),
+            turn(0),
+        ]
+    )
+    assert [m["type"] for m in rec.messages] == ["session.open", "turn.append"]
+    assert rec.skipped == [
+        "line 3: not JSON (Expecting value)",
+        "line 4: not an object",
+        "line 5: unknown type 'ping'",
+        "line 6: unknown type None",
+    ]
+
+
+def test_compactions_start_where_the_batch_rule_says_and_land_before_the_next_event() -> None:
+    summarizer = ScriptedSummarizer(["Alice and Bob planned Porto.", "They booked the flights."])
+    lines = [line({"type": "session.open", "session": "room-1"})]
+    lines += [turn(i) for i in range(61)] + [get("at-61")]
+    lines += [get("again-61")]
+    lines += [turn(i) for i in range(61, 70)] + [get("at-70")]
+    lines += [turn(70), get("at-71")]
+    result = replay(recording(*lines), summarizer)
+
+    at61, again, at70, at71 = result.contexts
+    # 61 turns from cursor 0: fold 0..9, but this reply is built before it lands
+    assert (at61["turn_index"], at61["at"], at61["response"]["cursor"]) == (60, T0 + 600, 0)
+    assert (at61["response"]["in_flight"], at61["response"]["summary"]) == (True, "")
+    # the next event sees the new summary and the moved cursor
+    assert (again["response"]["cursor"], again["response"]["summary"]) == (10, "Alice and Bob planned Porto.")
+    assert again["response"]["in_flight"] is False
+    assert at70["response"]["cursor"] == 10  # 60 turns from cursor 10: below the threshold
+    assert (at71["response"]["in_flight"], at71["state"]["cursor"]) == (True, 10)
+    assert [(c["start"], c["end"], c["turn_index"], c["outcome"]) for c in result.compactions] == [
+        (0, 10, 60, "applied"),
+        (10, 20, 70, "applied"),
+    ]
+    assert [len(r.turns) for r in summarizer.requests] == [10, 10]
+    assert summarizer.requests[1].previous_summary == "Alice and Bob planned Porto."
+
+
+def test_each_checkpoint_carries_its_request_response_turn_index_and_time() -> None:
+    request = get("cp-1", budget_chars=300, base_instructions="You are Nova.", facts=["Alice is vegan."])
+    result = replay(recording(turn(0), turn(1), request))
+    (record,) = result.contexts
+    assert record["seq"] == 2 and record["session"] == "room-1" and record["request_id"] == "cp-1"
+    assert (record["turn_index"], record["at"]) == (1, T0 + 10)
+    assert record["request"] == json.loads(request)
+    response = record["response"]
+    assert (response["type"], response["id"], response["budget_chars"]) == ("context", "cp-1", 300)
+    assert response["instructions"] == (
+        "You are Nova.\n\nDurable facts:\n- Alice is vegan.\n\n"
+        "Recent conversation:\nAlice: turn 0 about Porto\nBob: turn 1 about Porto"
+    )
+    assert record["state"] == {
+        "turns": 2,
+        "cursor": 0,
+        "summary_chars": 0,
+        "compactions": 0,
+        "summarizer_calls": 0,
+        "chars_sent": 0,
+    }
+
+
+def test_settings_apply_defaults_then_the_recordings_own_then_the_callers() -> None:
+    open_with = line(
+        {"type": "session.open", "session": "room-1", "config": {"recent_window": 5, "batch_size": 2}}
+    )
+    lines = [open_with, *(turn(i) for i in range(8)), get("x")]
+    recorded = replay(recording(*lines))
+    assert [(c["start"], c["end"]) for c in recorded.compactions] == [(0, 2)]  # 8 > 5 + 2
+    overridden = replay(recording(*lines), overrides={"batch_size": 4})
+    assert overridden.compactions == []  # 8 is not more than 5 + 4
+
+
+def test_a_failing_summarizer_backs_off_in_recorded_time() -> None:
+    lines = [*(turn(i) for i in range(61)), get("a"), get("b"), turn(61), get("c")]
+    result = replay(recording(*lines), FailingSummarizer(), config=SessionConfig(retry_base_seconds=5))
+    assert [(c["turn_index"], c["outcome"]) for c in result.compactions] == [
+        (60, "failed:connection"),  # at T0+600; retry not before T0+605
+        (61, "failed:connection"),  # turn 61 came at T0+610: the retry is due
+    ]
+    assert [c["state"]["cursor"] for c in result.contexts] == [0, 0, 0]
+
+
+def test_the_same_recording_and_settings_give_byte_identical_outputs(tmp_path: Path) -> None:
+    for out in ("one", "two"):
+        settings = ["--set", "max_summary_chars=3000", "--budget", "2500"]
+        code = main(["replay", str(FIXTURES), "--out", str(tmp_path / out), "--report", "none", *settings])
+        assert code == 0
+    for name in ("raid-night", "offsite-planning"):
+        for kind in ("contexts.jsonl", "compactions.jsonl"):
+            first = (tmp_path / "one" / f"{name}.{kind}").read_bytes()
+            assert first == (tmp_path / "two" / f"{name}.{kind}").read_bytes()
+            assert first  # something was written
+    contexts = read_contexts(tmp_path / "one" / "raid-night.contexts.jsonl")
+    assert contexts[-1]["request_id"] == "checkpoint-end"
+    assert contexts[-1]["response"]["budget_chars"] == 2500
+    assert contexts[-1]["state"]["compactions"] >= 3  # about a hundred turns: compaction happened
+    assert "[21 June 2024, 19:" in contexts[-1]["response"]["summary"]
+
+
+def test_bad_settings_and_missing_recordings_are_refused(tmp_path: Path, capsys: Any) -> None:
+    assert main(["replay", str(FIXTURES), "--set", "recent_window"]) == 2
+    assert main(["replay", str(FIXTURES), "--set", "no_such_key=1"]) == 2
+    assert main(["replay", str(tmp_path / "missing.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "KEY=VALUE" in err and "no_such_key" in err and "missing.jsonl" in err
+    with pytest.raises(ConfigError):
+        parse_assignments(["budget="])
+    assert parse_assignments(["recent_window=20,50", "summarizer.kind=openai"]) == {
+        "session.recent_window": ["20", "50"],
+        "summarizer.kind": ["openai"],
+    }
+
+
+@pytest.mark.asyncio
+async def test_a_recording_replays_against_a_live_server(tmp_path: Path) -> None:
+    path = tmp_path / "room-1.jsonl"
+    path.write_text("\n".join([*(turn(i) for i in range(3)), get("live", budget_chars=200)]) + "\n")
+    async with running(Settings().with_values("server", {"host": "127.0.0.1", "port": 0})) as server:
+        result = await replay_live(path, server.url, prefix="replay-")
+    (record,) = result.contexts
+    assert record["response"]["session"] == "replay-room-1"
+    assert record["response"]["instructions"].endswith("Alice: turn 2 about Porto")
+    assert (record["turn_index"], record["state"]["turns"]) == (2, 3)
+
+
+def test_the_deterministic_summarizer_gives_dated_lines_in_a_replay() -> None:
+    lines = [*(turn(i) for i in range(61)), get("a"), get("b")]
+    result = replay(recording(*lines), DeterministicSummarizer())
+    assert result.contexts[1]["response"]["summary"].startswith("[1 May 2024, 14:03] ")

@@ -1,0 +1,167 @@
+"""Scoring on a tiny hand-made probe set whose right answers are worked out by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from voice_context.cli import main
+from voice_context.replay import parse_recording
+from voice_context.scoring import (
+    Conversation,
+    content_terms,
+    full_baseline,
+    head_tail_baseline,
+    number_terms,
+    parse_probes,
+    score_contexts,
+    tail_baseline,
+)
+
+T0 = 1714572187.0
+TURNS = [
+    ("Alice", "I adopted a beagle named Miso."),
+    ("Bob", "My sister moved to Berlin in March 2021."),
+    ("Alice", "The beagle loves the park."),
+    ("Bob", "Nice."),
+]
+LINES = [f"{who}: {text}" for who, text in TURNS]
+RECORDING = [
+    json.dumps({"type": "session.open", "session": "room"}),
+    *(
+        json.dumps(
+            {
+                "type": "turn.append",
+                "session": "room",
+                "turn": {"speaker": who, "role": "user", "text": text, "at": T0 + i, "id": f"t{i}"},
+            }
+        )
+        for i, (who, text) in enumerate(TURNS)
+    ),
+    json.dumps({"type": "context.get", "session": "room", "id": "cp", "format": "instructions"}),
+]
+PROBES = [
+    json.dumps({"kind": "meta", "checkpoints": ["cp"]}),
+    json.dumps({"kind": "qa", "id": "dog", "answer": "Miso", "evidence": ["t0"]}),
+    json.dumps({"kind": "qa", "id": "what", "answer": "a beagle named Miso", "evidence": ["t0"]}),
+    json.dumps({"kind": "qa", "id": "where", "answer": "Berlin, March 2021", "evidence": ["t1"]}),
+    json.dumps({"kind": "qa", "id": "park", "answer": "the park", "evidence": ["t2"]}),
+    json.dumps({"kind": "qa", "id": "empty", "answer": "the", "evidence": ["t2"]}),  # no content word
+    json.dumps({"kind": "qa", "id": "lost", "answer": "Lisbon", "evidence": ["t9"]}),  # no such turn
+]
+#: rarity weights over the four turns: "beagle" is in two of them, every other word in one
+ONCE = math.log(5 / 2) + 1
+BEAGLE = math.log(5 / 3) + 1
+OURS = (
+    "Session conversation summary:\n"
+    "[1 May 2024, 14:03] Bob: I adopted a dog named Miso. My sister lives in Berlin since March.\n\n"
+    "Recent conversation:\nBob: Nice."
+)
+
+
+def conversation() -> Conversation:
+    return Conversation.from_recording(parse_recording(RECORDING))
+
+
+def record(
+    text: str = OURS, first_turn: int = 3, budget: int | None = 500, request_id: str = "cp"
+) -> dict[str, Any]:
+    return {
+        "seq": 5,
+        "session": "room",
+        "request_id": request_id,
+        "turn_index": 3,
+        "request": {"type": "context.get", "session": "room", "id": request_id},
+        "response": {
+            "format": "instructions",
+            "instructions": text,
+            "first_turn": first_turn,
+            "budget_chars": budget,
+        },
+    }
+
+
+def test_words_are_folded_and_stopwords_dropped() -> None:
+    assert content_terms("The beagle loves the park's agencies, in March 2021!") == {
+        "beagle",
+        "love",
+        "park",
+        "agency",
+        "march",
+        "2021",
+    }
+    assert number_terms("The week before 16 June 2023, on Friday") == {"16", "june", "2023", "friday"}
+
+
+def test_the_rarity_weights_are_the_inverse_document_frequency_over_the_turns() -> None:
+    conv = conversation()
+    assert conv.weight("miso") == pytest.approx(ONCE)
+    assert conv.weight("beagle") == pytest.approx(BEAGLE)
+    assert conv.weight("lisbon") == pytest.approx(math.log(5) + 1)  # never said: the rarest
+    assert conv.index == {"t0": 0, "t1": 1, "t2": 2, "t3": 3}
+
+
+def test_recall_speaker_and_numbers_for_each_probe_match_the_hand_worked_values() -> None:
+    scores = score_contexts([record()], parse_probes(PROBES), conversation())
+    ours = scores.tallies["ours"]
+    # dog: miso is there. what: "named" and "miso" but not "beagle". where: berlin and march, not 2021.
+    # park: nothing. "empty" has no content word and "lost" no known evidence turn: neither counts.
+    expected = [1.0, 2 * ONCE / (2 * ONCE + BEAGLE), 2 / 3, 0.0]
+    assert ours.pairs == 4
+    assert ours.recall == pytest.approx(sum(expected))
+    # the best segment for Miso is attributed to Bob, but Alice said it; Berlin is Bob's indeed
+    assert (ours.speaker_n, ours.speaker_ok) == (3, 1)
+    # only "where" has numbers or dates: march survives, 2021 does not
+    assert (ours.numbers_n, ours.numbers) == (1, 0.5)
+
+
+def test_the_baselines_are_scored_on_the_same_probes_at_the_same_budget() -> None:
+    budget = len("Recent conversation:\n") + len(LINES[2]) + 1 + len(LINES[3])
+    tail = tail_baseline(LINES, budget)
+    assert tail == "Recent conversation:\n" + LINES[2] + "\n" + LINES[3]
+    assert len(tail) == budget
+    assert tail_baseline(LINES, budget - 1) == "Recent conversation:\n" + LINES[3]
+    assert head_tail_baseline(LINES, 100) == "Recent conversation:\n" + LINES[0] + "\n" + LINES[3]
+    assert full_baseline(LINES, "You are Nova.") == "You are Nova.\n\nRecent conversation:\n" + "\n".join(
+        LINES
+    )
+
+    scores = score_contexts([record(budget=budget)], parse_probes(PROBES), conversation())
+    summary = scores.summary()
+    tail_recall = (0 + BEAGLE / (2 * ONCE + BEAGLE) + 0 + 1) / 4
+    ours_recall = (1 + 2 * ONCE / (2 * ONCE + BEAGLE) + 2 / 3 + 0) / 4
+    assert summary["methods"]["tail"]["recall"] == pytest.approx(tail_recall)
+    assert summary["methods"]["full"]["recall"] == pytest.approx(1.0)  # the ceiling holds every answer
+    assert summary["methods"]["ours"]["recall"] == pytest.approx(ours_recall)
+    assert summary["gap"] == pytest.approx((ours_recall - tail_recall) / (1.0 - tail_recall))
+    assert summary["methods"]["full"]["speaker"] == 1.0
+
+
+def test_only_probes_whose_evidence_left_the_verbatim_part_count() -> None:
+    probes = parse_probes(PROBES)
+    early = score_contexts([record(first_turn=1)], probes, conversation())
+    assert early.tallies["ours"].pairs == 2  # only the probes about turn 0
+    everything_shown = score_contexts([record(first_turn=0)], probes, conversation())
+    assert everything_shown.tallies["ours"].pairs == 0
+    assert everything_shown.summary()["gap"] is None
+    not_a_checkpoint = score_contexts([record(request_id="ctx-4")], probes, conversation())
+    assert not_a_checkpoint.checkpoints == []
+
+
+def test_the_score_command_replays_and_scores_a_recording_with_its_probes(
+    tmp_path: Path, capsys: Any
+) -> None:
+    (tmp_path / "room.jsonl").write_text("\n".join(RECORDING) + "\n", encoding="utf-8")
+    (tmp_path / "room.probes.jsonl").write_text("\n".join(PROBES) + "\n", encoding="utf-8")
+    out = tmp_path / "scores.json"
+    assert main(["score", str(tmp_path / "room.jsonl"), "--budget", "40", "--json", str(out)]) == 0
+    assert "budget=40" in capsys.readouterr().out
+    (row,) = json.loads(out.read_text(encoding="utf-8"))
+    # at 40 chars only the last turn fits: every probe about the first three turns counts
+    assert row["pairs"] == 4
+    assert row["methods"]["full"]["recall"] == pytest.approx(1.0)
+    assert main(["score", str(tmp_path / "nowhere.jsonl")]) == 2

@@ -1,0 +1,190 @@
+"""``voice-context replay``: feed recordings through the session code, offline or against a server.
+
+::
+
+    voice-context replay RECORDING... [--config FILE] [--set KEY=VALUE[,VALUE...] ...]
+                         [--budget N[,N...]] [--out DIR] [--report html|png|none]
+                         [--realtime [--speed X] [--max-gap SECONDS]] [--url URL [--token T]]
+
+RECORDING is a file written by ``voice-context serve --record`` (or by
+``voice-context import``), or a folder of them. Offline (the default), time
+follows the recording without sleeping, and the same recording and settings
+always give byte-identical outputs. ``--set`` takes ``session`` keys
+(``recent_window=20``) or ``group.key`` (``summarizer.kind=openai``); several
+values, or several ``--budget`` values, run as a grid. With ``--out``, each run
+writes ``NAME.contexts.jsonl``, ``NAME.compactions.jsonl`` and
+``NAME.timings.json`` (in one folder per grid point when there are several),
+and a report with plots goes to ``DIR/report``. A table is always printed;
+recordings with a ``NAME.probes.jsonl`` beside them are scored too.
+
+``--realtime`` sleeps the recorded gaps (divided by ``--speed``) and runs the
+server's own session manager, compactions landing when they finish; ``--url``
+replays against a live server with the bot client. Neither is reproducible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from voice_context.config import Settings, load_settings
+from voice_context.errors import ConfigError
+from voice_context.replay import (
+    ReplayResult,
+    parse_assignments,
+    recording_stem,
+    replay_live,
+    replay_realtime,
+    write_result,
+)
+from voice_context.sweep import (
+    PointResult,
+    Run,
+    grid,
+    print_table,
+    recordings_in,
+    run_grid,
+    write_report,
+)
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--config``, ``--set`` and ``--budget``, shared with ``voice-context score``."""
+    parser.add_argument("--config", metavar="FILE", help="a TOML settings file (as for serve)")
+    parser.add_argument(
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE[,VALUE...]",
+        help="a setting (session key, or group.key); several values sweep a grid",
+    )
+    parser.add_argument(
+        "--budget",
+        metavar="N[,N...]",
+        help="the budget_chars of every context.get (default: as recorded); several values sweep",
+    )
+
+
+def settings_and_grid(args: argparse.Namespace) -> tuple[Settings, Any]:
+    settings = load_settings(args.config)
+    assignments = parse_assignments(args.assignments)
+    budgets: list[int | None] = [None]
+    if args.budget:
+        try:
+            budgets = [int(b) for b in args.budget.split(",") if b.strip()]
+        except ValueError as exc:
+            raise ConfigError(f"--budget wants integers, got {args.budget!r}") from exc
+    points = grid(assignments, budgets)
+    for point in points:  # fail on a bad value before replaying anything
+        from voice_context.replay import apply_values
+
+        apply_values(settings, dict(point.values))
+    return settings, points
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "replay",
+        help="replay recordings offline (or against a server) and write the contexts a bot got",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    parser.add_argument("recordings", nargs="+", metavar="RECORDING", help="recording files or folders")
+    add_settings_arguments(parser)
+    parser.add_argument(
+        "--out", metavar="DIR", type=Path, help="write contexts, compactions, timings, report"
+    )
+    parser.add_argument(
+        "--report", choices=("html", "png", "none"), default="html", help="with --out (default html)"
+    )
+    parser.add_argument("--realtime", action="store_true", help="sleep the recorded gaps (not reproducible)")
+    parser.add_argument(
+        "--speed", type=float, default=1.0, help="with --realtime: play this many times faster"
+    )
+    parser.add_argument(
+        "--max-gap", type=float, metavar="SECONDS", help="with --realtime: sleep at most this"
+    )
+    parser.add_argument("--url", help="replay against a live server, e.g. ws://127.0.0.1:8765/v1")
+    parser.add_argument("--token", help="with --url: the bearer token")
+    parser.add_argument("--session-prefix", default="", help="with --url: put this before every session name")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings, points = settings_and_grid(args)
+    except ConfigError as exc:
+        print(f"voice-context replay: {exc}", file=sys.stderr)
+        return 2
+    paths = recordings_in(args.recordings)
+    missing = [p for p in paths if not p.is_file()]
+    if missing or not paths:
+        print(
+            f"voice-context replay: no such recording: {missing[0] if missing else args.recordings}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.speed <= 0:
+        print("voice-context replay: --speed must be positive", file=sys.stderr)
+        return 2
+    if args.url or args.realtime:
+        results = anyio.run(_live, args, settings, points, paths)
+    else:
+        results = anyio.run(
+            lambda: run_grid(paths, settings, points, out_dir=args.out, progress=not args.no_progress)
+        )
+    print_table([r.row() for r in results])
+    if args.out is not None and args.report != "none":
+        index = write_report(results, args.out / "report", args.report)
+        if index is None:
+            print(
+                "no report: matplotlib is not installed (pip install 'voice-context[report]')",
+                file=sys.stderr,
+            )
+        else:
+            print(f"report: {index}")
+    return 0
+
+
+async def _live(
+    args: argparse.Namespace, settings: Settings, points: Any, paths: list[Path]
+) -> list[PointResult]:
+    results: list[PointResult] = []
+    for point in points:
+        outcome = PointResult(point)
+        for path in paths:
+            result: ReplayResult
+            if args.url:
+                if point.values:
+                    raise SystemExit(
+                        "voice-context replay: --set has no effect on a live server (use --budget)"
+                    )
+                result = await replay_live(
+                    path,
+                    args.url,
+                    token=args.token,
+                    realtime=args.realtime,
+                    speed=args.speed,
+                    max_gap=args.max_gap,
+                    budget_chars=point.budget,
+                    prefix=args.session_prefix,
+                )
+            else:
+                result = await replay_realtime(
+                    path,
+                    settings,
+                    values=dict(point.values),
+                    budget_chars=point.budget,
+                    speed=args.speed,
+                    max_gap=args.max_gap,
+                )
+            if args.out is not None:
+                write_result(result, args.out / point.slug if len(points) > 1 else args.out)
+            outcome.runs.append(Run(recording_stem(path), result))
+        results.append(outcome)
+    return results

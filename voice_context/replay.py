@@ -1,0 +1,741 @@
+"""Feed recordings through the same session code, offline with logical time.
+
+A recording is what ``voice-context serve --record DIR`` writes: one accepted
+client message a line, exactly as sent (``session.open``, ``turn.append``,
+``note.append``, ``context.get``, ``session.state``, ``session.close``).
+:func:`read_recording` reads it tolerantly: blank lines, lines that are not
+JSON objects and messages of unknown types are skipped and counted, never fatal.
+
+Offline replay drives the pure :class:`~voice_context.core.session.Session`
+directly, the way the session manager does, with the recorded times as the
+clock and without sleeping:
+
+- the logical time is the latest ``at`` seen so far (turns and notes carry
+  one; a ``context.get`` happens at the time of the message before it);
+- at every ``context.get`` the compaction trigger is evaluated at that time;
+  the context is built from the state *before* any compaction it starts, as
+  in production, where a reply never waits for its compaction;
+- a started compaction runs at once and its result lands at the same logical
+  time, after the response: the next event (and every later request) sees
+  the new summary. A result too long for the summary ceiling gets its one
+  re-compaction pass at once too; a summarizer error is a failed compaction,
+  retried after the session's backoff in logical time.
+
+So the same recording, configuration and (deterministic) summarizer always
+produce byte-identical contexts. Only the wall-clock timings (how long the
+summarizer and the context assembly took) differ between runs; they are kept
+apart in their own file.
+
+Outputs of :func:`write_result`, for a recording ``NAME.jsonl``:
+
+- ``NAME.contexts.jsonl``: one line per ``context.get``: ``seq`` (line number
+  in the recording, from 0), ``session``, ``request_id``, ``turn_index`` (the
+  index of the newest turn, -1 before any), ``at`` (logical time),
+  ``request`` (as recorded), ``response`` (the ``context`` reply the server
+  would have sent, built by the same codec: ``format``, ``instructions`` or
+  ``messages``, ``summary``, ``chars``, ``budget_chars``, ``cursor``,
+  ``covered_through``, ``first_turn``, ``turns_shown``, ``in_flight``,
+  ``dropped``) and ``state`` (the session's counters then:
+  ``turns``, ``cursor``, ``summary_chars``, ``compactions``,
+  ``summarizer_calls``, ``chars_sent``);
+- ``NAME.compactions.jsonl``: one line per summarizer call: which turns it
+  folded, at which request and time, the characters it was sent, the outcome
+  and the summary size after it;
+- ``NAME.timings.json``: wall-clock milliseconds per summarizer call and per
+  context assembly (the only output that is not reproducible).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+import anyio
+
+from voice_context import codec
+from voice_context.config import Settings, make_summarizer
+from voice_context.core.budget import FORMATS, Context, Format, build_context
+from voice_context.core.config import SessionConfig
+from voice_context.core.session import Applied, CompactionPlan, Failed, Session
+from voice_context.core.turns import ROLES, Note, Role, Turn
+from voice_context.errors import ConfigError, SummarizerError
+from voice_context.manager import SessionManager
+from voice_context.summarizers.base import Summarizer, SummaryRequest
+
+MESSAGE_TYPES = frozenset(
+    {"session.open", "turn.append", "note.append", "context.get", "session.state", "session.close"}
+)
+
+
+@dataclass(slots=True)
+class Recording:
+    """The messages of one recording file, and what was skipped while reading it."""
+
+    name: str
+    messages: list[dict[str, Any]]
+    skipped: list[str] = field(default_factory=list)
+    path: Path | None = None
+
+
+def parse_recording(lines: Iterable[str], name: str = "recording") -> Recording:
+    """Read recording lines. Never raises for bad content: bad lines are listed in ``skipped``."""
+    messages: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text:
+            continue
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            skipped.append(f"line {number}: not JSON ({exc.msg})")
+            continue
+        if not isinstance(value, dict):
+            skipped.append(f"line {number}: not an object")
+            continue
+        kind = value.get("type")
+        if kind not in MESSAGE_TYPES:
+            skipped.append(f"line {number}: unknown type {kind!r}")
+            continue
+        messages.append(value)
+    return Recording(name, messages, skipped)
+
+
+def read_recording(path: str | Path) -> Recording:
+    """Read one recording file (see :func:`parse_recording`)."""
+    path = Path(path)
+    with path.open(encoding="utf-8") as handle:
+        recording = parse_recording(handle, recording_stem(path))
+    recording.path = path
+    return recording
+
+
+def recording_stem(path: Path) -> str:
+    """``room-1`` for ``room-1.jsonl``."""
+    name = path.name
+    return name[: -len(".jsonl")] if name.endswith(".jsonl") else path.stem
+
+
+def _number(value: Any, default: float) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return default
+
+
+def turn_from(obj: Mapping[str, Any], now: float) -> Turn:
+    """A recorded turn object as a :class:`Turn` (missing fields get harmless defaults)."""
+    role = obj.get("role", "user")
+    text = obj.get("text")
+    turn_id = obj.get("id")
+    return Turn(
+        speaker=str(obj.get("speaker") or ""),
+        role=cast(Role, role if role in ROLES else "user"),
+        text=text if isinstance(text, str) else "",
+        at=_number(obj.get("at"), now),
+        id=None if turn_id is None else str(turn_id),
+    )
+
+
+def note_from(obj: Mapping[str, Any], now: float) -> Note:
+    """A recorded note object as a :class:`Note`."""
+    text = obj.get("text")
+    speaker = obj.get("speaker")
+    source = obj.get("source")
+    return Note(
+        text=text if isinstance(text, str) else "",
+        at=_number(obj.get("at"), now),
+        speaker=str(speaker) if speaker else None,
+        source=str(source) if source else None,
+    )
+
+
+def context_response(
+    session: str, context: Context, *, in_flight: bool, request_id: Any = None
+) -> dict[str, Any]:
+    """A :class:`Context` as the ``context`` reply the server sends (built by the same codec)."""
+    msg_id = request_id if isinstance(request_id, str | int) and not isinstance(request_id, bool) else None
+    reply: dict[str, Any] = json.loads(
+        codec.encode_context(session, context, in_flight=in_flight, msg_id=msg_id)
+    )
+    return reply
+
+
+def request_chars(request: SummaryRequest) -> int:
+    """What a summarizer is sent, in characters: the previous summary, each turn as
+    ``speaker: text`` and each note as rendered (a model's prompt adds a fixed frame)."""
+    turns = sum(len(t.speaker) + 2 + len(t.text) for t in request.turns)
+    notes = sum(len(n.render()) + 1 for n in request.notes)
+    return len(request.previous_summary) + turns + notes
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    """Everything one replay produced. ``contexts`` and ``compactions`` are reproducible."""
+
+    name: str
+    contexts: list[dict[str, Any]] = field(default_factory=list)
+    compactions: list[dict[str, Any]] = field(default_factory=list)
+    summarizer_ms: list[float] = field(default_factory=list)
+    context_ms: list[float] = field(default_factory=list)
+    turns: dict[str, list[Turn]] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Live:
+    session: Session
+    turns: list[Turn] = field(default_factory=list)
+    calls: int = 0
+    chars_sent: int = 0
+
+
+class OfflineReplay:
+    """Replays messages against pure sessions; see the module docstring for the time model.
+
+    ``config`` is the base session configuration; a recording's own
+    ``session.open`` overrides apply on top, then ``overrides`` (the caller's
+    ``--set`` values) on top of those. ``budget_chars`` replaces every
+    request's budget when given.
+    """
+
+    def __init__(
+        self,
+        summarizer: Summarizer,
+        *,
+        config: SessionConfig | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        budget_chars: int | None = None,
+    ) -> None:
+        self.summarizer = summarizer
+        self.config = config or SessionConfig()
+        self.overrides = dict(overrides or {})
+        self.budget_chars = budget_chars
+
+    async def run(self, recording: Recording) -> ReplayResult:
+        result = ReplayResult(recording.name, skipped=list(recording.skipped))
+        live: dict[str, _Live] = {}
+        now = 0.0
+        started = False
+        for seq, message in enumerate(recording.messages):
+            kind = message["type"]
+            name = str(message.get("session") or "")
+            if kind == "session.open":
+                overrides = message.get("config") if isinstance(message.get("config"), dict) else {}
+                config = self.config.with_overrides(cast(dict[str, Any], overrides)).with_overrides(
+                    self.overrides
+                )
+                if name in live:
+                    live[name].session.reconfigure(config)
+                else:
+                    live[name] = _Live(Session(name, config))
+                    result.turns[name] = live[name].turns
+                continue
+            state = live.get(name)
+            if state is None:
+                if kind in ("session.close", "session.state"):
+                    continue
+                # a recording cut after its open: the session starts with the defaults
+                state = live[name] = _Live(Session(name, self.config.with_overrides(self.overrides)))
+                result.turns[name] = state.turns
+            if kind == "turn.append" and isinstance(message.get("turn"), dict):
+                turn = turn_from(message["turn"], now)
+                now = turn.at if not started else max(now, turn.at)
+                started = True
+                state.session.append_turn(turn)
+                state.turns.append(turn)
+            elif kind == "note.append" and isinstance(message.get("note"), dict):
+                note = note_from(message["note"], now)
+                now = note.at if not started else max(now, note.at)
+                started = True
+                state.session.append_note(note)
+            elif kind == "context.get":
+                await self._context(seq, message, state, now, result)
+            elif kind == "session.close":
+                live.pop(name, None)
+        return result
+
+    async def _context(
+        self, seq: int, message: dict[str, Any], state: _Live, now: float, result: ReplayResult
+    ) -> None:
+        session = state.session
+        plan = session.plan_compaction(now)
+        fmt = message.get("format", "messages")
+        if fmt not in FORMATS:
+            fmt = "messages"
+        budget = self.budget_chars
+        if budget is None and isinstance(message.get("budget_chars"), int):
+            budget = message["budget_chars"]
+        raw_facts = message.get("facts")
+        facts: list[Any] = raw_facts if isinstance(raw_facts, list) else []
+        base = message.get("base_instructions")
+        tick = time.perf_counter()
+        context = build_context(
+            session.view(),
+            cast(Format, fmt),
+            budget_chars=budget,
+            base_instructions=base if isinstance(base, str) else "",
+            facts=[str(f) for f in facts],
+        )
+        result.context_ms.append((time.perf_counter() - tick) * 1000)
+        stats = session.stats()
+        result.contexts.append(
+            {
+                "seq": seq,
+                "session": session.name,
+                "request_id": message.get("id"),
+                "turn_index": session.total_turns - 1,
+                "at": now,
+                "request": message,
+                "response": context_response(
+                    session.name,
+                    context,
+                    in_flight=session.in_flight is not None,
+                    request_id=message.get("id"),
+                ),
+                "state": {
+                    "turns": stats.turns,
+                    "cursor": stats.cursor,
+                    "summary_chars": stats.summary_chars,
+                    "compactions": stats.compactions,
+                    "summarizer_calls": state.calls,
+                    "chars_sent": state.chars_sent,
+                },
+            }
+        )
+        current: CompactionPlan | None = plan if isinstance(plan, CompactionPlan) else None
+        while current is not None:
+            current = await self._compact(seq, current, state, now, result)
+
+    async def _compact(
+        self, seq: int, plan: CompactionPlan, state: _Live, now: float, result: ReplayResult
+    ) -> CompactionPlan | None:
+        session = state.session
+        request = SummaryRequest(
+            previous_summary=plan.previous_summary,
+            turns=plan.turns,
+            notes=plan.notes,
+            max_chars=plan.max_chars,
+            max_note_chars=plan.max_note_chars,
+            first_index=plan.start,
+            recompact=plan.recompact,
+            session=session.name,
+        )
+        sent = request_chars(request)
+        state.calls += 1
+        state.chars_sent += sent
+        record: dict[str, Any] = {
+            "session": session.name,
+            "plan": plan.plan_id,
+            "seq": seq,
+            "at": now,
+            "turn_index": session.total_turns - 1,
+            "start": plan.start,
+            "end": plan.end,
+            "recompact": plan.recompact,
+            "notes": len(plan.notes),
+            "chars_sent": sent,
+        }
+        tick = time.perf_counter()
+        outcome: Applied | Failed | CompactionPlan | Any
+        try:
+            text = await self.summarizer.summarize(request)
+        except SummarizerError as exc:
+            outcome = session.compaction_failed(plan.plan_id, exc.kind, exc.retryable, now)
+        except Exception as exc:  # a summarizer bug is a failed compaction, as in the server
+            outcome = session.compaction_failed(plan.plan_id, type(exc).__name__, False, now)
+        else:
+            outcome = session.compaction_succeeded(plan.plan_id, text, now)
+        result.summarizer_ms.append((time.perf_counter() - tick) * 1000)
+        if isinstance(outcome, CompactionPlan):
+            record["outcome"] = "too_long"
+        elif isinstance(outcome, Applied):
+            record["outcome"] = "clamped" if outcome.clamped else "applied"
+        elif isinstance(outcome, Failed):
+            record["outcome"] = f"failed:{outcome.kind}"
+        else:
+            record["outcome"] = "stale"
+        record["cursor"] = session.cursor
+        record["summary_chars"] = len(session.summary)
+        result.compactions.append(record)
+        return outcome if isinstance(outcome, CompactionPlan) else None
+
+
+def _dump(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), sort_keys=False)
+
+
+def write_result(result: ReplayResult, out_dir: Path) -> dict[str, Path]:
+    """Write the three output files of one replay into ``out_dir``; returns their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "contexts": out_dir / f"{result.name}.contexts.jsonl",
+        "compactions": out_dir / f"{result.name}.compactions.jsonl",
+        "timings": out_dir / f"{result.name}.timings.json",
+    }
+    paths["contexts"].write_text("".join(_dump(c) + "\n" for c in result.contexts), encoding="utf-8")
+    paths["compactions"].write_text("".join(_dump(c) + "\n" for c in result.compactions), encoding="utf-8")
+    timings = {"summarizer_ms": result.summarizer_ms, "context_ms": result.context_ms}
+    paths["timings"].write_text(json.dumps(timings) + "\n", encoding="utf-8")
+    return paths
+
+
+def read_contexts(path: str | Path) -> list[dict[str, Any]]:
+    """The context records a replay wrote (``NAME.contexts.jsonl``)."""
+    out: list[dict[str, Any]] = []
+    with Path(path).open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                value = json.loads(line)
+                if isinstance(value, dict):
+                    out.append(value)
+    return out
+
+
+# -- settings and grids -------------------------------------------------------------
+
+
+def parse_assignments(pairs: Sequence[str]) -> dict[str, list[str]]:
+    """``["recent_window=20,50", "summarizer.kind=openai"]`` -> ``{key: [values]}``.
+
+    A key without a group prefix belongs to ``session``. Raises ``ConfigError``
+    for a pair without ``=`` or without values.
+    """
+    out: dict[str, list[str]] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set wants KEY=VALUE[,VALUE...], got {pair!r}")
+        values = [v.strip() for v in raw.split(",") if v.strip()]
+        if not values:
+            raise ConfigError(f"--set {key}= has no value")
+        if "." not in key:
+            key = f"session.{key}"
+        out[key] = values
+    return out
+
+
+def apply_values(settings: Settings, values: Mapping[str, str]) -> Settings:
+    """``settings`` with ``group.key`` values applied (strings are converted per field)."""
+    by_group: dict[str, dict[str, str]] = {}
+    for key, value in values.items():
+        group, _, name = key.partition(".")
+        by_group.setdefault(group, {})[name] = value
+    for group, changes in by_group.items():
+        settings = settings.with_values(group, changes)
+    return settings
+
+
+def session_overrides(values: Mapping[str, str], settings: Settings) -> dict[str, Any]:
+    """The ``session.*`` values of a grid point, typed, as ``SessionConfig`` overrides."""
+    names = [key.partition(".")[2] for key in values if key.startswith("session.")]
+    return {name: getattr(settings.session, name) for name in names}
+
+
+async def replay_file(
+    path: str | Path,
+    settings: Settings,
+    *,
+    values: Mapping[str, str] | None = None,
+    budget_chars: int | None = None,
+    summarizer: Summarizer | None = None,
+) -> ReplayResult:
+    """Replay one recording file offline with ``settings`` and the ``group.key`` ``values`` on top."""
+    point = apply_values(settings, values or {})
+    engine = OfflineReplay(
+        summarizer or make_summarizer(point.summarizer),
+        config=settings.session,
+        overrides=session_overrides(values or {}, point),
+        budget_chars=budget_chars,
+    )
+    return await engine.run(read_recording(path))
+
+
+# -- live replays: real time, or a real server ----------------------------------------------
+
+
+class _Counting:
+    """Wraps a summarizer to count its calls and the characters it is sent."""
+
+    def __init__(self, inner: Summarizer) -> None:
+        self.inner = inner
+        self.calls = 0
+        self.chars_sent = 0
+        self.ms: list[float] = []
+
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    async def summarize(self, request: SummaryRequest) -> str:
+        self.calls += 1
+        self.chars_sent += request_chars(request)
+        tick = time.perf_counter()
+        try:
+            return await self.inner.summarize(request)
+        finally:
+            self.ms.append((time.perf_counter() - tick) * 1000)
+
+
+class _Target(Protocol):
+    async def open(self, name: str, config: dict[str, Any]) -> None: ...
+    async def turn(self, name: str, turn: Turn) -> None: ...
+    async def note(self, name: str, note: Note) -> None: ...
+    async def context(self, name: str, message: Mapping[str, Any], budget: int | None) -> dict[str, Any]: ...
+    async def state(self, name: str) -> dict[str, Any]: ...
+    async def close(self, name: str) -> None: ...
+
+
+async def _drive(
+    recording: Recording,
+    target: _Target,
+    *,
+    realtime: bool,
+    speed: float,
+    max_gap: float | None,
+    budget_chars: int | None,
+    result: ReplayResult,
+) -> None:
+    """Send a recording's messages to ``target`` in order, sleeping the recorded gaps when ``realtime``."""
+    turns: dict[str, list[Turn]] = {}
+    opened: set[str] = set()
+    now: float | None = None
+    for seq, message in enumerate(recording.messages):
+        kind = message["type"]
+        name = str(message.get("session") or "")
+        at: float | None = None
+        if kind == "turn.append" and isinstance(message.get("turn"), dict):
+            at = _number(message["turn"].get("at"), now or 0.0)
+        elif kind == "note.append" and isinstance(message.get("note"), dict):
+            at = _number(message["note"].get("at"), now or 0.0)
+        if at is not None:
+            if realtime and now is not None and at > now:
+                gap = (at - now) / speed
+                await anyio.sleep(min(gap, max_gap) if max_gap is not None else gap)
+            now = at if now is None else max(now, at)
+        if kind == "session.open" or (
+            name not in opened and kind in ("turn.append", "note.append", "context.get")
+        ):
+            config = message.get("config") if kind == "session.open" else None
+            await target.open(name, config if isinstance(config, dict) else {})
+            opened.add(name)
+            result.turns.setdefault(name, turns.setdefault(name, []))
+            if kind == "session.open":
+                continue
+        if kind == "turn.append" and isinstance(message.get("turn"), dict):
+            turn = turn_from(message["turn"], now or 0.0)
+            await target.turn(name, turn)
+            turns[name].append(turn)
+        elif kind == "note.append" and isinstance(message.get("note"), dict):
+            await target.note(name, note_from(message["note"], now or 0.0))
+        elif kind == "context.get":
+            tick = time.perf_counter()
+            reply = await target.context(name, message, budget_chars)
+            result.context_ms.append((time.perf_counter() - tick) * 1000)
+            state = await target.state(name)
+            result.contexts.append(
+                {
+                    "seq": seq,
+                    "session": name,
+                    "request_id": message.get("id"),
+                    "turn_index": len(turns[name]) - 1,
+                    "at": now,
+                    "request": message,
+                    "response": reply,
+                    "state": state,
+                }
+            )
+        elif kind == "session.close" and name in opened:
+            await target.close(name)
+            opened.discard(name)
+
+
+def _context_args(
+    message: Mapping[str, Any], budget: int | None
+) -> tuple[Format, int | None, str, list[str]]:
+    fmt = message.get("format", "messages")
+    raw_budget = message.get("budget_chars")
+    raw_base, raw_facts = message.get("base_instructions"), message.get("facts")
+    return (
+        cast(Format, fmt if fmt in FORMATS else "messages"),
+        budget if budget is not None else (raw_budget if isinstance(raw_budget, int) else None),
+        raw_base if isinstance(raw_base, str) else "",
+        [str(f) for f in raw_facts] if isinstance(raw_facts, list) else [],
+    )
+
+
+class _ManagerTarget:
+    """The in-process session manager (the server's own shell), on a clock that follows the recording."""
+
+    def __init__(self, manager: SessionManager, summarizer: _Counting, overrides: Mapping[str, Any]) -> None:
+        self.manager = manager
+        self.summarizer = summarizer
+        self.overrides = dict(overrides)
+
+    async def open(self, name: str, config: dict[str, Any]) -> None:
+        await self.manager.open(name, {**config, **self.overrides})
+
+    async def turn(self, name: str, turn: Turn) -> None:
+        await self.manager.append_turn(name, turn)
+
+    async def note(self, name: str, note: Note) -> None:
+        await self.manager.append_note(name, note)
+
+    async def context(self, name: str, message: Mapping[str, Any], budget: int | None) -> dict[str, Any]:
+        fmt, budget_chars, base, facts = _context_args(message, budget)
+        context = await self.manager.context(
+            name, fmt, budget_chars=budget_chars, base_instructions=base, facts=facts
+        )
+        in_flight = self.manager.session(name).in_flight is not None
+        return context_response(name, context, in_flight=in_flight, request_id=message.get("id"))
+
+    async def state(self, name: str) -> dict[str, Any]:
+        stats = self.manager.state(name)
+        return {
+            "turns": stats.turns,
+            "cursor": stats.cursor,
+            "summary_chars": stats.summary_chars,
+            "compactions": stats.compactions,
+            "summarizer_calls": self.summarizer.calls,
+            "chars_sent": self.summarizer.chars_sent,
+        }
+
+    async def close(self, name: str) -> None:
+        await self.manager.close(name)
+
+
+class _ClientTarget:
+    """A live server, through the bot client."""
+
+    def __init__(self, client: Any, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.handles: dict[str, Any] = {}
+        self.last: dict[str, dict[str, Any]] = {}
+
+    async def open(self, name: str, config: dict[str, Any]) -> None:
+        self.handles[name] = await self.client.open(self.prefix + name, config or None)
+
+    async def turn(self, name: str, turn: Turn) -> None:
+        await self.handles[name].append_turn(turn.speaker, turn.role, turn.text, at=turn.at, id=turn.id)
+
+    async def note(self, name: str, note: Note) -> None:
+        await self.handles[name].append_note(note.text, at=note.at, speaker=note.speaker, source=note.source)
+
+    async def context(self, name: str, message: Mapping[str, Any], budget: int | None) -> dict[str, Any]:
+        fmt, budget_chars, base, facts = _context_args(message, budget)
+        reply: dict[str, Any] = await self.handles[name].context(fmt, budget_chars, base, facts)
+        return reply
+
+    async def state(self, name: str) -> dict[str, Any]:
+        reply: dict[str, Any] = await self.handles[name].state()
+        return {k: v for k, v in reply.items() if k not in ("type", "id", "session")}
+
+    async def close(self, name: str) -> None:
+        await self.handles.pop(name).close()
+
+
+async def replay_realtime(
+    path: str | Path,
+    settings: Settings,
+    *,
+    values: Mapping[str, str] | None = None,
+    budget_chars: int | None = None,
+    speed: float = 1.0,
+    max_gap: float | None = None,
+) -> ReplayResult:
+    """Replay through the session manager (the server's shell) in real time: the recorded gaps
+    are slept (divided by ``speed``) and compactions land whenever they finish. Not reproducible."""
+    recording = read_recording(path)
+    point = apply_values(settings, values or {})
+    summarizer = _Counting(make_summarizer(point.summarizer))
+    origin: list[float] = []
+
+    def clock() -> float:
+        start = origin[0] if origin else 0.0
+        return start + (time.monotonic() - origin[1]) * speed if origin else 0.0
+
+    for message in recording.messages:
+        body = message.get("turn") or message.get("note")
+        if isinstance(body, dict) and isinstance(body.get("at"), int | float):
+            origin[:] = [float(body["at"]), time.monotonic()]
+            break
+    result = ReplayResult(recording.name, skipped=list(recording.skipped))
+    async with SessionManager(
+        summarizer,
+        config=point.session,
+        compaction_timeout=point.summarizer.compaction_timeout,
+        clock=clock,
+    ) as manager:
+        target = _ManagerTarget(manager, summarizer, {})
+        await _drive(
+            recording,
+            target,
+            realtime=True,
+            speed=speed,
+            max_gap=max_gap,
+            budget_chars=budget_chars,
+            result=result,
+        )
+    result.summarizer_ms = summarizer.ms
+    return result
+
+
+async def replay_live(
+    path: str | Path,
+    url: str,
+    *,
+    token: str | None = None,
+    realtime: bool = False,
+    speed: float = 1.0,
+    max_gap: float | None = None,
+    budget_chars: int | None = None,
+    prefix: str = "",
+) -> ReplayResult:
+    """Replay against a live server at ``url`` with the bot client (``prefix`` is put before every
+    session name, so a replay does not resume a real session). Not reproducible: the server's
+    compactions run in the background, on its own clock."""
+    from voice_context.client import Client
+
+    recording = read_recording(path)
+    result = ReplayResult(recording.name, skipped=list(recording.skipped))
+    async with Client(url, token=token) as client:
+        target = _ClientTarget(client, prefix)
+        await _drive(
+            recording,
+            target,
+            realtime=realtime,
+            speed=speed,
+            max_gap=max_gap,
+            budget_chars=budget_chars,
+            result=result,
+        )
+        for name in list(target.handles):
+            await target.close(name)
+    return result
+
+
+__all__ = [
+    "OfflineReplay",
+    "Recording",
+    "ReplayResult",
+    "apply_values",
+    "context_response",
+    "note_from",
+    "parse_assignments",
+    "parse_recording",
+    "read_contexts",
+    "read_recording",
+    "recording_stem",
+    "replay_file",
+    "replay_live",
+    "replay_realtime",
+    "request_chars",
+    "session_overrides",
+    "turn_from",
+    "write_result",
+]
