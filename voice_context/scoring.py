@@ -8,7 +8,8 @@ one probe (an answer with evidence turns):
   than the response's ``first_turn``): it asks what survived compaction;
 - **recall**: the rarity-weighted share of the answer's content words found
   anywhere in the context. Words are lowercased, possessives and plurals
-  folded (:func:`terms`), stopwords dropped; a word's weight is its inverse
+  folded, numbers said as words read as digits (:func:`terms`), stopwords
+  dropped; a word's weight is its inverse
   document frequency over the conversation's own turns,
   ``ln((N + 1) / (df + 1)) + 1`` (N turns, df of them holding the word), so
   "tokyo" weighs more than "game" in a conversation about games;
@@ -48,6 +49,7 @@ from typing import Any
 
 from voice_context.core.budget import FACTS_HEADER, RECENT_HEADER
 from voice_context.replay import Recording, note_from, turn_from
+from voice_context.summarizers.deterministic import spoken_numbers
 
 METHODS = ("ours", "tail", "head_tail", "full")
 
@@ -85,8 +87,9 @@ def stem(word: str) -> str:
 
 
 def terms(text: str) -> list[str]:
-    """Every folded word of ``text``, stopwords included, in order."""
-    lowered = _APOSTROPHE.sub("", _POSSESSIVE.sub("", text.lower()))
+    """Every folded word of ``text``, stopwords included, in order. Numbers said as words count
+    as their digits ("twenty five" is "25"), on every side of the comparison."""
+    lowered = _APOSTROPHE.sub("", _POSSESSIVE.sub("", spoken_numbers(text).lower()))
     return [stem(w) for w in _TOKEN.findall(lowered)]
 
 
