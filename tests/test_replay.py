@@ -21,6 +21,7 @@ from voice_context.replay import (
     parse_recording,
     read_contexts,
     replay_live,
+    replay_realtime,
 )
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 from voice_context.summarizers.fakes import FailingSummarizer, ScriptedSummarizer
@@ -192,6 +193,14 @@ async def test_a_recording_replays_against_a_live_server(tmp_path: Path) -> None
     assert record["response"]["session"] == "replay-room-1"
     assert record["response"]["instructions"].endswith("Alice: turn 2 about Porto")
     assert (record["turn_index"], record["state"]["turns"]) == (2, 3)
+
+
+def test_a_realtime_replay_runs_the_session_manager_and_lets_compactions_land_on_their_own() -> None:
+    result = anyio.run(lambda: replay_realtime(FIXTURES / "offsite-planning.jsonl", Settings(), max_gap=0.0))
+    assert [c["request_id"] for c in result.contexts][-1] == "checkpoint-end"
+    assert result.contexts[-1]["state"]["turns"] == 102
+    assert result.compactions and all(c["outcome"] == "applied" for c in result.compactions)
+    assert result.contexts[-1]["response"]["summary"].startswith("[4 March 2024, 10:")
 
 
 def test_the_deterministic_summarizer_gives_dated_lines_in_a_replay() -> None:

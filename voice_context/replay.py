@@ -63,7 +63,7 @@ from voice_context.core.config import SessionConfig
 from voice_context.core.session import Applied, CompactionPlan, Failed, Session
 from voice_context.core.turns import ROLES, Note, Role, Turn
 from voice_context.errors import ConfigError, SummarizerError
-from voice_context.manager import SessionManager
+from voice_context.manager import CompactionEvent, SessionManager
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 
 MESSAGE_TYPES = frozenset(
@@ -671,6 +671,26 @@ async def replay_realtime(
         compaction_timeout=point.summarizer.compaction_timeout,
         clock=clock,
     ) as manager:
+        sent = [0]
+
+        def landed(event: CompactionEvent) -> None:
+            outcome = "applied" if event.kind == "completed" else f"failed:{event.error}"
+            record: dict[str, Any] = {
+                "session": event.session,
+                "at": clock(),
+                "turn_index": len(result.turns.get(event.session, ())) - 1,
+                "start": event.old_cursor if event.old_cursor is not None else event.cursor,
+                "end": event.cursor,
+                "outcome": outcome,
+                "chars_sent": summarizer.chars_sent - sent[0],
+                "cursor": event.cursor,
+                "summary_chars": event.summary_chars,
+                "latency": event.latency,
+            }
+            sent[0] = summarizer.chars_sent
+            result.compactions.append(record)
+
+        manager.add_listener(landed)
         target = _ManagerTarget(manager, summarizer, {})
         await _drive(
             recording,

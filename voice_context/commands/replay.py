@@ -35,17 +35,21 @@ from voice_context.config import Settings, load_settings
 from voice_context.errors import ConfigError
 from voice_context.replay import (
     ReplayResult,
+    apply_values,
     parse_assignments,
+    read_recording,
     recording_stem,
     replay_live,
     replay_realtime,
     write_result,
 )
+from voice_context.scoring import Conversation, read_probes, score_contexts
 from voice_context.sweep import (
     PointResult,
     Run,
     grid,
     print_table,
+    probes_path,
     recordings_in,
     run_grid,
     write_report,
@@ -81,8 +85,6 @@ def settings_and_grid(args: argparse.Namespace) -> tuple[Settings, Any]:
             raise ConfigError(f"--budget wants integers, got {args.budget!r}") from exc
     points = grid(assignments, budgets)
     for point in points:  # fail on a bad value before replaying anything
-        from voice_context.replay import apply_values
-
         apply_values(settings, dict(point.values))
     return settings, points
 
@@ -185,6 +187,10 @@ async def _live(
                 )
             if args.out is not None:
                 write_result(result, args.out / point.slug if len(points) > 1 else args.out)
-            outcome.runs.append(Run(recording_stem(path), result))
+            scores = None
+            if probes_path(path).exists():
+                conv = Conversation.from_recording(read_recording(path))
+                scores = score_contexts(result.contexts, read_probes(probes_path(path)), conv)
+            outcome.runs.append(Run(recording_stem(path), result, scores))
         results.append(outcome)
     return results
