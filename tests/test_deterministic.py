@@ -84,6 +84,15 @@ def test_filler_and_small_talk_are_dropped_and_sentences_shortened() -> None:
     )
 
 
+def test_a_sentence_that_starts_like_a_label_is_not_taken_for_a_speaker_later() -> None:
+    first = fold([Turn("Nova", "assistant", "Budget: 9000 approved. Rooms cost 4968.", MONDAY)])
+    assert "Budget - 9000 approved." in first
+    again = fold(
+        [Turn("Bob", "user", "I booked the flights to Lisbon.", MONDAY + 60)], previous=first, max_chars=95
+    )
+    assert "Budget:" not in again
+
+
 def test_filler_adds_nothing_to_an_existing_summary_and_a_first_filler_batch_says_so() -> None:
     filler = [Turn("Alice", "user", "hi", MONDAY), Turn("Bob", "user", "haha ok", MONDAY + 1)]
     assert fold(filler, previous="Alice adopted a cat named Miso.") == "Alice adopted a cat named Miso."

@@ -97,6 +97,7 @@ _HEAD = re.compile(
     r"^\[(?:(?P<date>\d{1,2} [A-Za-z]+ \d{4}),? )?(?P<time>\d{1,2}:\d{2})\]\s*"
     r"|^\[(?P<iso>\d{4}-\d{2}-\d{2}) (?P<isotime>\d{1,2}:\d{2})\]\s*"
 )
+_LEADING_LABEL = re.compile(r"^([A-Z][^:.!?\n]{0,48}?):\s+")
 _LABEL = re.compile(r"(?:^|(?<=[.!?…] ))([A-Z][^:.!?\n]{0,48}?): ")
 
 _UNITS = (
@@ -357,6 +358,8 @@ def shorten(sentence: str, speakers: Sequence[str] = ()) -> str:
             text = text[head.end() :]
         if text == before:
             break
+    # "Budget: 9000 approved" would read as a speaker's label in the summary
+    text = _LEADING_LABEL.sub(r"\1 - ", text)
     tail = re.search(r",\s*([A-Z][a-z]+)\s*([.!?…]*)$", text)
     if tail and _is_vocative(tail.group(1), speakers):
         text = text[: tail.start()] + (tail.group(2) or ".")
