@@ -142,6 +142,14 @@ def test_settings_apply_defaults_then_the_recordings_own_then_the_callers() -> N
     assert overridden.compactions == []  # 8 is not more than 5 + 4
 
 
+def test_a_closed_session_opened_again_resumes_where_it_was() -> None:
+    close = line({"type": "session.close", "session": "room-1"})
+    reopen = line({"type": "session.open", "session": "room-1"})
+    result = replay(recording(turn(0), turn(1), close, reopen, turn(2), get("after")))
+    assert result.contexts[0]["turn_index"] == 2
+    assert result.contexts[0]["response"]["instructions"].count("about Porto") == 3
+
+
 def test_a_failing_summarizer_backs_off_in_recorded_time() -> None:
     lines = [*(turn(i) for i in range(61)), get("a"), get("b"), turn(61), get("c")]
     result = replay(recording(*lines), FailingSummarizer(), config=SessionConfig(retry_base_seconds=5))

@@ -238,7 +238,7 @@ class OfflineReplay:
             if state is None:
                 if kind in ("session.close", "session.state"):
                     continue
-                # a recording cut after its open: the session starts with the defaults
+                # a recording that begins after its session was opened: the defaults apply
                 state = live[name] = _Live(Session(name, self.config.with_overrides(self.overrides)))
                 result.turns[name] = state.turns
             if kind == "turn.append" and isinstance(message.get("turn"), dict):
@@ -254,8 +254,8 @@ class OfflineReplay:
                 state.session.append_note(note)
             elif kind == "context.get":
                 await self._context(seq, message, state, now, result)
-            elif kind == "session.close":
-                live.pop(name, None)
+            # session.close: nothing is in flight offline, and a server keeps a closed session's
+            # state in its store, so a later session.open resumes it as it was
         return result
 
     async def _context(
