@@ -84,13 +84,40 @@ class Settings:
     summarizer: SummarizerSettings = field(default_factory=SummarizerSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
     session: SessionConfig = field(default_factory=SessionConfig)
+    #: the ``[session]`` fields set by a file, the environment or a flag
+    session_explicit: frozenset[str] = frozenset()
 
     def with_values(self, group: str, values: Mapping[str, Any]) -> Settings:
         """A copy with some fields of one group changed (strings are converted)."""
         current = getattr(self, group, None)
         if current is None or group not in _GROUPS:
             raise ConfigError(f"unknown settings group {group!r}")
-        return replace(self, **{group: _apply(group, current, values)})
+        changed = replace(self, **{group: _apply(group, current, values)})
+        if group == "session":
+            changed = replace(changed, session_explicit=self.session_explicit | frozenset(values))
+        return changed
+
+    def session_config(self, summarizer: Summarizer) -> SessionConfig:
+        """The session defaults to serve with ``summarizer``: see :func:`session_defaults`."""
+        return session_defaults(summarizer, self.session, explicit=self.session_explicit)
+
+
+def session_defaults(
+    summarizer: Summarizer, base: SessionConfig | None = None, *, explicit: frozenset[str] = frozenset()
+) -> SessionConfig:
+    """``base`` with the summary ceiling the summarizer prefers, unless it was set explicitly.
+
+    The design's 1,200-char ceiling is for a model summarizer, where every char of
+    summary is paid for in output tokens on every compaction. A summarizer that
+    states ``preferred_max_summary_chars`` (the deterministic one: 12,000, which costs
+    nothing to write) gets that ceiling instead; an explicit ``max_summary_chars``
+    always wins.
+    """
+    config = base or SessionConfig()
+    preferred = getattr(summarizer, "preferred_max_summary_chars", None)
+    if preferred is None or "max_summary_chars" in explicit:
+        return config
+    return replace(config, max_summary_chars=int(preferred))
 
 
 _GROUPS = ("server", "summarizer", "store", "session")

@@ -30,6 +30,7 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup
 
+from voice_context.config import session_defaults
 from voice_context.core.budget import Context, Format, build_context
 from voice_context.core.config import SessionConfig
 from voice_context.core.session import (
@@ -106,7 +107,7 @@ class SessionManager:
         replica: str | None = None,
     ) -> None:
         self.summarizer = summarizer
-        self.config = config or SessionConfig()
+        self.config = config or session_defaults(summarizer)
         self.store: Store = store if store is not None else MemoryStore()
         self.compaction_timeout = compaction_timeout
         self.close_timeout = close_timeout

@@ -57,7 +57,7 @@ from typing import Any, Protocol, cast
 import anyio
 
 from voice_context import codec
-from voice_context.config import Settings, make_summarizer
+from voice_context.config import Settings, make_summarizer, session_defaults
 from voice_context.core.budget import FORMATS, Context, Format, build_context
 from voice_context.core.config import SessionConfig
 from voice_context.core.session import Applied, CompactionPlan, Failed, Session
@@ -211,7 +211,7 @@ class OfflineReplay:
         budget_chars: int | None = None,
     ) -> None:
         self.summarizer = summarizer
-        self.config = config or SessionConfig()
+        self.config = config or session_defaults(summarizer)
         self.overrides = dict(overrides or {})
         self.budget_chars = budget_chars
 
@@ -446,9 +446,10 @@ async def replay_file(
 ) -> ReplayResult:
     """Replay one recording file offline with ``settings`` and the ``group.key`` ``values`` on top."""
     point = apply_values(settings, values or {})
+    summarizer = summarizer or make_summarizer(point.summarizer)
     engine = OfflineReplay(
-        summarizer or make_summarizer(point.summarizer),
-        config=settings.session,
+        summarizer,
+        config=settings.session_config(summarizer),
         overrides=session_overrides(values or {}, point),
         budget_chars=budget_chars,
     )

@@ -299,7 +299,7 @@ class Server:
                 self._record_dir.mkdir(parents=True, exist_ok=True)
             manager = SessionManager(
                 self.summarizer,
-                config=self.settings.session,
+                config=self.settings.session_config(self.summarizer),
                 store=store,
                 compaction_timeout=self.settings.summarizer.compaction_timeout,
                 close_timeout=cfg.shutdown_timeout,

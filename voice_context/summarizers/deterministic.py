@@ -508,6 +508,13 @@ class DeterministicSummarizer:
     when the summary must shrink: lower makes older windows coarser sooner.
     """
 
+    #: The summary ceiling sessions get with this summarizer unless they set their own:
+    #: its lines cost nothing to write, so it keeps the detail of hundreds of turns (one
+    #: dated line per batch) where a model summarizer is held to the design's 1,200 chars.
+    #: Contexts still fit any budget: only ``summary_priority_chars`` of it outranks
+    #: the older verbatim turns.
+    preferred_max_summary_chars = 12_000
+
     def __init__(self, *, half_life: float = 48.0) -> None:
         if half_life <= 0:
             raise ValueError("half_life must be positive")

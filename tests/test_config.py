@@ -1,0 +1,62 @@
+"""Settings: defaults, then a TOML file, then VOICE_CONTEXT_* variables; and the summary ceiling
+each summarizer gets when nobody sets one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from voice_context.config import Settings, load_settings, make_summarizer, session_defaults
+from voice_context.core.config import MAX_SUMMARY_CHARS, SessionConfig
+from voice_context.errors import ConfigError
+from voice_context.manager import SessionManager
+from voice_context.summarizers.deterministic import DeterministicSummarizer
+from voice_context.summarizers.fakes import ScriptedSummarizer
+
+
+def test_a_file_then_the_environment_override_the_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "voice-context.toml"
+    path.write_text('[server]\nport = 9000\nauth_tokens = ["a"]\n[session]\nrecent_window = 40\n')
+    env = {"VOICE_CONTEXT_SESSION_RECENT_WINDOW": "30", "VOICE_CONTEXT_SERVER_AUTH_TOKENS": "x,y"}
+    settings = load_settings(path, env=env)
+    assert settings.server.port == 9000
+    assert settings.server.auth_tokens == ("x", "y")
+    assert settings.session.recent_window == 30
+    assert settings.session_explicit == {"recent_window"}
+    assert Settings().session == SessionConfig()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[nope]\nx = 1\n", "unknown config section"),
+        ("[session]\nrecent_windw = 1\n", "unknown setting session.recent_windw"),
+        ("[session]\nrecent_window = 0\n", "recent_window must be a positive integer"),
+        ("[summarizer]\nkind = 'magic'\n", "summarizer.kind"),
+        ("[server\n", "cannot read config file"),
+    ],
+)
+def test_a_bad_file_is_a_clear_config_error(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_settings(path, env={})
+
+
+def test_the_deterministic_summarizer_gets_its_larger_summary_ceiling_by_default() -> None:
+    settings = load_settings(env={})
+    summarizer = make_summarizer(settings.summarizer)
+    assert isinstance(summarizer, DeterministicSummarizer)
+    assert settings.session_config(summarizer).max_summary_chars == 12_000
+    assert SessionManager(summarizer).config.max_summary_chars == 12_000
+
+
+def test_a_model_summarizer_keeps_the_design_ceiling_and_an_explicit_value_always_wins() -> None:
+    assert session_defaults(ScriptedSummarizer()).max_summary_chars == MAX_SUMMARY_CHARS == 1200
+    model = load_settings(env={"VOICE_CONTEXT_SUMMARIZER_KIND": "openai"})
+    assert model.session_config(make_summarizer(model.summarizer)).max_summary_chars == 1200
+    pinned = load_settings(env={"VOICE_CONTEXT_SESSION_MAX_SUMMARY_CHARS": "1200"})
+    assert pinned.session_config(DeterministicSummarizer()).max_summary_chars == 1200
+    explicit = SessionConfig(max_summary_chars=800)
+    assert SessionManager(DeterministicSummarizer(), config=explicit).config.max_summary_chars == 800
