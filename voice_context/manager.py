@@ -408,16 +408,7 @@ class SessionManager:
             pending_note_count=len(plan.notes),
             recompact=plan.recompact,
         )
-        request = SummaryRequest(
-            previous_summary=plan.previous_summary,
-            turns=plan.turns,
-            notes=plan.notes,
-            max_chars=plan.max_chars,
-            max_note_chars=plan.max_note_chars,
-            first_index=plan.start,
-            recompact=plan.recompact,
-            session=session.name,
-        )
+        request = SummaryRequest.for_plan(plan, session.name)
         try:
             with anyio.fail_after(self.compaction_timeout):
                 text = await self.summarizer.summarize(request)

@@ -314,16 +314,7 @@ class OfflineReplay:
         self, seq: int, plan: CompactionPlan, state: _Live, now: float, result: ReplayResult
     ) -> CompactionPlan | None:
         session = state.session
-        request = SummaryRequest(
-            previous_summary=plan.previous_summary,
-            turns=plan.turns,
-            notes=plan.notes,
-            max_chars=plan.max_chars,
-            max_note_chars=plan.max_note_chars,
-            first_index=plan.start,
-            recompact=plan.recompact,
-            session=session.name,
-        )
+        request = SummaryRequest.for_plan(plan, session.name)
         sent = request_chars(request)
         state.calls += 1
         state.chars_sent += sent

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from voice_context.core.session import CompactionPlan
 from voice_context.core.turns import Note, Turn
 
 
@@ -27,6 +28,20 @@ class SummaryRequest:
     first_index: int = 0
     recompact: bool = False
     session: str = field(default="", compare=False)
+
+    @classmethod
+    def for_plan(cls, plan: CompactionPlan, session: str = "") -> SummaryRequest:
+        """The request that carries out a session's compaction plan."""
+        return cls(
+            previous_summary=plan.previous_summary,
+            turns=plan.turns,
+            notes=plan.notes,
+            max_chars=plan.max_chars,
+            max_note_chars=plan.max_note_chars,
+            first_index=plan.start,
+            recompact=plan.recompact,
+            session=session,
+        )
 
 
 @runtime_checkable
