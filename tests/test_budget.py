@@ -31,6 +31,10 @@ CONVERSATION = (
     Turn("Bob", "user", "Yes, Friday works.", 103.0),
 )
 
+COUNTED_PRIORITY = {"recent_share": 0.0, "recall_share": 0.0, "summary_share": 1.0}
+"""A layout with no protected share: only ``priority_turns`` outrank facts, and the summary takes
+up to ``summary_priority_chars`` before the older turns (the order these tests pin down)."""
+
 
 def view_of(
     conversation: tuple[Turn, ...] | list[Turn] = CONVERSATION,
@@ -258,7 +262,7 @@ def test_a_dropped_current_turn_is_not_also_reported_as_older_turns() -> None:
 
 
 def test_newest_turns_outrank_facts_which_outrank_the_summary_which_outranks_older_turns() -> None:
-    config = SessionConfig(priority_turns=2)
+    config = SessionConfig(priority_turns=2, **COUNTED_PRIORITY)
     view = view_of(turns(6, start_at=10), summary=SUMMARY, live_notes=(), config=config)
     two_newest = build_context(view_of(view.turns[-2:], summary="", live_notes=(), config=config), "messages")
 
@@ -280,7 +284,7 @@ def test_newest_turns_outrank_facts_which_outrank_the_summary_which_outranks_old
 
 
 def test_notes_outrank_older_turns() -> None:
-    config = SessionConfig(priority_turns=1)
+    config = SessionConfig(priority_turns=1, **COUNTED_PRIORITY)
     view = view_of(turns(4), summary="Short summary.", live_notes=NOTES, config=config)
     everything = build_context(view, "instructions", budget_chars=10_000)
     older = len("\nAlice: turn 2") + len("\nBob: turn 1") + len("\nAlice: turn 0")
@@ -302,7 +306,7 @@ def body_of(ctx: Context) -> str:
 @pytest.mark.parametrize("fmt", ["messages", "instructions"])
 def test_every_budget_keeps_the_priority_order(fmt: Format) -> None:
     """Parts are taken greedily in priority order: whatever is missing did not fit when its turn came."""
-    config = SessionConfig(priority_turns=2)
+    config = SessionConfig(priority_turns=2, **COUNTED_PRIORITY)
     view = view_of(turns(6, start_at=10), summary=SUMMARY, live_notes=NOTES, config=config)
     n = len(view.turns)
 

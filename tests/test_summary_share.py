@@ -21,6 +21,9 @@ LINES = [
 ]
 SUMMARY = "\n".join(LINES)
 
+COUNTED_PRIORITY = {"recent_share": 0.0, "recall_share": 0.0, "summary_share": 1.0}
+"""No protected share: the summary takes up to ``summary_priority_chars`` before the older turns."""
+
 
 def conversation(n: int) -> tuple[Turn, ...]:
     return tuple(
@@ -28,8 +31,8 @@ def conversation(n: int) -> tuple[Turn, ...]:
     )
 
 
-def view(summary: str = SUMMARY, n: int = 40, **config: int) -> ContextView:
-    return ContextView(100, summary, conversation(n), (), SessionConfig(max_summary_chars=20_000, **config))
+def view(summary: str = SUMMARY, n: int = 40, **config: float) -> ContextView:
+    return ContextView(100, summary, conversation(n), (), SessionConfig(max_summary_chars=20_000, **{**COUNTED_PRIORITY, **config}))
 
 
 def test_a_summary_longer_than_its_share_gives_way_to_older_turns_then_takes_the_room_left() -> None:

@@ -405,9 +405,13 @@ class SessionHandle:
         budget_chars: int | None = None,
         base_instructions: str | None = None,
         facts: Sequence[str] | None = None,
+        query: str | None = None,
     ) -> Event:
-        """The context for the next reply: ``messages`` or ``instructions``, plus the summary and cursor."""
-        message = ContextGet(self.name, format, budget_chars, base_instructions or "", tuple(facts or ()))
+        """The context for the next reply: ``messages`` or ``instructions``, plus the summary and cursor.
+        ``query`` is what recall looks for (by default the newest user turn)."""
+        message = ContextGet(
+            self.name, format, budget_chars, base_instructions or "", tuple(facts or ()), query=query
+        )
         return await self.client.request(message)
 
     async def state(self) -> Event:

@@ -101,6 +101,7 @@ class ContextGet:
     base_instructions: str = ""
     facts: tuple[str, ...] = ()
     id: MessageId = None
+    query: str | None = None
     type: str = field(default="context.get", init=False, repr=False)
 
 
@@ -310,7 +311,8 @@ def _message(obj: dict[str, Any], max_text_chars: int) -> ClientMessage:
             facts = tuple(cast(list[str], raw_facts))
         else:
             raise r.fail("facts must be a list of strings")
-        return ContextGet(session, cast(Format, fmt), budget, base or "", facts, msg_id)
+        query = r.string(obj, "query", "", required=False, non_empty=False, max_chars=max_text_chars)
+        return ContextGet(session, cast(Format, fmt), budget, base or "", facts, msg_id, query)
     if kind == "session.state":
         return SessionStateGet(session, msg_id)
     assert kind == "session.close"
@@ -364,6 +366,8 @@ def message_dict(message: ClientMessage) -> dict[str, Any]:
             out["base_instructions"] = message.base_instructions
         if message.facts:
             out["facts"] = list(message.facts)
+        if message.query is not None:
+            out["query"] = message.query
     return out
 
 
@@ -432,6 +436,8 @@ def encode_context(session: str, ctx: Context, *, in_flight: bool, msg_id: Messa
         "turns_shown": ctx.turns_shown,
         "budget_chars": ctx.budget_chars,
         "dropped": list(ctx.dropped),
+        "query": ctx.query,
+        "recalled": [r.as_wire() for r in ctx.recalled],
     }
     if ctx.format == "messages":
         obj["messages"] = [dict(m) for m in ctx.messages]

@@ -46,6 +46,7 @@ from voice_context.core.session import (
 from voice_context.core.turns import Note, Turn
 from voice_context.core.window import Skip, SkipReason
 from voice_context.errors import SessionClosed, StoreError, SummarizerError, UnknownSession
+from voice_context.recall.index import RecallIndex, recall_candidates
 from voice_context.store.base import SessionRecord, Store
 from voice_context.store.common import TurnConflict
 from voice_context.store.memory import MemoryStore
@@ -90,6 +91,7 @@ class _Live:
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     scope: anyio.CancelScope | None = None
     listeners: list[Listener] = field(default_factory=list)
+    recall: RecallIndex = field(default_factory=RecallIndex)
 
 
 class SessionManager:
@@ -206,14 +208,16 @@ class SessionManager:
                 raise UnknownSession(name)
             merged = {**record.config, **(overrides or {})}
             session = _restore(record, self.config.with_overrides(merged))
+            recall = await self._recall_index(record)
             resumed = True
         else:
             config = self.config.with_overrides(overrides)
             await self.store.create(SessionRecord(name, config=dict(overrides or {}), owner=owner))
             session = Session(name, config)
+            recall = RecallIndex()
             resumed = False
         # another open may have raced us through the awaits above
-        live = self._live.setdefault(name, _Live(session, owner))
+        live = self._live.setdefault(name, _Live(session, owner, recall=recall))
         return Opened(name, resumed, live.session.stats())
 
     async def append_turn(self, name: str, turn: Turn, *, owner: str | None = None) -> int:
@@ -226,6 +230,7 @@ class SessionManager:
             except TurnConflict:
                 await self._catch_up_locked(live)  # the next request starts from the store's view
                 raise
+            live.recall.add_turn(index, turn)
             return live.session.append_turn(turn)
 
     async def append_note(self, name: str, note: Note, *, owner: str | None = None) -> NotesChanged:
@@ -240,6 +245,7 @@ class SessionManager:
             except BaseException:
                 session.restore_notes(*before)
                 raise
+            live.recall.add_note(note)
             return changed
 
     async def context(
@@ -250,18 +256,27 @@ class SessionManager:
         budget_chars: int | None = None,
         base_instructions: str = "",
         facts: Sequence[str] = (),
+        query: str | None = None,
         owner: str | None = None,
     ) -> Context:
         """The context for the next reply. Starts a compaction in the background when due;
-        never waits for one."""
+        never waits for one.
+
+        ``query`` is what recall looks for in the session's older history; by
+        default the newest user turn. The context says what it recalled.
+        """
         live = self._get(name, owner)
         self._maybe_compact(live)
+        session = live.session
+        query, recalled = recall_candidates(live.recall, session, query)
         return build_context(
-            live.session.view(),
+            session.view(),
             format,
             budget_chars=budget_chars,
             base_instructions=base_instructions,
             facts=facts,
+            recalled=recalled,
+            query=query,
         )
 
     def state(self, name: str, *, owner: str | None = None) -> SessionStats:
@@ -306,6 +321,11 @@ class SessionManager:
             live.scope.cancel()
         session.begin_ending()
         live.session = _restore(record, session.config)
+        if record.total_turns > live.recall.turns:
+            live.recall.add_turns(
+                live.recall.turns,
+                await self.store.read_turns(session.name, live.recall.turns, record.total_turns),
+            )
         log.info(
             "voice_context_session_caught_up",
             session=session.name,
@@ -314,6 +334,16 @@ class SessionManager:
             was_turns=seen[0],
             was_cursor=seen[1],
         )
+
+    async def _recall_index(self, record: SessionRecord) -> RecallIndex:
+        """The recall index of a stored session: every turn it ever had, and its notes."""
+        index = RecallIndex()
+        if record.cursor:
+            index.add_turns(0, await self.store.read_turns(record.name, 0, record.cursor))
+        index.add_turns(record.cursor, record.turns)
+        for note in (*record.pending_notes, *record.live_notes):
+            index.add_note(note)
+        return index
 
     def _get(self, name: str, owner: str | None, *, check_owner: bool = True) -> _Live:
         live = self._live.get(name)

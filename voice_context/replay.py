@@ -64,6 +64,7 @@ from voice_context.core.session import Applied, CompactionPlan, Failed, Session
 from voice_context.core.turns import ROLES, Note, Role, Turn
 from voice_context.errors import ConfigError, SummarizerError
 from voice_context.manager import CompactionEvent, SessionManager
+from voice_context.recall.index import RecallIndex, recall_candidates
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 
 MESSAGE_TYPES = frozenset(
@@ -189,6 +190,7 @@ class ReplayResult:
 class _Live:
     session: Session
     turns: list[Turn] = field(default_factory=list)
+    recall: RecallIndex = field(default_factory=RecallIndex)
     calls: int = 0
     chars_sent: int = 0
 
@@ -245,13 +247,14 @@ class OfflineReplay:
                 turn = turn_from(message["turn"], now)
                 now = turn.at if not started else max(now, turn.at)
                 started = True
-                state.session.append_turn(turn)
+                state.recall.add_turn(state.session.append_turn(turn), turn)
                 state.turns.append(turn)
             elif kind == "note.append" and isinstance(message.get("note"), dict):
                 note = note_from(message["note"], now)
                 now = note.at if not started else max(now, note.at)
                 started = True
                 state.session.append_note(note)
+                state.recall.add_note(note)
             elif kind == "context.get":
                 await self._context(seq, message, state, now, result)
             # session.close: nothing is in flight offline, and a server keeps a closed session's
@@ -272,13 +275,19 @@ class OfflineReplay:
         raw_facts = message.get("facts")
         facts: list[Any] = raw_facts if isinstance(raw_facts, list) else []
         base = message.get("base_instructions")
+        raw_query = message.get("query")
         tick = time.perf_counter()
+        query, recalled = recall_candidates(
+            state.recall, session, raw_query if isinstance(raw_query, str) else None
+        )
         context = build_context(
             session.view(),
             cast(Format, fmt),
             budget_chars=budget,
             base_instructions=base if isinstance(base, str) else "",
             facts=[str(f) for f in facts],
+            recalled=recalled,
+            query=query,
         )
         result.context_ms.append((time.perf_counter() - tick) * 1000)
         stats = session.stats()
@@ -548,15 +557,17 @@ async def _drive(
 
 def _context_args(
     message: Mapping[str, Any], budget: int | None
-) -> tuple[Format, int | None, str, list[str]]:
+) -> tuple[Format, int | None, str, list[str], str | None]:
     fmt = message.get("format", "messages")
     raw_budget = message.get("budget_chars")
     raw_base, raw_facts = message.get("base_instructions"), message.get("facts")
+    raw_query = message.get("query")
     return (
         cast(Format, fmt if fmt in FORMATS else "messages"),
         budget if budget is not None else (raw_budget if isinstance(raw_budget, int) else None),
         raw_base if isinstance(raw_base, str) else "",
         [str(f) for f in raw_facts] if isinstance(raw_facts, list) else [],
+        raw_query if isinstance(raw_query, str) else None,
     )
 
 
@@ -578,9 +589,9 @@ class _ManagerTarget:
         await self.manager.append_note(name, note)
 
     async def context(self, name: str, message: Mapping[str, Any], budget: int | None) -> dict[str, Any]:
-        fmt, budget_chars, base, facts = _context_args(message, budget)
+        fmt, budget_chars, base, facts, query = _context_args(message, budget)
         context = await self.manager.context(
-            name, fmt, budget_chars=budget_chars, base_instructions=base, facts=facts
+            name, fmt, budget_chars=budget_chars, base_instructions=base, facts=facts, query=query
         )
         in_flight = self.manager.session(name).in_flight is not None
         return context_response(name, context, in_flight=in_flight, request_id=message.get("id"))
@@ -619,8 +630,8 @@ class _ClientTarget:
         await self.handles[name].append_note(note.text, at=note.at, speaker=note.speaker, source=note.source)
 
     async def context(self, name: str, message: Mapping[str, Any], budget: int | None) -> dict[str, Any]:
-        fmt, budget_chars, base, facts = _context_args(message, budget)
-        reply: dict[str, Any] = await self.handles[name].context(fmt, budget_chars, base, facts)
+        fmt, budget_chars, base, facts, query = _context_args(message, budget)
+        reply: dict[str, Any] = await self.handles[name].context(fmt, budget_chars, base, facts, query)
         return reply
 
     async def state(self, name: str) -> dict[str, Any]:

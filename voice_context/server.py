@@ -557,6 +557,7 @@ class Server:
                 budget_chars=message.budget_chars,
                 base_instructions=message.base_instructions,
                 facts=message.facts,
+                query=message.query,
                 owner=owner,
             )
             in_flight = manager.state(name, owner=owner).in_flight is not None

@@ -3,29 +3,38 @@
 Two shapes come out of the same snapshot:
 
 - ``messages``: OpenAI chat messages. System messages for the base
-  instructions, the durable facts, "Earlier in this session: <summary>" and the
-  live screen notes, then the verbatim turns from the cursor, the current turn
-  last. ``chars`` counts the characters of every message's content.
+  instructions, the durable facts, "Earlier in this session: <summary>", the
+  recalled passages and the live screen notes, then the verbatim turns from
+  the cursor, the current turn last. ``chars`` counts the characters of every
+  message's content.
 - ``instructions``: one realtime ``instructions`` string: the base
   instructions, then sections for the durable facts, the session summary, the
-  screen notes and the recent conversation. ``chars`` is its length.
+  recalled passages, the screen notes and the recent conversation. ``chars``
+  is its length.
 
 When the budget is tight, parts are kept in this order, and whatever does not
-fit is left out whole (turns) or cut at a sentence or word boundary (the
-summary, and the current turn when it alone is larger than the budget):
+fit is left out whole (turns, recalled passages) or cut at a sentence or word
+boundary (the summary, and the current turn when it alone is larger than the
+budget):
 
 1. the base instructions,
 2. the current turn,
-3. the ``priority_turns`` most recent verbatim turns, newest first,
+3. the recent verbatim window, protected: the newest turns, newest first, up to
+   ``recent_share`` of the budget left after the base instructions (and at
+   least ``priority_turns`` turns when they fit),
 4. the durable facts,
-5. the session summary, up to ``summary_priority_chars`` of it,
-6. the live screen notes, newest first,
-7. the older verbatim turns back to the cursor, newest first,
-8. the rest of a longer summary, in whatever room is left.
+5. recall: the passages of older history that bear on the query, best first,
+   up to ``recall_share`` of the budget,
+6. the session summary, up to ``summary_share`` of the budget (and at most
+   ``summary_priority_chars``),
+7. the live screen notes, newest first,
+8. the older verbatim turns back to the cursor, newest first (a recalled
+   passage of a turn that becomes verbatim here gives its room back),
+9. the rest of a longer summary, then more recalled passages (up to
+   ``recall_limit``), in whatever room is left.
 
-A summary is shrunk by :func:`~voice_context.core.text.condense_summary`:
-whole sentences go, the oldest and longest time windows losing theirs first
-(a one-paragraph summary keeps its newest sentences).
+Without a budget everything is shown: every verbatim turn, the whole summary,
+and up to ``recall_limit`` recalled passages from before the cursor.
 
 Verbatim turns are always a contiguous run ending at the current turn: a cut
 falls at a turn boundary, never inside a turn and never leaving a hole. Nothing
@@ -38,6 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from voice_context.core.recalled import Recalled
 from voice_context.core.session import ContextView
 from voice_context.core.text import clip, condense_summary
 from voice_context.core.turns import Turn
@@ -48,6 +58,7 @@ SUMMARY_PREFIX = "Earlier in this session: "
 FACTS_HEADER = "Durable facts:"
 SUMMARY_HEADER = "Session conversation summary:"
 NOTES_HEADER = "Screen notes:"
+RECALL_HEADER = "Recalled from earlier in this session (quoted, dated):"
 RECENT_HEADER = "Recent conversation:"
 MIN_SUMMARY_CUT = 24
 """A summary cut shorter than this (a word and an ellipsis) is left out instead."""
@@ -79,9 +90,11 @@ class Context:
     instructions: str = ""
     budget_chars: int | None = None
     dropped: tuple[str, ...] = field(default=())
+    recalled: tuple[Recalled, ...] = field(default=())
+    query: str = ""
 
 
-_SECTIONS = ("base", "facts", "summary", "notes", "turns")
+_SECTIONS = ("base", "facts", "summary", "recall", "notes", "turns")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +111,11 @@ _INSTRUCTIONS = _Layout(
         "base": 0,
         "facts": len(FACTS_HEADER),
         "summary": len(SUMMARY_HEADER) + 1,
+        "recall": len(RECALL_HEADER),
         "notes": len(NOTES_HEADER),
         "turns": len(RECENT_HEADER),
     },
-    item={"base": 0, "facts": 3, "summary": 0, "notes": 3, "turns": 1},
+    item={"base": 0, "facts": 3, "summary": 0, "recall": 3, "notes": 3, "turns": 1},
     join=2,
 )
 _MESSAGES = _Layout(
@@ -109,10 +123,11 @@ _MESSAGES = _Layout(
         "base": 0,
         "facts": len(FACTS_HEADER),
         "summary": len(SUMMARY_PREFIX),
+        "recall": len(RECALL_HEADER),
         "notes": len(NOTES_HEADER),
         "turns": 0,
     },
-    item={"base": 0, "facts": 3, "summary": 0, "notes": 3, "turns": 0},
+    item={"base": 0, "facts": 3, "summary": 0, "recall": 3, "notes": 3, "turns": 0},
     join=0,
 )
 
@@ -132,6 +147,15 @@ class _Fill:
             opened = sum(1 for name in _SECTIONS if self.items[name])
             extra += self.layout.header[section] + (self.layout.join if opened else 0)
         return extra
+
+    def remove(self, section: str, position: int) -> None:
+        """Take an item out again, giving back exactly what :meth:`add` charged for it."""
+        text = self.items[section].pop(position)
+        freed = self.layout.item[section] + len(text)
+        if not self.items[section]:
+            still_open = sum(1 for name in _SECTIONS if self.items[name])
+            freed += self.layout.header[section] + (self.layout.join if still_open else 0)
+        self.total -= freed
 
     def room(self, section: str) -> int:
         """How many chars of content one more item of ``section`` may have."""
@@ -195,6 +219,8 @@ def _render_instructions(items: dict[str, list[str]]) -> str:
         sections.append(_bulleted(FACTS_HEADER, items["facts"]))
     if items["summary"]:
         sections.append(SUMMARY_HEADER + "\n" + items["summary"][0])
+    if items["recall"]:
+        sections.append(_bulleted(RECALL_HEADER, items["recall"]))
     if items["notes"]:
         sections.append(_bulleted(NOTES_HEADER, items["notes"][::-1]))
     if items["turns"]:
@@ -210,6 +236,8 @@ def _render_messages(items: dict[str, list[str]], chosen: Sequence[Turn]) -> lis
         out.append({"role": "system", "content": _bulleted(FACTS_HEADER, items["facts"])})
     if items["summary"]:
         out.append({"role": "system", "content": SUMMARY_PREFIX + items["summary"][0]})
+    if items["recall"]:
+        out.append({"role": "system", "content": _bulleted(RECALL_HEADER, items["recall"])})
     if items["notes"]:
         out.append({"role": "system", "content": _bulleted(NOTES_HEADER, items["notes"][::-1])})
     roles = [_turn_message(turn, "")["role"] for turn in chosen]
@@ -227,12 +255,16 @@ def build_context(
     budget_chars: int | None = None,
     base_instructions: str = "",
     facts: Sequence[str] = (),
+    recalled: Sequence[Recalled] = (),
+    query: str = "",
 ) -> Context:
     """Assemble the context for one reply; see the module docstring for the rules.
 
     ``budget_chars`` defaults to the session's ``instructions_budget_chars`` for
-    ``instructions`` and to no budget for ``messages``. Raises ``ValueError``
-    for an unknown format or a negative budget.
+    ``instructions`` and to no budget for ``messages``. ``recalled`` are the
+    passages recall found for ``query``, best first (those of turns the context
+    shows verbatim are skipped). Raises ``ValueError`` for an unknown format or
+    a negative budget.
     """
     if format not in FORMATS:
         raise ValueError(f"unknown context format {format!r}")
@@ -245,6 +277,7 @@ def build_context(
     n = len(turns)
     fill = _Fill(_INSTRUCTIONS if format == "instructions" else _MESSAGES, budget_chars)
     dropped: list[str] = []
+    recalled = recalled if config.recall else ()
 
     def rendered(i: int) -> tuple[str, int]:
         """Turn ``i`` as its line or message content, and the length of its speaker prefix."""
@@ -256,6 +289,11 @@ def build_context(
     # 1. the base instructions
     if base_instructions and not fill.add_cut("base", base_instructions, clip):
         dropped.append("base_instructions")
+    room = None if budget_chars is None else max(0, budget_chars - fill.total)
+    base_total = fill.total
+
+    def share(fraction: float) -> int:
+        return (1 << 30) if room is None else int(room * fraction)
 
     # 2. the current turn, clipped if it alone is larger than the budget
     next_turn = n - 1
@@ -268,10 +306,14 @@ def build_context(
             stopped = True
             dropped.append("current_turn")
 
-    # 3. the newest verbatim turns, newest first, contiguous
+    # 3. the recent verbatim window, protected: its share, and at least priority_turns turns
+    protected = share(config.recent_share)
     floor = max(0, n - max(1, config.priority_turns))
-    while not stopped and next_turn >= floor:
-        if not fill.add("turns", rendered(next_turn)[0]):
+    while not stopped and next_turn >= 0:
+        line = rendered(next_turn)[0]
+        if next_turn < floor and fill.total - base_total + fill.cost("turns", line) > protected:
+            break
+        if not fill.add("turns", line):
             stopped = True
         else:
             next_turn -= 1
@@ -282,25 +324,56 @@ def build_context(
             dropped.append("facts")
             break
 
-    # 5. the summary, up to its priority share
+    # 5. recall, up to its share: passages of turns older than the verbatim run
+    chosen: list[Recalled] = []
+    offered = list(recalled)
+
+    def verbatim_from() -> int:
+        return view.cursor + n - len(fill.items["turns"])
+
+    def recall(limit_chars: int) -> None:
+        spent = 0
+        for passage in list(offered):
+            if len(chosen) >= config.recall_limit:
+                return
+            if passage.turn is not None and passage.turn >= verbatim_from():
+                offered.remove(passage)
+                continue
+            cost = fill.cost("recall", passage.line)
+            if spent + cost > limit_chars:
+                continue
+            if fill.add("recall", passage.line):
+                spent += cost
+                chosen.append(passage)
+                offered.remove(passage)
+
+    recall(share(config.recall_share))
+
+    # 6. the summary, up to its share
     if view.summary:
-        share = config.summary_priority_chars
         first = view.summary
-        if budget_chars is not None and len(first) > share:
-            first = condense_summary(first, share)
-        if not fill.add_cut("summary", first, condense_summary, least=MIN_SUMMARY_CUT):
-            dropped.append("summary")
-        elif fill.items["summary"][0] != view.summary:
+        if budget_chars is not None:
+            cap = min(config.summary_priority_chars, share(config.summary_share))
+            if len(first) > cap:
+                first = condense_summary(first, cap) if cap >= MIN_SUMMARY_CUT else ""
+        added = bool(first) and fill.add_cut("summary", first, condense_summary, least=MIN_SUMMARY_CUT)
+        if not added or fill.items["summary"][0] != view.summary:
             dropped.append("summary_head")
 
-    # 6. live screen notes, newest first
+    # 7. live screen notes, newest first
     for note in reversed(view.live_notes):
         if not fill.add("notes", note.render()):
             dropped.append("notes")
             break
 
-    # 7. older verbatim turns back to the cursor
+    # 8. older verbatim turns back to the cursor; a recalled passage of a turn shown whole goes
     while not stopped and next_turn >= 0:
+        index = view.cursor + next_turn
+        for k, passage in enumerate(chosen):
+            if passage.turn == index:
+                fill.remove("recall", k)
+                chosen.pop(k)
+                break
         if not fill.add("turns", rendered(next_turn)[0]):
             stopped = True
         else:
@@ -309,20 +382,37 @@ def build_context(
     if shown < n - ("current_turn" in dropped):
         dropped.append("older_turns")
 
-    # 8. the rest of a longer summary, in the room left
+    # 9. the rest of a longer summary, then more recall, in the room left
     if "summary_head" in dropped:
-        fill.grow("summary", view.summary, condense_summary)
-        if fill.items["summary"][0] == view.summary:
+        if fill.items["summary"]:
+            fill.grow("summary", view.summary, condense_summary)
+        elif view.summary:
+            fill.add_cut("summary", view.summary, condense_summary, least=MIN_SUMMARY_CUT)
+        if not fill.items["summary"]:
+            dropped[dropped.index("summary_head")] = "summary"
+        elif fill.items["summary"][0] == view.summary:
             dropped.remove("summary_head")
+    recall(1 << 30)
+    # a recalled summary line the summary shows anyway is not shown twice
+    shown_summary = fill.items["summary"][0] if fill.items["summary"] else ""
+    for k in range(len(chosen) - 1, -1, -1):
+        if chosen[k].kind == "summary" and chosen[k].line in shown_summary:
+            fill.remove("recall", k)
+            chosen.pop(k)
 
-    chosen = turns[n - shown :]
+    # recalled passages read in the order they were said
+    order = sorted(range(len(chosen)), key=lambda k: (chosen[k].at or 0.0, chosen[k].turn or 0))
+    chosen = [chosen[k] for k in order]
+    fill.items["recall"] = [p.line for p in chosen]
+
+    picked = turns[n - shown :]
     messages: tuple[Message, ...] = ()
     instructions = ""
     if format == "instructions":
         instructions = _render_instructions(fill.items)
         chars = len(instructions)
     else:
-        messages = tuple(_render_messages(fill.items, chosen))
+        messages = tuple(_render_messages(fill.items, picked))
         chars = sum(len(m["content"]) for m in messages)
     if chars != fill.total:  # pragma: no cover - the size model must match the rendering
         raise AssertionError(f"size model {fill.total} != rendered {chars}")
@@ -338,4 +428,6 @@ def build_context(
         instructions=instructions,
         budget_chars=budget_chars,
         dropped=tuple(dropped),
+        recalled=tuple(chosen),
+        query=query,
     )

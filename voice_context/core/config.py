@@ -16,6 +16,9 @@ LIVE_NOTE_ENTRIES = 8
 LIVE_NOTE_CHARS = 220
 INSTRUCTIONS_BUDGET_CHARS = 5200
 MAX_TURN_CHARS = 1200
+RECENT_SHARE = 0.85
+RECALL_SHARE = 0.1
+SUMMARY_SHARE = 0.05
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,8 +40,18 @@ class SessionConfig:
     - ``instructions_budget_chars``: the default budget of a realtime
       ``instructions`` context.
     - ``max_turn_chars``: each verbatim turn is clipped to this in a context.
-    - ``priority_turns``: in an ``instructions`` context, this many newest turns
-      outrank the durable facts and the summary; older verbatim turns come last.
+    - ``recent_share``: in a budgeted context, the share of the budget (after the
+      base instructions) protected for the newest verbatim turns; they outrank
+      everything but the base instructions and the current turn.
+    - ``priority_turns``: at least this many newest turns are protected too, when
+      they fit, whatever their share.
+    - ``recall``: whether contexts recall old passages that bear on the query.
+    - ``recall_share``: the share of a budget recall may take before the summary;
+      room left once every verbatim turn is shown may take more passages.
+    - ``summary_share``: the share of a budget the summary takes before the older
+      verbatim turns (never more than ``summary_priority_chars``); the rest of a
+      longer summary only takes the room those turns leave.
+    - ``recall_limit``: at most this many recalled passages in one context.
     - ``min_age_seconds``: a turn becomes eligible for compaction only once it is
       this old at the time of the request (0 keeps the design's pure count rule).
     - ``retry_base_seconds`` / ``retry_max_seconds``: after a failed compaction the
@@ -56,6 +69,11 @@ class SessionConfig:
     instructions_budget_chars: int = INSTRUCTIONS_BUDGET_CHARS
     max_turn_chars: int = MAX_TURN_CHARS
     priority_turns: int = 8
+    recent_share: float = RECENT_SHARE
+    recall: bool = True
+    recall_share: float = RECALL_SHARE
+    summary_share: float = SUMMARY_SHARE
+    recall_limit: int = 8
     min_age_seconds: float = 0.0
     retry_base_seconds: float = 2.0
     retry_max_seconds: float = 60.0
@@ -75,7 +93,7 @@ class SessionConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("max_note_chars", "max_pending_notes", "priority_turns"):
+        for name in ("max_note_chars", "max_pending_notes", "priority_turns", "recall_limit"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
@@ -83,6 +101,14 @@ class SessionConfig:
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
+        for name in ("recent_share", "recall_share", "summary_share"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= 1:
+                raise ConfigError(f"{name} must be a number between 0 and 1, got {value!r}")
+        if self.recent_share + self.recall_share + self.summary_share > 1 + 1e-9:
+            raise ConfigError("recent_share + recall_share + summary_share must not exceed 1")
+        if not isinstance(self.recall, bool):
+            raise ConfigError(f"recall must be true or false, got {self.recall!r}")
         if self.max_summary_chars < 40:
             raise ConfigError("max_summary_chars must be at least 40")
         if self.summary_priority_chars < 40:

@@ -1,0 +1,381 @@
+"""Recall: find the old passages of a session that bear on the current query.
+
+Pure and synchronous: no clock, no I/O, no event loop. One :class:`RecallIndex`
+per session holds every turn ever appended (and the screen notes seen while
+the session was live), indexed for BM25 as they arrive. A search ranks whole
+turns, then shows each hit at the granularity that carries its match in the
+fewest chars: the sentences of the turn that hold the query's words, or the
+whole turn when they are most of it. A hit comes back dated and attributed,
+with relative dates resolved from the day it was said::
+
+    [8 May 2023, 13:56] Caroline: I went to a LGBTQ support group yesterday [7 May 2023] …
+
+When vectors are attached to passages (see :mod:`voice_context.recall.embedding`,
+computed off the reply path), :meth:`RecallIndex.search` fuses the lexical and
+the vector rankings by reciprocal rank; without them it is lexical only.
+
+Cost: appending a turn tokenizes it once (a few microseconds); a search walks
+the postings of the query's words only, then splits the best few turns into
+sentences. The index keeps each turn's text, so memory grows with the
+session's length (about the size of its transcript).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from voice_context.core.recalled import PassageKind, Recalled
+from voice_context.core.session import Session
+from voice_context.core.text import ELLIPSIS, clip, normalize, sentences
+from voice_context.core.turns import Note, Turn
+from voice_context.summarizers.deterministic import _RELATIVE as RELATIVE_DATE
+from voice_context.summarizers.deterministic import resolve_dates, spoken_numbers
+
+K1 = 1.2
+B = 0.75
+RRF_K = 60
+"""Reciprocal-rank fusion constant: the usual 60, so no single ranking dominates."""
+SENTENCE_SHARE = 0.75
+"""A turn is shown as its matching sentences when they hold at least this share of its match."""
+
+_TOKEN = re.compile(r"[a-z0-9]+")
+_POSSESSIVE = re.compile(r"['’]s\b")
+_APOSTROPHE = re.compile(r"['’]")
+_STOP = frozenset(
+    """
+    a an the and or but if so to of in on at by for with from as into onto about over under than then
+    is are was were be been being am do does did done have has had having will would shall should can
+    could might must i me my mine myself you your yours he him his she her hers it its we us our ours
+    they them their theirs this that these those there here what which who whom whose when where why
+    how not no nor yes just very too also only still even ever some any all each every both either
+    neither such own same other another more most much many few lot lots s t d ll m re ve up down out
+    off again once really quite get got gets getting go goes going gone went oh uh um yeah like know
+    think mean gonna wanna thing things stuff well okay ok right sure maybe now hey hi hello wow haha
+    lol yep yup hmm mm
+    """.split()
+)
+_RELATIVE_HINT = re.compile(
+    r"\b(?:yesterday|tomorrow|tonight|last|next|ago|this past|the other)\b", re.IGNORECASE
+)
+_MONTHS = "January February March April May June July August September October November December".split()
+
+
+def _stem(word: str) -> str:
+    if word.isdigit():
+        return word.lstrip("0") or "0"
+    if len(word) > 4 and word.endswith("ies"):
+        return word[:-3] + "y"
+    if len(word) > 4 and word.endswith(("sses", "shes", "ches", "xes")):
+        return word[:-2]
+    if len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        return word[:-1]
+    if len(word) > 5 and word.endswith("ing"):
+        return word[:-3]
+    if len(word) > 4 and word.endswith("ed") and not word.endswith("eed"):
+        return word[:-2]
+    return word
+
+
+def index_terms(text: str) -> list[str]:
+    """The words recall matches on: lowercased, numbers said as words as digits, possessives,
+    plurals and common suffixes folded, stopwords dropped. The same for turns and queries."""
+    lowered = _APOSTROPHE.sub("", _POSSESSIVE.sub("", spoken_numbers(text).lower()))
+    return [_stem(w) for w in _TOKEN.findall(lowered) if w not in _STOP and (len(w) > 1 or w.isdigit())]
+
+
+def stamp(at: float) -> str:
+    """``8 May 2023, 13:56`` (UTC); empty for a time no calendar can show."""
+    try:
+        when = datetime.fromtimestamp(at, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return ""
+    return f"{when.day} {_MONTHS[when.month - 1]} {when.year}, {when.hour:02d}:{when.minute:02d}"
+
+
+def annotate_dates(text: str, at: float) -> str:
+    """Relative dates kept as said, with the day they mean in brackets:
+    "yesterday" said on 8 May 2023 reads "yesterday [7 May 2023]"."""
+    if not _RELATIVE_HINT.search(text):
+        return text
+    out: list[str] = []
+    last = 0
+    for match in RELATIVE_DATE.finditer(text):
+        start, end = match.span("phrase")
+        try:
+            value = resolve_dates(match.group("phrase"), at)
+        except (OverflowError, OSError, ValueError):
+            return text
+        for lead in ("on the night of ", "on ", "in "):
+            if value.startswith(lead):
+                value = value[len(lead) :]
+                break
+        if value and value != match.group("phrase"):
+            out.append(text[last:end] + f" [{value}]")
+            last = end
+    out.append(text[last:])
+    return "".join(out)
+
+
+@dataclass(slots=True)
+class _Doc:
+    kind: PassageKind
+    turn: int | None
+    at: float
+    speaker: str
+    text: str
+    length: int
+
+
+@dataclass(slots=True)
+class RecallIndex:
+    """BM25 over every turn (and note) of one session, vectors optional. See the module docstring."""
+
+    docs: list[_Doc] = field(default_factory=list)
+    postings: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    total_length: int = 0
+    vectors: dict[int, Any] = field(default_factory=dict)
+    """Doc id -> unit vector (a numpy array), attached when an embedder ran."""
+    _turn_doc: dict[int, int] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"<RecallIndex docs={len(self.docs)} terms={len(self.postings)} vectors={len(self.vectors)}>"
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    # -- building -----------------------------------------------------------------------
+
+    def add_turn(self, index: int, turn: Turn) -> int:
+        """Index the turn at transcript ``index``; returns its doc id. Re-adding an index is a no-op."""
+        known = self._turn_doc.get(index)
+        if known is not None:
+            return known
+        doc = self._add(_Doc("turn", index, turn.at, turn.speaker, turn.text, 0), turn.speaker)
+        self._turn_doc[index] = doc
+        return doc
+
+    def add_turns(self, start: int, turns: Iterable[Turn]) -> None:
+        for offset, turn in enumerate(turns):
+            self.add_turn(start + offset, turn)
+
+    def add_note(self, note: Note) -> int:
+        return self._add(
+            _Doc("note", None, note.at, note.speaker or "", note.render(), 0), note.speaker or ""
+        )
+
+    @property
+    def turns(self) -> int:
+        """How many turns are indexed (turns ``0 .. turns-1``)."""
+        return len(self._turn_doc)
+
+    def doc_for_turn(self, index: int) -> int | None:
+        return self._turn_doc.get(index)
+
+    def attach_vector(self, doc: int, vector: Any) -> None:
+        """Attach a unit vector to a doc (from a background embedding pass)."""
+        if 0 <= doc < len(self.docs):
+            self.vectors[doc] = vector
+
+    def unembedded(self, limit: int) -> list[tuple[int, str]]:
+        """Up to ``limit`` docs with no vector yet, newest first: what an embedder should do next."""
+        out: list[tuple[int, str]] = []
+        for doc in range(len(self.docs) - 1, -1, -1):
+            if doc not in self.vectors:
+                out.append((doc, self.docs[doc].text))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def _add(self, doc: _Doc, speaker: str) -> int:
+        terms = index_terms(doc.text)
+        if speaker:
+            terms.extend(index_terms(speaker))
+        doc.length = len(terms)
+        doc_id = len(self.docs)
+        self.docs.append(doc)
+        self.total_length += doc.length
+        for term, tf in Counter(terms).items():
+            self.postings.setdefault(term, []).append((doc_id, tf))
+        return doc_id
+
+    # -- searching -----------------------------------------------------------------------
+
+    def idf(self, term: str) -> float:
+        n = len(self.docs)
+        df = len(self.postings.get(term, ()))
+        return math.log(1 + (n - df + 0.5) / (df + 0.5))
+
+    def lexical(self, terms: Sequence[str], *, before: int | None = None) -> dict[int, float]:
+        """BM25 score of every doc that holds a query word (turns at ``before`` or later excluded)."""
+        if not self.docs:
+            return {}
+        avg = self.total_length / len(self.docs) or 1.0
+        scores: dict[int, float] = {}
+        for term in set(terms):
+            postings = self.postings.get(term)
+            if not postings:
+                continue
+            weight = self.idf(term)
+            for doc_id, tf in postings:
+                doc = self.docs[doc_id]
+                if before is not None and doc.turn is not None and doc.turn >= before:
+                    continue
+                norm = tf * (K1 + 1) / (tf + K1 * (1 - B + B * doc.length / avg))
+                scores[doc_id] = scores.get(doc_id, 0.0) + weight * norm
+        return scores
+
+    def search(
+        self,
+        query: str,
+        *,
+        before: int | None = None,
+        limit: int = 24,
+        query_vector: Any = None,
+        min_share: float = 0.25,
+    ) -> list[Recalled]:
+        """The passages that bear on ``query``, best first, each rendered to show.
+
+        ``before`` excludes turns at that index or later (the ones a context
+        shows verbatim anyway). A lexical hit scoring under ``min_share`` of the
+        best is noise and left out. ``query_vector`` (a unit vector) adds the
+        vector ranking, fused by reciprocal rank.
+        """
+        terms = index_terms(query)
+        lexical = self.lexical(terms, before=before)
+        ranked: dict[int, float] = {}
+        if lexical:
+            best = max(lexical.values())
+            order = sorted(
+                (d for d, s in lexical.items() if s >= min_share * best), key=lambda d: (-lexical[d], -d)
+            )
+            for rank, doc in enumerate(order[: limit * 2]):
+                ranked[doc] = ranked.get(doc, 0.0) + 1.0 / (RRF_K + rank + 1)
+        if query_vector is not None and self.vectors:
+            for rank, doc in enumerate(self._nearest(query_vector, before, limit * 2)):
+                ranked[doc] = ranked.get(doc, 0.0) + 1.0 / (RRF_K + rank + 1)
+        if not ranked:
+            return []
+        order = sorted(ranked, key=lambda d: (-ranked[d], -d))[:limit]
+        wanted = set(terms)
+        return [self._render(doc, ranked[doc], wanted) for doc in order]
+
+    def _nearest(self, query_vector: Any, before: int | None, limit: int) -> list[int]:
+        import numpy as np
+
+        ids = [
+            d
+            for d in self.vectors
+            if before is None or self.docs[d].turn is None or (self.docs[d].turn or 0) < before
+        ]
+        if not ids:
+            return []
+        matrix = np.stack([self.vectors[d] for d in ids])
+        sims = matrix @ query_vector
+        top = np.argsort(-sims)[:limit]
+        return [ids[int(k)] for k in top]
+
+    def _render(self, doc_id: int, score: float, wanted: set[str]) -> Recalled:
+        doc = self.docs[doc_id]
+        text, granularity = self._best_span(doc.text, wanted)
+        text = annotate_dates(text, doc.at) if doc.kind == "turn" else text
+        when = stamp(doc.at)
+        head = f"[{when}] " if when else ""
+        if doc.kind == "turn":
+            line = f"{head}{doc.speaker}: {text}" if doc.speaker else f"{head}{text}"
+        else:
+            line = f"{head}{text}"
+        return Recalled(doc.kind, doc.turn, line, score, granularity, doc.at)
+
+    def _best_span(self, text: str, wanted: set[str]) -> tuple[str, Literal["turn", "sentences"]]:
+        """The turn's sentences that hold most of its match, when they are clearly shorter."""
+        parts = sentences(normalize(text).replace("\n", " "))
+        if len(parts) < 2 or not wanted:
+            return text, "turn"
+        weights = [sum(self.idf(t) for t in set(index_terms(p)) & wanted) for p in parts]
+        total = sum(weights)
+        if total <= 0:
+            return text, "turn"
+        # the shortest run of consecutive sentences holding SENTENCE_SHARE of the match
+        best: tuple[int, int] | None = None
+        for i in range(len(parts)):
+            mass = 0.0
+            for j in range(i, len(parts)):
+                mass += weights[j]
+                if mass >= SENTENCE_SHARE * total:
+                    size = sum(len(p) + 1 for p in parts[i : j + 1])
+                    if best is None or size < sum(len(p) + 1 for p in parts[best[0] : best[1] + 1]):
+                        best = (i, j)
+                    break
+        if best is None:
+            return text, "turn"
+        i, j = best
+        span = " ".join(parts[i : j + 1])
+        if len(span) >= 0.8 * len(text):
+            return text, "turn"
+        lead = ELLIPSIS + " " if i > 0 else ""
+        tail = " " + ELLIPSIS if j < len(parts) - 1 else ""
+        return lead + span + tail, "sentences"
+
+
+def summary_passages(summary: str) -> list[str]:
+    """A summary's lines, the units recall offers from it."""
+    return [line for line in normalize(summary).split("\n") if line.strip()]
+
+
+def search_summary(summary: str, query: str, *, limit: int = 4) -> list[Recalled]:
+    """Summary lines that share words with ``query``, best first (plain overlap weighted by length)."""
+    wanted = set(index_terms(query))
+    if not wanted or not summary:
+        return []
+    scored: list[tuple[float, int, str]] = []
+    for k, line in enumerate(summary_passages(summary)):
+        hits = wanted & set(index_terms(line))
+        if hits:
+            scored.append((len(hits) / math.sqrt(1 + len(line) / 200), k, line))
+    scored.sort(key=lambda item: (-item[0], -item[1]))
+    return [Recalled("summary", None, clip(line, 600), score) for score, _, line in scored[:limit]]
+
+
+def default_query(turns: Sequence[Turn]) -> str:
+    """The newest user turn's text: what a reply is about when the bot names nothing else."""
+    for turn in reversed(turns):
+        if turn.role == "user" and turn.text.strip():
+            return turn.text
+    return ""
+
+
+def recall_candidates(
+    index: RecallIndex, session: Session, query: str | None, *, query_vector: Any = None
+) -> tuple[str, list[Recalled]]:
+    """The query a context recalls for, and what recall offers it, best first.
+
+    Turns are offered before summary lines; the context builder skips those it
+    shows verbatim anyway.
+    """
+    config = session.config
+    text = default_query(session.verbatim_turns) if query is None else query
+    if not config.recall or not text.strip():
+        return text, []
+    limit = max(1, config.recall_limit) * 3
+    found = index.search(text, before=session.total_turns - 1, limit=limit, query_vector=query_vector)
+    found.extend(search_summary(session.summary, text, limit=config.recall_limit))
+    return text, found
+
+
+__all__ = [
+    "RecallIndex",
+    "Recalled",
+    "annotate_dates",
+    "default_query",
+    "index_terms",
+    "recall_candidates",
+    "search_summary",
+    "stamp",
+    "summary_passages",
+]
