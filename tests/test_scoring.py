@@ -13,12 +13,16 @@ from voice_context.cli import main
 from voice_context.replay import parse_recording
 from voice_context.scoring import (
     Conversation,
+    Line,
+    bm25_baseline,
     content_terms,
     full_baseline,
     head_tail_baseline,
     number_terms,
     parse_probes,
+    recent_turns,
     score_contexts,
+    score_questions,
     tail_baseline,
 )
 
@@ -119,15 +123,19 @@ def test_recall_speaker_and_numbers_for_each_probe_match_the_hand_worked_values(
     assert (ours.numbers_n, ours.numbers) == (1, 0.5)
 
 
-def test_the_baselines_are_scored_on_the_same_probes_at_the_same_budget() -> None:
-    budget = len("Recent conversation:\n") + len(LINES[2]) + 1 + len(LINES[3])
-    tail = tail_baseline(LINES, budget)
-    assert tail == "Recent conversation:\n" + LINES[2] + "\n" + LINES[3]
+def test_the_baselines_are_dated_as_the_transcript_is_and_scored_at_the_same_budget() -> None:
+    lines = conversation().lines
+    date = "[1 May 2024, 14:03]"  # what the transcript carries for this session
+    budget = len("Recent conversation:\n") + len(date) + 1 + len(LINES[2]) + 1 + len(LINES[3])
+    tail, kept = tail_baseline(lines, budget)
+    assert tail == "Recent conversation:\n" + date + "\n" + LINES[2] + "\n" + LINES[3]
     assert len(tail) == budget
-    assert tail_baseline(LINES, budget - 1) == "Recent conversation:\n" + LINES[3]
-    assert head_tail_baseline(LINES, 100) == "Recent conversation:\n" + LINES[0] + "\n" + LINES[3]
-    assert full_baseline(LINES, "You are Nova.") == "You are Nova.\n\nRecent conversation:\n" + "\n".join(
-        LINES
+    assert recent_turns(lines, kept) == 2
+    assert tail_baseline(lines, budget - 1)[0] == "Recent conversation:\n" + date + "\n" + LINES[3]
+    head_tail, _ = head_tail_baseline(lines, 139)
+    assert head_tail == "Recent conversation:\n" + date + "\n" + LINES[0] + "\n" + date + "\n" + LINES[3]
+    assert full_baseline(lines, "You are Nova.") == "You are Nova.\n\nRecent conversation:\n" + "\n".join(
+        [date, *LINES]
     )
 
     scores = score_contexts([record(budget=budget)], parse_probes(PROBES), conversation())
@@ -139,6 +147,48 @@ def test_the_baselines_are_scored_on_the_same_probes_at_the_same_budget() -> Non
     assert summary["methods"]["ours"]["recall"] == pytest.approx(ours_recall)
     assert summary["gap"] == pytest.approx((ours_recall - tail_recall) / (1.0 - tail_recall))
     assert summary["methods"]["full"]["speaker"] == 1.0
+    # the one checkpoint is also the final one
+    assert summary["buckets"]["final"]["methods"]["ours"]["recall"] == pytest.approx(ours_recall)
+
+
+def test_a_session_gap_opens_a_new_date_line() -> None:
+    lines = [
+        Line(0, T0, "Alice: hi", 0),
+        Line(1, T0 + 60, "Bob: hey", 1),
+        Line(2, T0 + 86_400, "Alice: back", 2),
+    ]
+    assert full_baseline(lines) == (
+        "Recent conversation:\n[1 May 2024, 14:03]\nAlice: hi\nBob: hey\n[2 May 2024, 14:03]\nAlice: back"
+    )
+
+
+def test_naive_retrieval_spends_its_share_on_the_best_bm25_lines_and_the_rest_on_the_tail() -> None:
+    conv = conversation()
+    text, shown = bm25_baseline(conv.lines, 190, "Where did the sister move to?", 0.5, conv)
+    assert text == (
+        "Retrieved:\n[1 May 2024, 14:03]\n" + LINES[1] + "\n\n"
+        "Recent conversation:\n[1 May 2024, 14:03]\n" + LINES[2] + "\n" + LINES[3]
+    )
+    assert len(text) <= 190
+    assert recent_turns(conv.lines, shown) == 3  # turns 3, 2 and (retrieved) 1; turn 0 is missing
+
+
+def test_per_question_contexts_count_only_probes_the_tail_has_lost() -> None:
+    probes = parse_probes(PROBES)
+    budget = len("Recent conversation:\n[1 May 2024, 14:03]\n") + len(LINES[3])
+    asked = [
+        {
+            **record(text="Recalled: Bob: My sister moved to Berlin in March 2021.", budget=budget),
+            "probe": "where",
+        },
+        {**record(budget=budget), "probe": "dog"},
+        {**record(budget=10_000), "probe": "park"},  # the tail at this budget still shows turn 2
+    ]
+    scores = score_questions(asked, probes, conversation())
+    question = scores.summary()["buckets"]["question"]
+    assert question["pairs"] == 2
+    assert question["methods"]["ours"]["recall"] == pytest.approx((1.0 + 1.0) / 2)
+    assert question["methods"]["tail"]["recall"] == pytest.approx(0.0)
 
 
 def test_only_probes_whose_evidence_left_the_verbatim_part_count() -> None:

@@ -32,7 +32,13 @@ def conversation(n: int) -> tuple[Turn, ...]:
 
 
 def view(summary: str = SUMMARY, n: int = 40, **config: float) -> ContextView:
-    return ContextView(100, summary, conversation(n), (), SessionConfig(max_summary_chars=20_000, **{**COUNTED_PRIORITY, **config}))
+    return ContextView(
+        100,
+        summary,
+        conversation(n),
+        (),
+        SessionConfig(max_summary_chars=20_000, **{**COUNTED_PRIORITY, **config}),
+    )
 
 
 def test_a_summary_longer_than_its_share_gives_way_to_older_turns_then_takes_the_room_left() -> None:

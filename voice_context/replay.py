@@ -184,6 +184,8 @@ class ReplayResult:
     context_ms: list[float] = field(default_factory=list)
     turns: dict[str, list[Turn]] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    questions: list[dict[str, Any]] = field(default_factory=list)
+    """Per-question contexts: fetched at the end with each question as the query."""
 
 
 @dataclass(slots=True)
@@ -193,6 +195,7 @@ class _Live:
     recall: RecallIndex = field(default_factory=RecallIndex)
     calls: int = 0
     chars_sent: int = 0
+    last_request: dict[str, Any] = field(default_factory=dict)
 
 
 class OfflineReplay:
@@ -201,7 +204,10 @@ class OfflineReplay:
     ``config`` is the base session configuration; a recording's own
     ``session.open`` overrides apply on top, then ``overrides`` (the caller's
     ``--set`` values) on top of those. ``budget_chars`` replaces every
-    request's budget when given.
+    request's budget when given. ``questions`` (``(id, question)`` pairs) are
+    asked at the end of the recording, each as the ``query`` of one more
+    context fetched like the session's last request: the per-question mode of
+    the scorer.
     """
 
     def __init__(
@@ -211,11 +217,13 @@ class OfflineReplay:
         config: SessionConfig | None = None,
         overrides: Mapping[str, Any] | None = None,
         budget_chars: int | None = None,
+        questions: Sequence[tuple[str, str]] = (),
     ) -> None:
         self.summarizer = summarizer
         self.config = config or session_defaults(summarizer)
         self.overrides = dict(overrides or {})
         self.budget_chars = budget_chars
+        self.questions = tuple(questions)
 
     async def run(self, recording: Recording) -> ReplayResult:
         result = ReplayResult(recording.name, skipped=list(recording.skipped))
@@ -259,13 +267,26 @@ class OfflineReplay:
                 await self._context(seq, message, state, now, result)
             # session.close: nothing is in flight offline, and a server keeps a closed session's
             # state in its store, so a later session.open resumes it as it was
+        for state in live.values():
+            for probe_id, question in self.questions if state.last_request else ():
+                message = {**state.last_request, "query": question, "id": f"question-{probe_id}"}
+                await self._context(len(recording.messages), message, state, now, result, probe=probe_id)
         return result
 
     async def _context(
-        self, seq: int, message: dict[str, Any], state: _Live, now: float, result: ReplayResult
+        self,
+        seq: int,
+        message: dict[str, Any],
+        state: _Live,
+        now: float,
+        result: ReplayResult,
+        *,
+        probe: str | None = None,
     ) -> None:
         session = state.session
-        plan = session.plan_compaction(now)
+        if probe is None:
+            state.last_request = message
+        plan = session.plan_compaction(now) if probe is None else None
         fmt = message.get("format", "messages")
         if fmt not in FORMATS:
             fmt = "messages"
@@ -291,8 +312,9 @@ class OfflineReplay:
         )
         result.context_ms.append((time.perf_counter() - tick) * 1000)
         stats = session.stats()
-        result.contexts.append(
+        (result.contexts if probe is None else result.questions).append(
             {
+                **({"probe": probe} if probe is not None else {}),
                 "seq": seq,
                 "session": session.name,
                 "request_id": message.get("id"),
@@ -369,7 +391,8 @@ def _dump(obj: Any) -> str:
 
 
 def write_result(result: ReplayResult, out_dir: Path) -> dict[str, Path]:
-    """Write the three output files of one replay into ``out_dir``; returns their paths."""
+    """Write the output files of one replay into ``out_dir`` (contexts, compactions, timings, and
+    the per-question contexts when questions were asked); returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
         "contexts": out_dir / f"{result.name}.contexts.jsonl",
@@ -380,6 +403,9 @@ def write_result(result: ReplayResult, out_dir: Path) -> dict[str, Path]:
     paths["compactions"].write_text("".join(_dump(c) + "\n" for c in result.compactions), encoding="utf-8")
     timings = {"summarizer_ms": result.summarizer_ms, "context_ms": result.context_ms}
     paths["timings"].write_text(json.dumps(timings) + "\n", encoding="utf-8")
+    if result.questions:
+        paths["questions"] = out_dir / f"{result.name}.questions.jsonl"
+        paths["questions"].write_text("".join(_dump(c) + "\n" for c in result.questions), encoding="utf-8")
     return paths
 
 
@@ -443,8 +469,10 @@ async def replay_file(
     values: Mapping[str, str] | None = None,
     budget_chars: int | None = None,
     summarizer: Summarizer | None = None,
+    questions: Sequence[tuple[str, str]] = (),
 ) -> ReplayResult:
-    """Replay one recording file offline with ``settings`` and the ``group.key`` ``values`` on top."""
+    """Replay one recording file offline with ``settings`` and the ``group.key`` ``values`` on top;
+    ``questions`` are asked at the end (see :class:`OfflineReplay`)."""
     point = apply_values(settings, values or {})
     summarizer = summarizer or make_summarizer(point.summarizer)
     engine = OfflineReplay(
@@ -452,6 +480,7 @@ async def replay_file(
         config=settings.session_config(summarizer),
         overrides=session_overrides(values or {}, point),
         budget_chars=budget_chars,
+        questions=questions,
     )
     return await engine.run(read_recording(path))
 

@@ -22,16 +22,31 @@ one probe (an answer with evidence turns):
 
 Scores are averaged over every (checkpoint, probe) pair that counts. The same
 pairs are scored, at the same char budget (the response's ``budget_chars``),
-for three baselines built from the recording itself, as lines
-``Speaker: text`` (and screen notes as rendered) under the request's base
-instructions and facts:
+for baselines built from the recording itself, as lines ``Speaker: text``
+(and screen notes as rendered) under the request's base instructions and
+facts. The baselines carry what the real transcript carries: a line
+``[8 May 2023, 13:56]`` opens each conversation session (a gap of 30 minutes
+or more) and the first line any baseline shows, and costs its chars:
 
 - ``tail``: only the newest lines that fit (what voice bots do today);
 - ``head_tail``: the oldest lines up to half the budget, then the newest;
+- ``bm25_10`` / ``bm25_30``: naive retrieval: the lines BM25 ranks best for
+  the query (the question in per-question mode, otherwise the query our
+  context answered, by default the newest user turn) in 10% / 30% of the
+  budget, dated, then the newest lines in the rest;
 - ``full``: every line, no budget (the ceiling).
 
 ``gap`` is the share of the tail-to-ceiling gap that ours recovers:
-``(ours - tail) / (full - tail)``.
+``(ours - tail) / (full - tail)``. Beside every recall figure stands what it
+costs: ``recent``, the newest turns shown verbatim, counted back from the
+last turn to the first one missing, for ours and for each baseline.
+
+The pairs are also reported in buckets: ``final`` (the last checkpoint of
+each recording alone: early checkpoints are easy), ``temporal`` and
+``other`` (questions about when, and the rest), and ``question``: the
+per-question mode, where for each probe whose evidence has left the tail
+baseline at the end of the conversation, the context was fetched with the
+probe's question as its query (see :func:`score_questions`).
 
 Everything here is pure but for :func:`read_probes`.
 """
@@ -44,6 +59,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +67,16 @@ from voice_context.core.budget import FACTS_HEADER, RECENT_HEADER
 from voice_context.replay import Recording, note_from, turn_from
 from voice_context.summarizers.deterministic import spoken_numbers
 
-METHODS = ("ours", "tail", "head_tail", "full")
+METHODS = ("ours", "tail", "head_tail", "bm25_10", "bm25_30", "full")
+BUCKETS = ("final", "temporal", "other", "question")
+SESSION_GAP = 1800.0
+"""Seconds of silence that open a new conversation session (and a date line in the baselines)."""
+_MONTH_NAMES = "January February March April May June July August September October November December".split()
+_TEMPORAL = re.compile(
+    r"^\s*(?:when\b|what (?:date|day|year|month|time)\b|how long (?:ago|before|after)\b"
+    r"|in which (?:year|month)\b)",
+    re.IGNORECASE,
+)
 
 _STOPWORDS = frozenset(
     """
@@ -126,6 +151,12 @@ class Probe:
     answer: str
     evidence: tuple[str, ...]
     question: str = ""
+    category: str = ""
+
+    @property
+    def temporal(self) -> bool:
+        """A question about when (LoCoMo's category 2, or worded so)."""
+        return self.category == "2" or bool(_TEMPORAL.match(self.question))
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +166,10 @@ class ProbeSet:
     probes: tuple[Probe, ...]
     checkpoints: frozenset[str] = frozenset()
     meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def questions(self) -> list[tuple[str, str]]:
+        """``(id, question)`` of every probe that asks one: the per-question mode's queries."""
+        return [(p.id, p.question) for p in self.probes if p.question.strip()]
 
 
 def parse_probes(lines: Iterable[str]) -> ProbeSet:
@@ -161,6 +196,7 @@ def parse_probes(lines: Iterable[str]) -> ProbeSet:
                 answer=str(answer),
                 evidence=tuple(str(e) for e in evidence),
                 question=str(item.get("question", "")),
+                category=str(item.get("category", "")),
             )
         )
     checkpoints = frozenset(str(c) for c in meta.get("checkpoints") or [])
@@ -175,22 +211,41 @@ def read_probes(path: str | Path) -> ProbeSet:
 # -- the conversation -------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One baseline line: the ``seq`` of its message, when it was said, its text, and its turn
+    index (``None`` for a screen note)."""
+
+    seq: int
+    at: float
+    text: str
+    turn: int | None
+
+
 @dataclass(slots=True)
 class Conversation:
     """What the metric needs from a recording, for one session.
 
-    ``lines`` are the baseline lines in recorded order, each with the ``seq`` of
-    its message; ``index`` maps a turn id to its transcript index.
+    ``lines`` are the baseline lines in recorded order; ``index`` maps a turn
+    id to its transcript index.
     """
 
     session: str
     speakers: tuple[str, ...]
     turn_speakers: list[str]
     index: dict[str, int]
-    lines: list[tuple[int, str]]
+    lines: list[Line]
     weights: dict[str, float]
     unseen: float
     label: re.Pattern[str] | None
+    _words: dict[int, tuple[set[str], Counter[str]]] = field(default_factory=dict)
+
+    def words(self, line: Line) -> tuple[set[str], Counter[str]]:
+        """A line's content words and the counts of all its words (cached)."""
+        got = self._words.get(line.seq)
+        if got is None:
+            got = self._words[line.seq] = (content_terms(line.text), Counter(terms(line.text)))
+        return got
 
     @classmethod
     def from_recording(cls, recording: Recording, session: str | None = None) -> Conversation:
@@ -198,7 +253,7 @@ class Conversation:
         turn_texts: list[str] = []
         turn_speakers: list[str] = []
         index: dict[str, int] = {}
-        lines: list[tuple[int, str]] = []
+        lines: list[Line] = []
         now = 0.0
         for seq, message in enumerate(recording.messages):
             msg_session = str(message.get("session") or "")
@@ -211,11 +266,13 @@ class Conversation:
                 now = turn.at
                 if turn.id is not None:
                     index.setdefault(turn.id, len(turn_texts))
+                text = f"{turn.speaker}: {turn.text}" if turn.speaker else turn.text
+                lines.append(Line(seq, turn.at, text, len(turn_texts)))
                 turn_texts.append(turn.text)
                 turn_speakers.append(turn.speaker)
-                lines.append((seq, f"{turn.speaker}: {turn.text}" if turn.speaker else turn.text))
             elif message["type"] == "note.append" and isinstance(message.get("note"), dict):
-                lines.append((seq, note_from(message["note"], now).render()))
+                note = note_from(message["note"], now)
+                lines.append(Line(seq, note.at, note.render(), None))
         weights, unseen = idf_weights(turn_texts)
         speakers = tuple(sorted({s for s in turn_speakers if s}, key=lambda s: (-len(s), s)))
         label = re.compile("(" + "|".join(re.escape(s) for s in speakers) + "):") if speakers else None
@@ -285,12 +342,34 @@ def score_probe(text: _Text, probe: Probe, conv: Conversation, speakers: set[str
 # -- baselines ---------------------------------------------------------------------------
 
 
-def _render(base: str, facts: Sequence[str], lines: Sequence[str]) -> str:
+def date_line(at: float) -> str:
+    """``[8 May 2023, 13:56]``: how a transcript dates a conversation session (UTC)."""
+    try:
+        when = datetime.fromtimestamp(at, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return "[?]"
+    return f"[{when.day} {_MONTH_NAMES[when.month - 1]} {when.year}, {when.hour:02d}:{when.minute:02d}]"
+
+
+def _dated(lines: Sequence[Line], all_lines: Sequence[Line] | None = None) -> list[str]:
+    """``lines`` (in order) with a date line before the first, and before each that opens a
+    session (after a gap of :data:`SESSION_GAP`) or follows a hole in what is shown."""
+    out: list[str] = []
+    previous: Line | None = None
+    for line in lines:
+        if previous is None or line.at - previous.at >= SESSION_GAP:
+            out.append(date_line(line.at))
+        out.append(line.text)
+        previous = line
+    return out
+
+
+def _render(base: str, facts: Sequence[str], lines: Sequence[str], header: str = RECENT_HEADER) -> str:
     sections = [base] if base else []
     if facts:
         sections.append(FACTS_HEADER + "\n" + "\n".join(f"- {f}" for f in facts))
     if lines:
-        sections.append(RECENT_HEADER + "\n" + "\n".join(lines))
+        sections.append(header + "\n" + "\n".join(lines))
     return "\n\n".join(sections)
 
 
@@ -298,47 +377,120 @@ def _frame(base: str, facts: Sequence[str]) -> int:
     return len(_render(base, facts, [""]))
 
 
-def tail_baseline(lines: Sequence[str], budget: int | None, base: str = "", facts: Sequence[str] = ()) -> str:
-    """The newest lines that fit ``budget`` (all of them when ``budget`` is ``None``)."""
-    if budget is None:
-        return _render(base, facts, lines)
-    room = budget - _frame(base, facts)
-    kept: list[str] = []
-    used = -1
+def recent_turns(lines: Sequence[Line], shown: Sequence[Line]) -> int:
+    """The newest turns shown: counted back from the last turn to the first one missing."""
+    kept = {line.turn for line in shown if line.turn is not None}
+    count = 0
     for line in reversed(lines):
-        if used + len(line) + 1 > room:
+        if line.turn is None:
+            continue
+        if line.turn not in kept:
             break
-        kept.append(line)
-        used += len(line) + 1
-    return _render(base, facts, kept[::-1])
+        count += 1
+    return count
+
+
+def _newest(lines: Sequence[Line], room: int, skip: frozenset[int] = frozenset()) -> list[Line]:
+    """The newest lines whose dated rendering fits ``room`` chars (joined by newlines)."""
+    kept: list[Line] = []
+    for k in range(len(lines) - 1, -1, -1):
+        if k in skip:
+            continue
+        trial = [lines[k], *kept]
+        if len("\n".join(_dated(trial))) > room:
+            break
+        kept = trial
+    return kept
+
+
+def tail_baseline(
+    lines: Sequence[Line], budget: int | None, base: str = "", facts: Sequence[str] = ()
+) -> tuple[str, list[Line]]:
+    """The newest lines that fit ``budget`` (all of them when ``budget`` is ``None``), dated."""
+    if budget is None:
+        return _render(base, facts, _dated(lines)), list(lines)
+    kept = _newest(lines, budget - _frame(base, facts))
+    return _render(base, facts, _dated(kept)), kept
 
 
 def head_tail_baseline(
-    lines: Sequence[str], budget: int | None, base: str = "", facts: Sequence[str] = ()
-) -> str:
-    """The oldest lines up to half the budget, then the newest lines that fit the rest."""
+    lines: Sequence[Line], budget: int | None, base: str = "", facts: Sequence[str] = ()
+) -> tuple[str, list[Line]]:
+    """The oldest lines up to half the budget, then the newest lines that fit the rest, dated."""
     if budget is None:
-        return _render(base, facts, lines)
+        return _render(base, facts, _dated(lines)), list(lines)
     room = budget - _frame(base, facts)
-    head: list[str] = []
-    used = -1
+    head: list[Line] = []
     for line in lines:
-        if used + len(line) + 1 > room // 2:
+        if len("\n".join(_dated([*head, line]))) > room // 2:
             break
         head.append(line)
-        used += len(line) + 1
-    tail: list[str] = []
-    for line in reversed(lines[len(head) :]):
-        if used + len(line) + 1 > room:
-            break
-        tail.append(line)
-        used += len(line) + 1
-    return _render(base, facts, [*head, *tail[::-1]])
+    used = len("\n".join(_dated(head))) + 1 if head else 0
+    tail = _newest(lines[len(head) :], room - used)
+    return _render(base, facts, [*_dated(head), *_dated(tail)]), [*head, *tail]
 
 
-def full_baseline(lines: Sequence[str], base: str = "", facts: Sequence[str] = ()) -> str:
-    """Every line: the ceiling."""
-    return _render(base, facts, lines)
+def _bm25_rank(lines: Sequence[Line], query: str, conv: Conversation) -> list[int]:
+    """Line positions by BM25 score for ``query`` (k1 1.2, b 0.75), best first, matches only."""
+    wanted = content_terms(query)
+    if not wanted:
+        return []
+    docs = [conv.words(line)[0] for line in lines]
+    counts = [conv.words(line)[1] for line in lines]
+    lengths = [sum(c.values()) for c in counts]
+    avg = (sum(lengths) / len(lengths)) if lengths else 1.0
+    n = len(lines)
+    scores: dict[int, float] = {}
+    for word in wanted:
+        holders = [k for k, doc in enumerate(docs) if word in doc]
+        if not holders:
+            continue
+        idf = math.log(1 + (n - len(holders) + 0.5) / (len(holders) + 0.5))
+        for k in holders:
+            tf = counts[k][word]
+            scores[k] = scores.get(k, 0.0) + idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * lengths[k] / avg))
+    return sorted(scores, key=lambda k: (-scores[k], -k))
+
+
+def bm25_baseline(
+    lines: Sequence[Line],
+    budget: int | None,
+    query: str,
+    share: float,
+    conv: Conversation,
+    base: str = "",
+    facts: Sequence[str] = (),
+) -> tuple[str, list[Line]]:
+    """Naive retrieval: the best BM25 lines for ``query`` in ``share`` of the budget, then the
+    newest lines that fit the rest. Every line dated; without a budget, every line."""
+    if budget is None:
+        return _render(base, facts, _dated(lines)), list(lines)
+    room = budget - _frame(base, facts)
+    header = "Retrieved:"
+    picked: list[int] = []
+    retrieved_room = int(room * share)
+    for k in _bm25_rank(lines, query, conv):
+        trial = sorted([*picked, k])
+        if len(header) + 1 + len("\n".join(_dated([lines[j] for j in trial]))) + 2 > retrieved_room:
+            continue
+        picked = trial
+    retrieved = [lines[j] for j in picked]
+    block = (header + "\n" + "\n".join(_dated(retrieved))) if retrieved else ""
+    used = len(block) + 2 if block else 0
+    recent = _newest(lines, room - used, frozenset(picked))
+    sections = [base] if base else []
+    if facts:
+        sections.append(FACTS_HEADER + "\n" + "\n".join(f"- {f}" for f in facts))
+    if block:
+        sections.append(block)
+    if recent:
+        sections.append(RECENT_HEADER + "\n" + "\n".join(_dated(recent)))
+    return "\n\n".join(sections), [*retrieved, *recent]
+
+
+def full_baseline(lines: Sequence[Line], base: str = "", facts: Sequence[str] = ()) -> str:
+    """Every line, dated: the ceiling."""
+    return _render(base, facts, _dated(lines))
 
 
 def context_text(response: Mapping[str, Any]) -> str:
@@ -354,7 +506,8 @@ def context_text(response: Mapping[str, Any]) -> str:
 
 @dataclass(slots=True)
 class Tally:
-    """Sums for one method; :meth:`row` gives the averages."""
+    """Sums for one method; :meth:`row` gives the averages. ``recent`` sums, per pair, the
+    newest turns the method showed verbatim (its cost in recency)."""
 
     pairs: int = 0
     recall: float = 0.0
@@ -362,10 +515,12 @@ class Tally:
     speaker_ok: int = 0
     numbers_n: int = 0
     numbers: float = 0.0
+    recent: int = 0
 
-    def add(self, score: ProbeScore) -> None:
+    def add(self, score: ProbeScore, recent: int = 0) -> None:
         self.pairs += 1
         self.recall += score.recall
+        self.recent += recent
         if score.speaker is not None:
             self.speaker_n += 1
             self.speaker_ok += int(score.speaker)
@@ -380,6 +535,7 @@ class Tally:
         self.speaker_ok += other.speaker_ok
         self.numbers_n += other.numbers_n
         self.numbers += other.numbers
+        self.recent += other.recent
 
     def row(self) -> dict[str, float | int | None]:
         return {
@@ -387,47 +543,114 @@ class Tally:
             "recall": self.recall / self.pairs if self.pairs else None,
             "speaker": self.speaker_ok / self.speaker_n if self.speaker_n else None,
             "numbers": self.numbers / self.numbers_n if self.numbers_n else None,
+            "recent": self.recent / self.pairs if self.pairs else None,
         }
+
+
+def _methods() -> dict[str, Tally]:
+    return {m: Tally() for m in METHODS}
+
+
+def _summarize(tallies: Mapping[str, Tally]) -> dict[str, Any]:
+    rows = {m: tallies[m].row() for m in METHODS}
+    ours, tail, full = (rows[m]["recall"] for m in ("ours", "tail", "full"))
+    gap = None
+    if ours is not None and tail is not None and full is not None and full - tail > 1e-9:
+        gap = (ours - tail) / (full - tail)
+    recency = None
+    if rows["ours"]["recent"] is not None and rows["tail"]["recent"]:
+        recency = float(rows["ours"]["recent"] or 0) / float(rows["tail"]["recent"] or 1)
+    return {"pairs": tallies["ours"].pairs, "methods": rows, "gap": gap, "recency": recency}
 
 
 @dataclass(slots=True)
 class Scores:
-    """Tallies per method, summed over checkpoints (and recordings, with :meth:`merge`)."""
+    """Tallies per method, summed over checkpoints (and recordings, with :meth:`merge`):
+    ``tallies`` pools every checkpoint; ``buckets`` holds the same per bucket (:data:`BUCKETS`)."""
 
-    tallies: dict[str, Tally] = field(default_factory=lambda: {m: Tally() for m in METHODS})
+    tallies: dict[str, Tally] = field(default_factory=_methods)
+    buckets: dict[str, dict[str, Tally]] = field(default_factory=lambda: {b: _methods() for b in BUCKETS})
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
 
     def merge(self, other: Scores) -> None:
         for method in METHODS:
             self.tallies[method].merge(other.tallies[method])
+            for bucket in BUCKETS:
+                self.buckets[bucket][method].merge(other.buckets[bucket][method])
         self.checkpoints.extend(other.checkpoints)
 
     def summary(self) -> dict[str, Any]:
-        rows = {m: self.tallies[m].row() for m in METHODS}
-        ours, tail, full = (rows[m]["recall"] for m in ("ours", "tail", "full"))
-        gap = None
-        if ours is not None and tail is not None and full is not None and full - tail > 1e-9:
-            gap = (ours - tail) / (full - tail)
-        return {"pairs": self.tallies["ours"].pairs, "methods": rows, "gap": gap}
+        """The pooled figures (``pairs``, ``methods``, ``gap``, ``recency``: ours' newest verbatim
+        turns over the tail's), and the same for each bucket under ``buckets``."""
+        out = _summarize(self.tallies)
+        out["buckets"] = {b: _summarize(self.buckets[b]) for b in BUCKETS}
+        return out
 
 
 def _due(probe_turns: Sequence[int], turn_index: int, first_turn: int) -> bool:
     return bool(probe_turns) and max(probe_turns) <= turn_index and max(probe_turns) < first_turn
 
 
-def score_contexts(contexts: Sequence[Mapping[str, Any]], probes: ProbeSet, conv: Conversation) -> Scores:
-    """Score every checkpoint of one session's replay output. See the module docstring."""
-    scores = Scores()
+def _request_frame(record: Mapping[str, Any]) -> tuple[str, list[str]]:
+    request = record.get("request") or {}
+    raw_base, raw_facts = request.get("base_instructions"), request.get("facts")
+    base = raw_base if isinstance(raw_base, str) else ""
+    facts = [str(f) for f in raw_facts] if isinstance(raw_facts, list) else []
+    return base, facts
+
+
+def _method_texts(
+    response: Mapping[str, Any],
+    lines: Sequence[Line],
+    query: str,
+    conv: Conversation,
+    base: str,
+    facts: list[str],
+) -> dict[str, tuple[str, int]]:
+    """Every method's context text and the newest turns it shows verbatim."""
+    budget = response.get("budget_chars")
+    budget = budget if isinstance(budget, int) else None
+    tail, tail_lines = tail_baseline(lines, budget, base, facts)
+    head_tail, head_tail_lines = head_tail_baseline(lines, budget, base, facts)
+    bm10, bm10_lines = bm25_baseline(lines, budget, query, 0.1, conv, base, facts)
+    bm30, bm30_lines = bm25_baseline(lines, budget, query, 0.3, conv, base, facts)
+    turns = [line for line in lines if line.turn is not None]
+    return {
+        "ours": (context_text(response), int(response.get("turns_shown", 0) or 0)),
+        "tail": (tail, recent_turns(lines, tail_lines)),
+        "head_tail": (head_tail, recent_turns(lines, head_tail_lines)),
+        "bm25_10": (bm10, recent_turns(lines, bm10_lines)),
+        "bm25_30": (bm30, recent_turns(lines, bm30_lines)),
+        "full": (full_baseline(lines, base, facts), len(turns)),
+    }
+
+
+def _resolve(probes: ProbeSet, conv: Conversation) -> list[tuple[Probe, list[int], set[str]]]:
     resolved: list[tuple[Probe, list[int], set[str]]] = []
     for probe in probes.probes:
         turns = sorted(conv.index[e] for e in probe.evidence if e in conv.index)
         if turns:
             resolved.append((probe, turns, {conv.turn_speakers[i] for i in turns}))
-    for record in contexts:
-        if record.get("session", conv.session) != conv.session:
-            continue
-        if probes.checkpoints and str(record.get("request_id")) not in probes.checkpoints:
-            continue
+    return resolved
+
+
+def score_contexts(
+    contexts: Sequence[Mapping[str, Any]],
+    probes: ProbeSet,
+    conv: Conversation,
+    questions: Sequence[Mapping[str, Any]] = (),
+) -> Scores:
+    """Score every checkpoint of one session's replay output, and the per-question contexts
+    (``questions``) when given. See the module docstring."""
+    scores = Scores()
+    resolved = _resolve(probes, conv)
+    chosen = [
+        record
+        for record in contexts
+        if record.get("session", conv.session) == conv.session
+        and (not probes.checkpoints or str(record.get("request_id")) in probes.checkpoints)
+    ]
+    for position, record in enumerate(chosen):
         response = record.get("response") or {}
         turn_index = int(record.get("turn_index", -1))
         first_turn = int(response.get("first_turn", response.get("cursor", 0)))
@@ -442,51 +665,85 @@ def score_contexts(contexts: Sequence[Mapping[str, Any]], probes: ProbeSet, conv
         if not due:
             scores.checkpoints.append(row)
             continue
-        request = record.get("request") or {}
-        raw_base, raw_facts = request.get("base_instructions"), request.get("facts")
-        base = raw_base if isinstance(raw_base, str) else ""
-        facts = [str(f) for f in raw_facts] if isinstance(raw_facts, list) else []
+        base, facts = _request_frame(record)
         seq = int(record.get("seq", 1 << 60))
-        lines = [line for s, line in conv.lines if s < seq]
-        budget = response.get("budget_chars")
-        budget = budget if isinstance(budget, int) else None
-        texts = {
-            "ours": context_text(response),
-            "tail": tail_baseline(lines, budget, base, facts),
-            "head_tail": head_tail_baseline(lines, budget, base, facts),
-            "full": full_baseline(lines, base, facts),
-        }
-        for method, text in texts.items():
+        lines = [line for line in conv.lines if line.seq < seq]
+        query = str(response.get("query") or "")
+        final = position == len(chosen) - 1
+        for method, (text, recent) in _method_texts(response, lines, query, conv, base, facts).items():
             prepared = _Text(text, conv)
             tally = Tally()
             for probe, _, speakers in due:
                 result = score_probe(prepared, probe, conv, speakers)
-                if result is not None:
-                    tally.add(result)
+                if result is None:
+                    continue
+                tally.add(result, recent)
+                one = Tally()
+                one.add(result, recent)
+                scores.buckets["temporal" if probe.temporal else "other"][method].merge(one)
+                if final:
+                    scores.buckets["final"][method].merge(one)
             scores.tallies[method].merge(tally)
             row[method] = tally.row()["recall"]
         scores.checkpoints.append(row)
+    scores.merge(score_questions(questions, probes, conv))
+    return scores
+
+
+def score_questions(questions: Sequence[Mapping[str, Any]], probes: ProbeSet, conv: Conversation) -> Scores:
+    """The per-question mode: each record is a context fetched at the end of the conversation
+    with one probe's question as its query (``probe`` names it). A probe counts when its
+    evidence has left the tail baseline at the same budget; it is scored alone, for ours and
+    every baseline, into the ``question`` bucket."""
+    scores = Scores()
+    by_id = {probe.id: (probe, turns, speakers) for probe, turns, speakers in _resolve(probes, conv)}
+    for record in questions:
+        if record.get("session", conv.session) != conv.session:
+            continue
+        item = by_id.get(str(record.get("probe")))
+        if item is None:
+            continue
+        probe, evidence, speakers = item
+        response = record.get("response") or {}
+        base, facts = _request_frame(record)
+        seq = int(record.get("seq", 1 << 60))
+        lines = [line for line in conv.lines if line.seq < seq]
+        budget = response.get("budget_chars")
+        _, tail_lines = tail_baseline(lines, budget if isinstance(budget, int) else None, base, facts)
+        if {line.turn for line in tail_lines} >= set(evidence):
+            continue  # the tail still shows it: nothing to recall
+        texts = _method_texts(response, lines, probe.question, conv, base, facts)
+        for method, (text, recent) in texts.items():
+            result = score_probe(_Text(text, conv), probe, conv, speakers)
+            if result is not None:
+                scores.buckets["question"][method].add(result, recent)
     return scores
 
 
 __all__ = [
+    "BUCKETS",
     "METHODS",
     "Conversation",
+    "Line",
     "Probe",
     "ProbeScore",
     "ProbeSet",
     "Scores",
     "Tally",
+    "bm25_baseline",
     "content_terms",
     "context_text",
+    "date_line",
     "full_baseline",
     "head_tail_baseline",
     "idf_weights",
     "number_terms",
     "parse_probes",
     "read_probes",
+    "recent_turns",
     "score_contexts",
     "score_probe",
+    "score_questions",
     "stem",
     "tail_baseline",
     "terms",

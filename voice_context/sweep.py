@@ -187,19 +187,21 @@ async def run_grid(
             for path in paths:
                 if bar is not None:
                     bar.set_description(f"{point.label} {recording_stem(path)}"[:60])
+                asked = scoring[path][1].questions() if path in scoring else ()
                 result = await replay_file(
                     path,
                     settings,
                     values=dict(point.values),
                     budget_chars=point.budget,
                     summarizer=summarizer,
+                    questions=asked,
                 )
                 if out_dir is not None:
                     write_result(result, out_dir / point.slug if len(points) > 1 else out_dir)
                 scores = None
                 if path in scoring:
                     conv, probes = scoring[path]
-                    scores = score_contexts(result.contexts, probes, conv)
+                    scores = score_contexts(result.contexts, probes, conv, result.questions)
                 outcome.runs.append(Run(recording_stem(path), result, scores))
                 if bar is not None:
                     bar.update(1)
@@ -419,7 +421,9 @@ def recordings_in(paths: Iterable[str | Path]) -> list[Path]:
             found.extend(
                 p
                 for p in sorted(path.glob("*.jsonl"))
-                if not p.name.endswith((".probes.jsonl", ".contexts.jsonl", ".compactions.jsonl"))
+                if not p.name.endswith(
+                    (".probes.jsonl", ".contexts.jsonl", ".compactions.jsonl", ".questions.jsonl")
+                )
             )
         else:
             found.append(path)

@@ -74,8 +74,11 @@ def run(args: argparse.Namespace) -> int:
         total = Scores()
         for path in paths:
             contexts = read_contexts(args.contexts / f"{recording_stem(path)}.contexts.jsonl")
+            asked = args.contexts / f"{recording_stem(path)}.questions.jsonl"
+            questions = read_contexts(asked) if asked.is_file() else []
             conv = Conversation.from_recording(read_recording(path))
-            total.merge(score_contexts(contexts, read_probes(args.probes or probes_path(path)), conv))
+            probes = read_probes(args.probes or probes_path(path))
+            total.merge(score_contexts(contexts, probes, conv, questions))
         rows.append((str(args.contexts), total))
     else:
         if args.probes is not None:  # the grid runner looks beside the recording

@@ -106,7 +106,7 @@ def annotate_dates(text: str, at: float) -> str:
     out: list[str] = []
     last = 0
     for match in RELATIVE_DATE.finditer(text):
-        start, end = match.span("phrase")
+        end = match.end("phrase")
         try:
             value = resolve_dates(match.group("phrase"), at)
         except (OverflowError, OSError, ValueError):
