@@ -1,0 +1,240 @@
+"""Recall: a reply gets the old details its query is about, dated and attributed, on every store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from serving import running, settings, wire
+
+from voice_context.core.budget import RECALL_HEADER, build_context
+from voice_context.core.config import SessionConfig
+from voice_context.core.recalled import Recalled
+from voice_context.core.session import ContextView
+from voice_context.core.turns import Note, Turn
+from voice_context.manager import SessionManager
+from voice_context.recall.index import RecallIndex, annotate_dates, default_query, index_terms, stamp
+from voice_context.store.redis import RedisStore
+from voice_context.store.sqlite import SQLiteStore
+from voice_context.summarizers.deterministic import DeterministicSummarizer
+from voice_context.testing.redis_server import RedisServer
+
+T0 = 1683554160.0  # 8 May 2023, 13:56 UTC
+FILLER = [
+    "Did you see the match last night?",
+    "The new map is pretty fun to play on.",
+    "I keep dying as Hulk, it is frustrating.",
+    "Maybe try a different team comp next round.",
+    "The queue times are long this evening.",
+]
+DETAIL = "I went to a LGBTQ support group yesterday and it was so powerful. The coffee there was bad."
+
+
+def chatter(n: int, start: int = 0, *, detail_at: int | None = None) -> list[Turn]:
+    """``n`` turns of gaming small talk, one minute apart; the detail is said at ``detail_at``."""
+    out = []
+    for i in range(start, start + n):
+        text = DETAIL if i == detail_at else f"{FILLER[i % len(FILLER)]} Round {i}."
+        out.append(Turn(("Caroline", "Melanie")[i % 2], "user", text, T0 + 60 * i))
+    return out
+
+
+# -- the index, without an event loop ---------------------------------------------------------
+
+
+def test_words_are_folded_the_same_way_for_turns_and_queries() -> None:
+    assert index_terms("Caroline's support groups, twenty five of them!") == [
+        "caroline",
+        "support",
+        "group",
+        "25",
+    ]
+    assert index_terms("Did you go?") == []  # nothing but stopwords
+
+
+def test_a_search_finds_the_turn_and_shows_only_its_matching_sentence_dated_and_attributed() -> None:
+    index = RecallIndex()
+    index.add_turns(0, chatter(40, detail_at=3))
+    (best, *_) = index.search("When did Caroline go to the LGBTQ support group?")
+    assert best.turn == 3
+    assert best.granularity == "sentences"
+    assert best.line == (
+        "[8 May 2023, 13:59] Melanie: I went to a LGBTQ support group yesterday [7 May 2023] "
+        "and it was so powerful. …"
+    )
+
+
+def test_a_short_turn_is_shown_whole_and_turns_from_before_are_excluded() -> None:
+    index = RecallIndex()
+    index.add_turns(0, [Turn("Alice", "user", "Our budget is 4,968 euros.", T0)])
+    index.add_turns(1, chatter(5, 1))
+    (hit,) = index.search("what is the budget", limit=3)
+    assert (hit.turn, hit.granularity) == (0, "turn")
+    assert hit.line == "[8 May 2023, 13:56] Alice: Our budget is 4,968 euros."
+    assert index.search("what is the budget", before=0) == []
+
+
+def test_weak_matches_are_noise_and_left_out() -> None:
+    index = RecallIndex()
+    index.add_turns(0, chatter(30, detail_at=7))
+    found = index.search("LGBTQ support group round")
+    assert found[0].turn == 7
+    # "round" is in every other turn: those hits score far below the detail and are dropped
+    assert len(found) < 5
+
+
+def test_a_screen_note_is_recalled_with_its_provenance() -> None:
+    index = RecallIndex()
+    index.add_turns(0, chatter(10))
+    index.add_note(Note("a photo of a dog walking past a mural", T0 + 30, "Caroline", "image"))
+    (hit, *_) = index.search("the dog mural photo")
+    assert hit.kind == "note" and hit.turn is None
+    assert hit.line == "[8 May 2023, 13:56] Caroline's screen (image): a photo of a dog walking past a mural"
+
+
+def test_relative_dates_keep_their_words_and_gain_the_day_they_mean() -> None:
+    assert annotate_dates("I painted that lake sunrise last year.", T0) == (
+        "I painted that lake sunrise last year [2022]."
+    )
+    assert annotate_dates("Since yesterday it rains.", T0) == "Since yesterday [7 May 2023] it rains."
+    assert annotate_dates("Nothing relative here.", T0) == "Nothing relative here."
+    assert annotate_dates("yesterday", 1e20) == "yesterday"  # no calendar shows that day: left as said
+    assert stamp(1e20) == ""
+
+
+def test_the_default_query_is_the_newest_user_turn() -> None:
+    turns = [Turn("Alice", "user", "Where is Porto?", 0.0), Turn("Nova", "assistant", "In Portugal.", 1.0)]
+    assert default_query(turns) == "Where is Porto?"
+    assert default_query([]) == ""
+
+
+# -- the budget ---------------------------------------------------------------------------
+
+
+def passage(turn: int, text: str, score: float = 1.0) -> Recalled:
+    return Recalled("turn", turn, f"[8 May 2023, 13:56] Alice: {text}", score, "turn", T0 + turn)
+
+
+def view(n: int = 20, cursor: int = 100, **config: object) -> ContextView:
+    return ContextView(cursor, "", tuple(chatter(n, cursor)), (), SessionConfig(**config))  # type: ignore[arg-type]
+
+
+def test_recall_takes_its_share_after_the_protected_recent_window_and_reads_in_order() -> None:
+    offered = [passage(40, "the budget is 4,968 euros", 2.0), passage(12, "we fly on the 14th", 1.0)]
+    ctx = build_context(view(), "instructions", budget_chars=1500, recalled=offered, query="budget")
+    assert [p.turn for p in ctx.recalled] == [12, 40]  # shown in the order they were said
+    assert RECALL_HEADER in ctx.instructions
+    assert ctx.instructions.index("we fly on the 14th") < ctx.instructions.index("4,968")
+    assert ctx.chars == len(ctx.instructions) <= 1500
+    assert ctx.query == "budget"
+    assert ctx.instructions.endswith(chatter(20, 100)[-1].text)  # the newest turn is always shown
+
+
+def test_a_passage_of_a_turn_shown_verbatim_is_not_shown_twice() -> None:
+    offered = [passage(115, "a turn the context shows anyway"), passage(3, "an old detail")]
+    ctx = build_context(view(), "messages", recalled=offered)
+    assert [p.turn for p in ctx.recalled] == [3]
+    assert ctx.turns_shown == 20
+
+
+def test_a_tight_budget_gives_recall_its_share_only() -> None:
+    offered = [passage(k, f"old detail number {k} " + "x" * 60) for k in range(10)]
+    budget = 2000
+    ctx = build_context(view(n=80), "instructions", budget_chars=budget, recalled=offered)
+    assert "older_turns" in ctx.dropped  # more turns than the budget holds: no room is left over
+    recall_chars = len(RECALL_HEADER) + sum(len(p.line) + 3 for p in ctx.recalled)
+    assert 0 < recall_chars <= 0.1 * budget
+    assert ctx.chars <= budget
+
+
+def test_recall_can_be_turned_off_per_session() -> None:
+    ctx = build_context(view(recall=False), "messages", recalled=[passage(3, "an old detail")])
+    assert ctx.recalled == ()
+
+
+# -- on real stores, through the session manager -----------------------------------------------
+
+
+SMALL = {"recent_window": 6, "batch_size": 4}
+
+
+async def speak(manager: SessionManager, name: str, turns: list[Turn]) -> None:
+    for turn in turns:
+        await manager.append_turn(name, turn)
+        await manager.context(name)  # compactions start as a bot's requests would start them
+
+
+@pytest.mark.asyncio
+async def test_recall_finds_an_old_detail_after_a_restart_on_sqlite(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    store = SQLiteStore(path)
+    async with SessionManager(DeterministicSummarizer(), store=store) as manager:
+        await manager.open("room", SMALL)
+        await speak(manager, "room", chatter(40, detail_at=3))
+    await store.aclose()
+
+    store = SQLiteStore(path)
+    async with SessionManager(DeterministicSummarizer(), store=store) as manager:
+        opened = await manager.open("room")
+        assert opened.resumed and opened.stats.cursor > 3  # turn 3 is folded: no longer verbatim
+        ctx = await manager.context("room", "instructions", query="When was the LGBTQ support group?")
+    await store.aclose()
+    assert [p.turn for p in ctx.recalled][:1] == [3]
+    assert "[8 May 2023, 13:59] Melanie: I went to a LGBTQ support group yesterday [7 May 2023]" in (
+        ctx.instructions
+    )
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    with RedisServer(directory=tmp_path / "redis") as server:
+        yield server
+
+
+@pytest.mark.asyncio
+async def test_recall_finds_an_old_detail_on_another_replica_sharing_redis(redis_server: RedisServer) -> None:
+    one, two = RedisStore(redis_server.url, prefix="vc"), RedisStore(redis_server.url, prefix="vc")
+    async with (
+        SessionManager(DeterministicSummarizer(), store=one, replica="one") as first,
+        SessionManager(DeterministicSummarizer(), store=two, replica="two") as second,
+    ):
+        await first.open("room", SMALL)
+        await speak(first, "room", chatter(30, detail_at=2))
+        await first.close("room")
+        await second.open("room")
+        await second.append_turn(
+            "room", Turn("Caroline", "user", "Remind me, what was that group?", T0 + 9999)
+        )
+        ctx = await second.context("room", "messages")  # the newest user turn is the query
+    await one.aclose()
+    await two.aclose()
+    assert ctx.query == "Remind me, what was that group?"
+    assert [p.turn for p in ctx.recalled][:1] == [2]
+    assert any("LGBTQ support group" in m["content"] for m in ctx.messages if m["role"] == "system")
+
+
+# -- over the wire -----------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_context_get_takes_a_query_and_says_what_it_recalled() -> None:
+    async with running(settings(), summarizer=DeterministicSummarizer()) as server, wire(server) as bot:
+        await bot.open("room", config=SMALL)
+        for i, turn in enumerate(chatter(30, detail_at=4)):
+            body = {"speaker": turn.speaker, "role": turn.role, "text": turn.text, "at": turn.at}
+            assert (await bot.request("turn.append", session="room", turn=body))["index"] == i
+            await bot.request("context.get", session="room")
+        reply = await bot.request(
+            "context.get", session="room", format="instructions", budget_chars=3000, query="the support group"
+        )
+        assert reply["type"] == "context"
+        assert reply["query"] == "the support group"
+        assert reply["recalled"][0]["turn"] == 4
+        assert reply["recalled"][0]["granularity"] == "sentences"
+        assert reply["recalled"][0]["text"] in reply["instructions"]
+        bad = await bot.request("context.get", session="room", query=["not", "a", "string"])
+        assert (bad["type"], bad["code"]) == ("error", "bad_request")
+        assert "query" in bad["message"]
+        again = await bot.request("context.get", session="room")
+        assert again["type"] == "context"  # the connection and the session carry on
