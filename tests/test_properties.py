@@ -14,6 +14,7 @@ from voice_context.core.session import Applied, CompactionPlan, Failed, Session,
 from voice_context.core.text import clip, normalize
 from voice_context.core.turns import Note, Role, Turn
 from voice_context.core.window import recent_start
+from voice_context.recall.index import RecallIndex, recall_candidates
 from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 
@@ -91,6 +92,7 @@ class SessionMachine(RuleBasedStateMachine):
             retry_max_seconds=4.0,
         )
         self.session = Session("prop", config)
+        self.recall = RecallIndex()
 
     # -- events ---------------------------------------------------------------
 
@@ -119,13 +121,16 @@ class SessionMachine(RuleBasedStateMachine):
         for _ in range(count):
             turn = Turn(speaker, ROLE_OF[speaker], text, self.now)
             assert self.session.append_turn(turn) == len(self.appended)
+            self.recall.add_turn(len(self.appended), turn)
             self.appended.append(turn)
         self.now += dt
         self.request_context(fmt, budget, base, facts)
 
     @rule(text=TEXT, speaker=st.sampled_from([None, "Alice"]))
     def append_note(self, text: str, speaker: str | None) -> None:
-        changed = self.session.append_note(Note(text or "blank", self.now, speaker=speaker))
+        note = Note(text or "blank", self.now, speaker=speaker)
+        changed = self.session.append_note(note)
+        self.recall.add_note(note)
         config = self.session.config
         assert changed.live == len(self.session.live_notes) <= config.live_note_entries
         assert changed.pending == len(self.session.pending_notes) <= config.max_pending_notes
@@ -157,8 +162,17 @@ class SessionMachine(RuleBasedStateMachine):
             else:
                 assert decision.reason is SkipReason.BACKING_OFF
                 assert decision.retry_at is not None and self.now < decision.retry_at
+        query, recalled = recall_candidates(self.recall, session, None)
         self.check_context(
-            build_context(session.view(), fmt, budget_chars=budget, base_instructions=base, facts=facts),
+            build_context(
+                session.view(),
+                fmt,
+                budget_chars=budget,
+                base_instructions=base,
+                facts=facts,
+                recalled=recalled,
+                query=query,
+            ),
             budget if budget is not None or fmt == "messages" else session.config.instructions_budget_chars,
         )
 
@@ -184,6 +198,20 @@ class SessionMachine(RuleBasedStateMachine):
         if budget is None:
             assert ctx.turns_shown == n
             assert ctx.summary == view.summary
+        # the newest turn is always shown, unless not even a clipped line of it fits
+        if n:
+            assert ctx.turns_shown >= 1 or ("current_turn" in ctx.dropped and budget is not None)
+            if ctx.turns_shown == 0:
+                assert budget is not None and budget < len(view.turns[-1].speaker) + 40
+        # recall never repeats a turn shown verbatim, and stays within its count
+        assert all(p.turn is None or p.turn < ctx.first_turn for p in ctx.recalled)
+        assert len(ctx.recalled) <= view.config.recall_limit
+        body = (
+            ctx.instructions
+            if ctx.format == "instructions"
+            else "\n".join(m["content"] for m in ctx.messages)
+        )
+        assert all(p.line in body for p in ctx.recalled)
 
     @rule(
         action=st.sampled_from(["short", "short", "short", "overlong", "empty", "fail", "fatal", "abandon"]),
