@@ -28,7 +28,10 @@ FILLER = [
     "Maybe try a different team comp next round.",
     "The queue times are long this evening.",
 ]
-DETAIL = "I went to a LGBTQ support group yesterday and it was so powerful. The coffee there was bad."
+DETAIL = (
+    "I went to a LGBTQ support group yesterday and it was so powerful. The coffee there was bad. "
+    "Anyway, the raid starts at nine tonight and we still need a healer for it."
+)
 
 
 def chatter(n: int, start: int = 0, *, detail_at: int | None = None) -> list[Turn]:
@@ -45,15 +48,16 @@ def chatter(n: int, start: int = 0, *, detail_at: int | None = None) -> list[Tur
 
 def test_words_are_folded_the_same_way_for_turns_and_queries() -> None:
     assert index_terms("Caroline's support groups, twenty five of them!") == [
-        "caroline",
+        "carolin",
         "support",
         "group",
         "25",
     ]
+    assert index_terms("running to de-stress") == ["run", "de", "stress", "destress"]
     assert index_terms("Did you go?") == []  # nothing but stopwords
 
 
-def test_a_search_finds_the_turn_and_shows_only_its_matching_sentence_dated_and_attributed() -> None:
+def test_a_search_finds_the_turn_and_shows_its_matching_sentence_and_the_next_dated_and_attributed() -> None:
     index = RecallIndex()
     index.add_turns(0, chatter(40, detail_at=3))
     (best, *_) = index.search("When did Caroline go to the LGBTQ support group?")
@@ -61,7 +65,7 @@ def test_a_search_finds_the_turn_and_shows_only_its_matching_sentence_dated_and_
     assert best.granularity == "sentences"
     assert best.line == (
         "[8 May 2023, 13:59] Melanie: I went to a LGBTQ support group yesterday [7 May 2023] "
-        "and it was so powerful. …"
+        "and it was so powerful. The coffee there was bad. …"
     )
 
 

@@ -25,8 +25,8 @@ budget):
 4. the durable facts,
 5. recall: the passages of older history that bear on the query, best first,
    up to ``recall_share`` of the budget,
-6. the session summary, up to ``summary_share`` of the budget (and at most
-   ``summary_priority_chars``),
+6. the session summary, up to ``summary_share`` of the budget plus whatever
+   of recall's share recall left unused (and at most ``summary_priority_chars``),
 7. the live screen notes, newest first,
 8. the older verbatim turns back to the cursor, newest first (a recalled
    passage of a turn that becomes verbatim here gives its room back),
@@ -331,11 +331,12 @@ def build_context(
     def verbatim_from() -> int:
         return view.cursor + n - len(fill.items["turns"])
 
-    def recall(limit_chars: int) -> None:
+    def recall(limit_chars: int) -> int:
+        """Add offered passages in rank order within ``limit_chars``; returns the chars spent."""
         spent = 0
         for passage in list(offered):
             if len(chosen) >= config.recall_limit:
-                return
+                break
             if passage.turn is not None and passage.turn >= verbatim_from():
                 offered.remove(passage)
                 continue
@@ -346,14 +347,15 @@ def build_context(
                 spent += cost
                 chosen.append(passage)
                 offered.remove(passage)
+        return spent
 
-    recall(share(config.recall_share))
+    unused_recall = share(config.recall_share) - recall(share(config.recall_share))
 
     # 6. the summary, up to its share
     if view.summary:
         first = view.summary
         if budget_chars is not None:
-            cap = min(config.summary_priority_chars, share(config.summary_share))
+            cap = min(config.summary_priority_chars, share(config.summary_share) + unused_recall)
             if len(first) > cap:
                 first = condense_summary(first, cap) if cap >= MIN_SUMMARY_CUT else ""
         added = bool(first) and fill.add_cut("summary", first, condense_summary, least=MIN_SUMMARY_CUT)

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+import Stemmer
+
 from voice_context.core.recalled import PassageKind, Recalled
 from voice_context.core.session import Session
 from voice_context.core.text import ELLIPSIS, clip, normalize, sentences
@@ -42,7 +44,8 @@ B = 0.75
 RRF_K = 60
 """Reciprocal-rank fusion constant: the usual 60, so no single ranking dominates."""
 SENTENCE_SHARE = 0.75
-"""A turn is shown as its matching sentences when they hold at least this share of its match."""
+"""A turn is shown as its matching sentences (and the one after them, where answers tend to be)
+when they hold at least this share of its match and are clearly shorter than the turn."""
 
 _TOKEN = re.compile(r"[a-z0-9]+")
 _POSSESSIVE = re.compile(r"['’]s\b")
@@ -66,27 +69,18 @@ _RELATIVE_HINT = re.compile(
 _MONTHS = "January February March April May June July August September October November December".split()
 
 
-def _stem(word: str) -> str:
-    if word.isdigit():
-        return word.lstrip("0") or "0"
-    if len(word) > 4 and word.endswith("ies"):
-        return word[:-3] + "y"
-    if len(word) > 4 and word.endswith(("sses", "shes", "ches", "xes")):
-        return word[:-2]
-    if len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
-        return word[:-1]
-    if len(word) > 5 and word.endswith("ing"):
-        return word[:-3]
-    if len(word) > 4 and word.endswith("ed") and not word.endswith("eed"):
-        return word[:-2]
-    return word
+_STEMMER = Stemmer.Stemmer("english")
+_HYPHENATED = re.compile(r"[a-z]+(?:-[a-z]+)+")
 
 
 def index_terms(text: str) -> list[str]:
-    """The words recall matches on: lowercased, numbers said as words as digits, possessives,
-    plurals and common suffixes folded, stopwords dropped. The same for turns and queries."""
+    """The words recall matches on: lowercased, numbers said as words as digits, possessives
+    dropped, Snowball-stemmed (English), stopwords dropped; a hyphenated word also counts
+    written together. The same for turns and queries."""
     lowered = _APOSTROPHE.sub("", _POSSESSIVE.sub("", spoken_numbers(text).lower()))
-    return [_stem(w) for w in _TOKEN.findall(lowered) if w not in _STOP and (len(w) > 1 or w.isdigit())]
+    words = [w for w in _TOKEN.findall(lowered) if w not in _STOP and (len(w) > 1 or w.isdigit())]
+    words.extend(h.replace("-", "") for h in _HYPHENATED.findall(lowered))  # "de-stress" is "destress"
+    return [w.lstrip("0") or "0" if w.isdigit() else w for w in _STEMMER.stemWords(words)]
 
 
 def stamp(at: float) -> str:
@@ -315,6 +309,7 @@ class RecallIndex:
         if best is None:
             return text, "turn"
         i, j = best
+        j = min(len(parts) - 1, j + 1)  # the sentence after the match often holds the answer
         span = " ".join(parts[i : j + 1])
         if len(span) >= 0.8 * len(text):
             return text, "turn"
