@@ -171,6 +171,8 @@ class OpenAISummarizer:
         if max_retries < 0:
             raise ValueError(f"max_retries must not be negative, got {max_retries}")
         self._model = model
+        self._timeout = timeout
+        self._max_retries = max_retries
         self._temperature = temperature
         self._token_cap_param: TokenCapParam = token_cap_param
         self._owns_client = client is None
@@ -188,6 +190,12 @@ class OpenAISummarizer:
     def model(self) -> str:
         """The model name sent with every request."""
         return self._model
+
+    def __repr__(self) -> str:
+        return (
+            f"<OpenAISummarizer model={self._model!r} timeout={self._timeout:g} "
+            f"max_retries={self._max_retries}>"
+        )
 
     async def summarize(self, request: SummaryRequest) -> str:
         """The new summary for ``request``; raises :class:`SummarizerError` on any failure."""
