@@ -9,6 +9,7 @@ import anyio
 from voice_context.core.turns import Note, Turn
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 from voice_context.summarizers.deterministic import (
+    LINE_CHARS,
     SESSION_GAP,
     DeterministicSummarizer,
     is_filler,
@@ -49,17 +50,27 @@ def test_a_batch_becomes_one_dated_line_of_attributed_sentences() -> None:
 
 def test_every_line_carries_its_full_date_so_a_line_read_alone_still_says_when() -> None:
     first = fold([Turn("Alice", "user", "The raid on Porto starts at nine.", MONDAY)])
+    # the next batch of the same conversation joins the line while it is short
     second = fold([Turn("Bob", "user", "I will bring 40 potions.", MONDAY + 600)], previous=first)
-    assert second == first + "\n[8 May 2023, 14:06] Bob: I will bring 40 potions."
+    assert second == "[8 May 2023, 13:56] Alice: The raid on Porto starts at 9. Bob: I will bring 40 potions."
     next_day = fold([Turn("Bob", "user", "We lost the raid in Porto.", MONDAY + 86_400)], previous=second)
-    assert next_day.endswith("\n[9 May 2023, 13:56] Bob: We lost the raid in Porto.")
+    assert next_day == second + "\n[9 May 2023, 13:56] Bob: We lost the raid in Porto."
     # a summary written before every line was dated gets its dates back on the next fold
     old = "[8 May 2023, 13:56] Alice: The raid on Porto starts at 9.\n[14:06] Bob: I will bring 40 potions."
     assert fold([Turn("Bob", "user", "We lost the raid.", MONDAY + 900)], previous=old).split("\n") == [
         "[8 May 2023, 13:56] Alice: The raid on Porto starts at 9.",
-        "[8 May 2023, 14:06] Bob: I will bring 40 potions.",
-        "[8 May 2023, 14:11] Bob: We lost the raid.",
+        "[8 May 2023, 14:06] Bob: I will bring 40 potions. We lost the raid.",
     ]
+
+
+def test_a_line_full_of_one_conversation_leaves_the_next_batch_a_line_of_its_own() -> None:
+    summary = ""
+    for k in range(20):
+        said = f"Table {k} at the Porto bistro is booked for {k + 2} people on the terrace near the harbour."
+        summary = fold([Turn("Alice", "user", said, MONDAY + 60 * k)], previous=summary)
+    lines = summary.split("\n")
+    assert len(lines) == 2 and all(len(line) <= LINE_CHARS for line in lines)
+    assert lines[1].startswith("[8 May 2023, 14:")
 
 
 def test_a_batch_that_spans_two_conversations_is_filed_under_each_ones_date() -> None:

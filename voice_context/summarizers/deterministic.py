@@ -11,7 +11,9 @@ happened (a context that must shrink the summary may show only some lines):
 
 - each batch of turns becomes a line, split where the conversation paused for
   longer than ``session_gap`` (:data:`SESSION_GAP`, two hours) or the day
-  (UTC) changed, so that no line spans two conversations;
+  (UTC) changed, so that no line spans two conversations; a batch that goes on
+  the conversation of the last line joins it while both fit in
+  :data:`LINE_CHARS` (fewer, fuller lines spend less of the summary on heads);
 - a screen note is dated by when it was seen, not by the fold that absorbs it
   (notes wait in the live buffer, often long after the turns around them were
   folded): it joins the end of the line of the conversation it was seen in, or
@@ -150,6 +152,9 @@ COST_PAD = 20
 #: A pause longer than this (seconds) between two things said starts a new line: a voice
 #: session rarely pauses this long, and conversations days apart must not share a date.
 SESSION_GAP = 2 * 60 * 60.0
+#: A new batch joins the line before it, of the same conversation, while both fit in this many chars:
+#: every line carries its full date, and fewer, fuller lines spend less of a summary on heads.
+LINE_CHARS = 1500
 #: A line's last sentence is worth this much more, so windows grow coarser before they go.
 LAST_SENTENCE = 2.0
 _NUMBER_RUN = re.compile(
@@ -614,6 +619,17 @@ def _insert(lines: list[_Line], line: _Line, gap: float) -> None:
             break
         notes.extend(lines.pop(k).sentences)
     line.sentences.extend(notes)
+    if k == len(lines) and k > 0:
+        host = lines[k - 1]
+        began = _when(host)
+        if (
+            began is not None
+            and host.day == line.day
+            and (key - began).total_seconds() <= gap
+            and len(_render_line(host)) + len(_render_line(line)) <= LINE_CHARS
+        ):
+            host.sentences.extend(line.sentences)
+            return
     lines.insert(k, line)
 
 
