@@ -95,6 +95,11 @@ def test_a_shrunk_line_keeps_its_date_and_what_tells_most_in_the_order_it_was_sa
     )
     # the label of a sentence that goes passes to the next one: nobody is given another's words
     assert condense_summary(line, 70) == "[9 July 2023, 10:00] Jolene: Susie moved to Lisbon on 3 July."
+    # and a label that would repeat the one before it goes with the sentence between them
+    talk = "[9 July 2023, 10:00] Ann: We fly to Lisbon on 3 May with Rui. Bob: Wow ok. Ann: Porto on 5 May."
+    assert condense_summary(talk, len(talk) - 5) == (
+        "[9 July 2023, 10:00] Ann: We fly to Lisbon on 3 May with Rui. Porto on 5 May."
+    )
     # and however hard the cut, the date stays
     assert condense_summary(line, 40).startswith("[9 July 2023, 10:00] ")
 

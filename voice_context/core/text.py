@@ -145,7 +145,8 @@ def _drop_one(sentences: list[str], infos: list[float]) -> int:
     """Drop the sentence of a line that tells least (the latest on a tie); returns the chars saved.
 
     A label the dropped sentence carried passes to the next sentence if it has
-    none, so that no sentence changes speaker.
+    none, so that no sentence changes speaker; a label that now repeats the one
+    before it goes.
     """
     k = min(range(len(infos) - 1, -1, -1), key=infos.__getitem__)
     dropped = sentences.pop(k)
@@ -155,6 +156,12 @@ def _drop_one(sentences: list[str], infos: list[float]) -> int:
     if label and k < len(sentences) and not _LABEL.match(sentences[k]):
         sentences[k] = label.group(0) + sentences[k]
         saved -= len(label.group(0))
+    if 0 < k < len(sentences):  # "Ann: A. Bob: B. Ann: C." without B: "Ann: A. C."
+        again = _LABEL.match(sentences[k])
+        before = next((m.group(0) for m in map(_LABEL.match, reversed(sentences[:k])) if m), None)
+        if again and again.group(0) == before:
+            sentences[k] = sentences[k][again.end() :]
+            saved += again.end()
     return saved
 
 

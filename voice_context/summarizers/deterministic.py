@@ -84,7 +84,7 @@ _SMALL_TALK = frozenset(
     hahaha lol lmao hehe omg gosh agree agreed thing way ways keep keeping going doing done make making
     made take taking took look looks looking looked want wanted need needed say said tell told share
     sharing shared let lets new old lot big little bit yes yeah okay cool alright right exactly indeed
-    anyway guess guys friend friends stuff kind sort mean means same
+    anyway guess guys friend friends stuff kind sort mean means same worries worry problem
     """.split()
 )
 # Leave-takings, cheers and emoticons: "Gotta run, bye!", "Ttyl!", "Woohoo!", "<3".
