@@ -153,8 +153,9 @@ COST_PAD = 20
 #: session rarely pauses this long, and conversations days apart must not share a date.
 SESSION_GAP = 2 * 60 * 60.0
 #: A new batch joins the line before it, of the same conversation, while both fit in this many chars:
-#: every line carries its full date, and fewer, fuller lines spend less of a summary on heads.
-LINE_CHARS = 1500
+#: every line carries its full date, and fewer, fuller lines spend less of a summary on heads. No more
+#: than recall quotes of a summary line (600 chars), so that a recalled line is the line shown.
+LINE_CHARS = 600
 #: A line's last sentence is worth this much more, so windows grow coarser before they go.
 LAST_SENTENCE = 2.0
 _NUMBER_RUN = re.compile(
