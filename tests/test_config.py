@@ -34,6 +34,8 @@ def test_a_file_then_the_environment_override_the_defaults(tmp_path: Path) -> No
         ("[session]\nrecent_windw = 1\n", "unknown setting session.recent_windw"),
         ("[session]\nrecent_window = 0\n", "recent_window must be a positive integer"),
         ("[summarizer]\nkind = 'magic'\n", "summarizer.kind"),
+        ("[summarizer]\ntimeout = 20\n", "3 attempts of timeout=20s .* outlast compaction_timeout=60s"),
+        ("[summarizer]\ncompaction_timeout = 4\nmax_retries = 2\n", "leaves no time for 3 attempts"),
         ("[server\n", "cannot read config file"),
     ],
 )
@@ -60,3 +62,23 @@ def test_a_model_summarizer_keeps_the_design_ceiling_and_an_explicit_value_alway
     assert pinned.session_config(DeterministicSummarizer()).max_summary_chars == 1200
     explicit = SessionConfig(max_summary_chars=800)
     assert SessionManager(DeterministicSummarizer(), config=explicit).config.max_summary_chars == 800
+
+
+def test_each_attempt_gets_the_compaction_timeout_shared_among_the_attempts() -> None:
+    # by default: 60 s for a compaction, 3 attempts, 2 s set aside before each retry
+    assert Settings().summarizer.attempt_timeout == pytest.approx(56 / 3)
+    # a CPU model: one long attempt, no retry queued behind abandoned work
+    local = load_settings(
+        env={
+            "VOICE_CONTEXT_SUMMARIZER_COMPACTION_TIMEOUT": "300",
+            "VOICE_CONTEXT_SUMMARIZER_MAX_RETRIES": "0",
+        }
+    )
+    assert local.summarizer.attempt_timeout == 300
+    # an explicit timeout that fits is kept, and is what the client gets
+    chosen = load_settings(
+        env={"VOICE_CONTEXT_SUMMARIZER_KIND": "openai", "VOICE_CONTEXT_SUMMARIZER_TIMEOUT": "15"}
+    )
+    assert chosen.summarizer.attempt_timeout == 15.0
+    summarizer = make_summarizer(chosen.summarizer)
+    assert repr(summarizer) == "<OpenAISummarizer model='gpt-4o-mini' timeout=15 max_retries=2>"

@@ -9,6 +9,8 @@ import anyio
 from voice_context.core.turns import Note, Turn
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 from voice_context.summarizers.deterministic import (
+    LINE_CHARS,
+    SESSION_GAP,
     DeterministicSummarizer,
     is_filler,
     resolve_dates,
@@ -46,12 +48,148 @@ def test_a_batch_becomes_one_dated_line_of_attributed_sentences() -> None:
     assert "Good to see you" not in text and "Hey" not in text
 
 
-def test_the_next_batch_on_the_same_day_is_headed_by_its_time_only() -> None:
+def test_every_line_carries_its_full_date_so_a_line_read_alone_still_says_when() -> None:
     first = fold([Turn("Alice", "user", "The raid on Porto starts at nine.", MONDAY)])
+    # the next batch of the same conversation joins the line while it is short
     second = fold([Turn("Bob", "user", "I will bring 40 potions.", MONDAY + 600)], previous=first)
-    assert second == first + "\n[14:06] Bob: I will bring 40 potions."
+    assert second == "[8 May 2023, 13:56] Alice: The raid on Porto starts at 9. Bob: I will bring 40 potions."
     next_day = fold([Turn("Bob", "user", "We lost the raid in Porto.", MONDAY + 86_400)], previous=second)
-    assert next_day.endswith("\n[9 May 2023, 13:56] Bob: We lost the raid in Porto.")
+    assert next_day == second + "\n[9 May 2023, 13:56] Bob: We lost the raid in Porto."
+    # a summary written before every line was dated gets its dates back on the next fold
+    old = "[8 May 2023, 13:56] Alice: The raid on Porto starts at 9.\n[14:06] Bob: I will bring 40 potions."
+    assert fold([Turn("Bob", "user", "We lost the raid.", MONDAY + 900)], previous=old).split("\n") == [
+        "[8 May 2023, 13:56] Alice: The raid on Porto starts at 9.",
+        "[8 May 2023, 14:06] Bob: I will bring 40 potions. We lost the raid.",
+    ]
+
+
+def test_a_line_full_of_one_conversation_leaves_the_next_batch_a_line_of_its_own() -> None:
+    summary = ""
+    for k in range(20):
+        said = f"Table {k} at the Porto bistro is booked for {k + 2} people on the terrace near the harbour."
+        summary = fold([Turn("Alice", "user", said, MONDAY + 60 * k)], previous=summary)
+    lines = summary.split("\n")
+    assert len(lines) > 1 and all(len(line) <= LINE_CHARS for line in lines)
+    assert all(line.startswith("[8 May 2023, 1") for line in lines)
+
+
+def test_a_batch_that_spans_two_conversations_is_filed_under_each_ones_date() -> None:
+    june_26 = datetime(2023, 6, 26, 18, 0, tzinfo=UTC).timestamp()
+    july_9 = datetime(2023, 7, 9, 10, 0, tzinfo=UTC).timestamp()
+    text = fold(
+        [
+            Turn("Jolene", "user", "My snake Seraphim escaped twice this month.", june_26),
+            Turn("Deborah", "user", "Bye Jolene, ttyl!", june_26 + 20),
+            Turn("Deborah", "user", "I started a running group with Anna.", july_9),
+        ]
+    )
+    assert text.split("\n") == [
+        "[26 June 2023, 18:00] Jolene: My snake Seraphim escaped twice in June 2023.",
+        "[9 July 2023, 10:00] Deborah: I started a running group with Anna.",
+    ]
+
+
+def test_a_long_pause_on_the_same_day_starts_a_new_line_and_so_does_midnight() -> None:
+    morning = fold(
+        [
+            Turn("Tom", "user", "The patch for Hollow Knight is downloading.", MONDAY),
+            Turn("Tom", "user", "I fixed the router in the garage.", MONDAY + SESSION_GAP + 60),
+        ]
+    )
+    assert [line[:21] for line in morning.split("\n")] == ["[8 May 2023, 13:56] T", "[8 May 2023, 15:57] T"]
+    late = datetime(2023, 5, 8, 23, 59, tzinfo=UTC).timestamp()
+    night = fold(
+        [
+            Turn("Tom", "user", "The server in Oslo went down.", late),
+            Turn("Tom", "user", "It came back after 40 minutes.", late + 120),
+        ]
+    )
+    assert [line[:20] for line in night.split("\n")] == ["[8 May 2023, 23:59] ", "[9 May 2023, 00:01] "]
+
+
+def test_sentences_keep_the_order_they_were_said_in() -> None:
+    text = fold(
+        [
+            Turn("Tom", "user", "I'm still downloading the patch.", MONDAY),
+            Turn("Priya", "user", "It's 40 gigabytes, tell me when it's done.", MONDAY + 20),
+            Turn("Tom", "user", "Patch 1.4 is done!", MONDAY + 40),
+        ]
+    )
+    assert text == (
+        "[8 May 2023, 13:56] Tom: I'm still downloading the patch. "
+        "Priya: It's 40 gigabytes, tell me when it's done. Tom: Patch 1.4 is done!"
+    )
+
+
+def test_a_note_is_filed_under_the_day_it_was_seen_not_the_day_of_the_batch_that_folds_it() -> None:
+    june_26 = datetime(2023, 6, 26, 18, 0, tzinfo=UTC).timestamp()
+    july_9 = datetime(2023, 7, 9, 10, 0, tzinfo=UTC).timestamp()
+    # the note waited in the live buffer: it is folded with turns from two weeks before it
+    seen_later = Note("a photo of a snake on a warm rock", july_9 + 30, speaker="Jolene", source="image")
+    first = fold([Turn("Jolene", "user", "Seraphim escaped twice this month.", june_26)], notes=(seen_later,))
+    assert first.split("\n") == [
+        "[26 June 2023, 18:00] Jolene: Seraphim escaped twice in June 2023.",
+        "[9 July 2023, 10:00] Jolene's screen (image): A snake on a warm rock.",
+    ]
+    # the turns it was seen with, folded later, take it into their line
+    then = fold(
+        [
+            Turn("Jolene", "user", "Susie loves the heat lamp I bought.", july_9),
+            Turn("Deborah", "user", "I started a running group with Anna.", july_9 + 60),
+        ],
+        previous=first,
+    )
+    assert then.split("\n")[1] == (
+        "[9 July 2023, 10:00] Jolene: Susie loves the heat lamp I bought. "
+        "Deborah: I started a running group with Anna. Jolene's screen (image): A snake on a warm rock."
+    )
+    # and a note seen during turns folded long ago joins their line
+    late_note = Note("a photo of a running track", july_9 + 90, speaker="Deborah", source="image")
+    again = fold([], previous=then, notes=(late_note,))
+    assert again.split("\n")[1].endswith("Deborah's screen (image): A running track.")
+    assert again.count("\n") == 1
+
+
+def test_goodbyes_cheers_and_emoticons_are_filler() -> None:
+    for filler in (
+        "Ttyl, Bye!",
+        "Gotta run bye!",
+        "<3.",
+        "Woohoo!",
+        "Take care!",
+        "See you later :)",
+        "Bye!",
+    ):
+        assert is_filler(filler), filler
+    text = fold(
+        [
+            Turn("Deborah", "user", "Thanks Jolene! Bye Jolene.", MONDAY),
+            Turn("Jolene", "user", "Yay, I got the job at the Lisbon aquarium! <3", MONDAY + 20),
+        ]
+    )
+    assert text == "[8 May 2023, 13:56] Jolene: Yay, I got the job at the Lisbon aquarium!"
+
+
+def test_a_sentence_stays_whole_when_its_relative_date_is_resolved() -> None:
+    saturday = datetime(2023, 7, 8, 12, 0, tzinfo=UTC).timestamp()
+    said = [
+        ("Last Friday was amazing - I had a picnic with my girlfriend.", None),
+        ("Since we last talked, so much has happened.", None),
+        ("I spent yesterday at the beach in Tahoe.", None),
+        ("Time flies, it feels like yesterday I put this dress on!", None),
+    ]
+    text = fold([Turn("Calvin", "user", t, saturday + 20 * i) for i, (t, _) in enumerate(said)])
+    assert "Calvin: Last Friday (7 July 2023) was amazing. I had a picnic with my girlfriend." in text
+    assert "Since we last talked, so much has happened." in text
+    assert "I spent yesterday (7 July 2023) at the beach in Tahoe." in text
+    assert "it feels like yesterday (7 July 2023) I put this dress on!" in text
+    # where the words are an adverb, the date takes their place
+    assert resolve_dates("I went to a support group yesterday and it was great", MONDAY) == (
+        "I went to a support group on 7 May 2023 and it was great"
+    )
+    assert resolve_dates("Yesterday I went", MONDAY) == "on 7 May 2023 I went"
+    assert resolve_dates("Last year was tough", MONDAY) == "Last year (2022) was tough"
+    assert resolve_dates("for the past year", MONDAY) == "for the past year"
 
 
 def test_relative_dates_are_resolved_against_the_time_they_were_said() -> None:
@@ -111,16 +249,12 @@ CITIES = "Lisbon Porto Berlin Oslo Tahoe Lyon Quito Perth Dakar Hanoi Cusco Turk
 def test_when_it_must_shrink_older_lines_grow_coarser_but_stay() -> None:
     previous = ""
     for day, city in enumerate(CITIES):
+        at = MONDAY + day * 86_400
         batch = [
-            Turn("Alice", "user", f"I flew to {city} with {day + 2} friends.", MONDAY + day * 86_400),
-            Turn(
-                "Bob",
-                "user",
-                f"My cousin Rui opened a bakery in {city} in {2010 + day}.",
-                MONDAY + day * 86_400,
-            ),
-            Turn("Alice", "user", f"We hiked {day + 10} kilometres along the coast near {city}.", MONDAY),
-            Turn("Bob", "user", f"The {city} museum closes on Mondays at {day + 3} pm.", MONDAY),
+            Turn("Alice", "user", f"I flew to {city} with {day + 2} friends.", at),
+            Turn("Bob", "user", f"My cousin Rui opened a bakery in {city} in {2010 + day}.", at),
+            Turn("Alice", "user", f"We hiked {day + 10} kilometres along the coast near {city}.", at),
+            Turn("Bob", "user", f"The {city} museum closes on Mondays at {day + 3} pm.", at),
         ]
         previous = fold(batch, previous=previous, max_chars=1400)
         assert len(previous) <= 1400

@@ -174,7 +174,7 @@ def test_the_same_recording_and_settings_give_byte_identical_outputs(tmp_path: P
     assert contexts[-1]["request_id"] == "checkpoint-end"
     assert contexts[-1]["response"]["budget_chars"] == 2500
     assert contexts[-1]["state"]["compactions"] >= 3  # about a hundred turns: compaction happened
-    assert "[19:" in contexts[-1]["response"]["summary"]  # the summary's newest lines, dated
+    assert "[21 June 2024, 19:" in contexts[-1]["response"]["summary"]  # every line shown, dated
 
 
 def test_bad_settings_and_missing_recordings_are_refused(tmp_path: Path, capsys: Any) -> None:
@@ -208,6 +208,7 @@ def test_a_realtime_replay_runs_the_session_manager_and_lets_compactions_land_on
     assert [c["request_id"] for c in result.contexts][-1] == "checkpoint-end"
     assert result.contexts[-1]["state"]["turns"] == 102
     assert result.compactions and all(c["outcome"] == "applied" for c in result.compactions)
+    # the newest lines the budget holds, each with its date
     assert result.contexts[-1]["response"]["summary"].startswith("[4 March 2024, 10:")
 
 

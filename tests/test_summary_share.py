@@ -84,6 +84,45 @@ def test_a_shrunk_summary_keeps_every_time_window_it_can_and_drops_from_the_olde
     assert len(tiny) < len(LINES)
 
 
+def test_a_shrunk_line_keeps_its_date_and_what_tells_most_in_the_order_it_was_said() -> None:
+    line = (
+        "[9 July 2023, 10:00] Jolene: That sounds so good to me! Susie moved to Lisbon on 3 July. "
+        "Deborah: Wow, I love that for you. I started a running group with Anna."
+    )
+    assert condense_summary(line, 110) == (
+        "[9 July 2023, 10:00] Jolene: Susie moved to Lisbon on 3 July. "
+        "Deborah: I started a running group with Anna."
+    )
+    # the label of a sentence that goes passes to the next one: nobody is given another's words
+    assert condense_summary(line, 70) == "[9 July 2023, 10:00] Jolene: Susie moved to Lisbon on 3 July."
+    # and a label that would repeat the one before it goes with the sentence between them
+    talk = "[9 July 2023, 10:00] Ann: We fly to Lisbon on 3 May with Rui. Bob: Wow ok. Ann: Porto on 5 May."
+    assert condense_summary(talk, len(talk) - 5) == (
+        "[9 July 2023, 10:00] Ann: We fly to Lisbon on 3 May with Rui. Porto on 5 May."
+    )
+    # and however hard the cut, the date stays
+    assert condense_summary(line, 40).startswith("[9 July 2023, 10:00] ")
+
+
+def test_when_every_line_is_down_to_one_sentence_lines_of_one_conversation_share_a_head() -> None:
+    summary = "\n".join(
+        [
+            "[8 May 2023, 10:00] Tom: The patch for Hollow Knight is 40 GB. Priya: Wow, that is big.",
+            "[8 May 2023, 10:04] Priya: I set up the router in the garage.",
+            "[8 May 2023, 10:09] Tom: We play the Porto map at 9.",
+            "[8 May 2023, 15:00] Tom: The Porto server went down at 14:40.",
+            "[9 May 2023, 10:00] Priya: I ordered 3 pizzas.",
+        ]
+    )
+    expected = [
+        "[8 May 2023, 10:00] Tom: The patch for Hollow Knight is 40 GB. "
+        "Priya: I set up the router in the garage. Tom: We play the Porto map at 9.",
+        "[8 May 2023, 15:00] Tom: The Porto server went down at 14:40.",  # hours later: another conversation
+        "[9 May 2023, 10:00] Priya: I ordered 3 pizzas.",  # another day
+    ]
+    assert condense_summary(summary, len("\n".join(expected))).split("\n") == expected
+
+
 def test_a_one_paragraph_summary_keeps_its_newest_sentences() -> None:
     text = "Alpha happened first. Beta came second. Gamma was third. Delta is newest."
     assert condense_summary(text, 40) == "Gamma was third. Delta is newest."

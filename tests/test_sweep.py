@@ -85,3 +85,6 @@ def test_a_two_by_two_sweep_prints_a_table_and_writes_a_report(tmp_path: Path, c
     assert all(row["summary_chars_final"] <= 800 for p, row in by_point.items() if p.endswith("=800"))
     headers, cells = table_cells(rows)
     assert headers[:3] == ["point", "contexts", "compactions"] and len(cells) == 4
+    # and every point's summaries are audited for their dates
+    assert headers[-1] == "misdated" and "misdated" in printed
+    assert all(row["dates_judged"] > 0 and row["misdated_share"] is not None for row in rows)

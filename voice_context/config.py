@@ -4,8 +4,9 @@ Groups, each a frozen value with named defaults::
 
     [server]      host, port, max_frame_bytes, max_text_chars, max_sessions_per_connection,
                   turns_per_second, turn_burst, auth_tokens, record_dir, shutdown_timeout
-    [summarizer]  kind ("deterministic" | "openai"), base_url, model, api_key, timeout,
-                  max_retries, compaction_timeout
+    [summarizer]  kind ("deterministic" | "openai"), base_url, model, api_key, timeout (per
+                  attempt; derived from compaction_timeout when unset), max_retries,
+                  compaction_timeout
     [store]       url ("sqlite" default, "memory", "sqlite:///path/to.db", "redis://host:port/0"),
                   data_dir
     [session]     any field of SessionConfig (recent_window, batch_size, max_summary_chars, ...)
@@ -55,21 +56,60 @@ class ServerSettings:
             raise ConfigError("server.turns_per_second must be positive")
 
 
+RETRY_ALLOWANCE = 2.0
+"""Seconds the client's backoff may wait before each retry, set aside from the compaction timeout."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SummarizerSettings:
+    """How compactions are summarized, and how long they may take.
+
+    ``compaction_timeout`` bounds a whole compaction: every attempt and the
+    waits between them. ``timeout`` bounds one attempt; by default (``None``)
+    it is the compaction timeout shared among the ``max_retries + 1`` attempts,
+    after :data:`RETRY_ALLOWANCE` per retry (60 s and 2 retries: 18.7 s each).
+    The two are checked together: attempts that could outlast the compaction
+    would be abandoned while the client still retries, and a model server that
+    keeps computing for a client that gave up queues the retries behind that
+    abandoned work. Raises :class:`ConfigError`.
+    """
+
     kind: str = "deterministic"
     base_url: str | None = None
     model: str = "gpt-4o-mini"
     api_key: str | None = field(default=None, repr=False)
-    timeout: float = 20.0
+    timeout: float | None = None
     max_retries: int = 2
     compaction_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         if self.kind not in ("deterministic", "openai"):
             raise ConfigError(f"summarizer.kind must be 'deterministic' or 'openai', got {self.kind!r}")
-        if self.timeout <= 0 or self.compaction_timeout <= 0:
+        if (self.timeout is not None and self.timeout <= 0) or self.compaction_timeout <= 0:
             raise ConfigError("summarizer timeouts must be positive")
+        if self.max_retries < 0:
+            raise ConfigError(f"summarizer.max_retries must not be negative, got {self.max_retries}")
+        room = self.compaction_timeout - RETRY_ALLOWANCE * self.max_retries
+        if room <= 0:
+            raise ConfigError(
+                f"summarizer.compaction_timeout ({self.compaction_timeout:g}s) leaves no time for "
+                f"{self.max_retries + 1} attempts: raise it or lower max_retries"
+            )
+        if self.timeout is not None and self.timeout * (self.max_retries + 1) > room + 1e-9:
+            raise ConfigError(
+                f"summarizer: {self.max_retries + 1} attempts of timeout={self.timeout:g}s (and "
+                f"{RETRY_ALLOWANCE:g}s before each retry) outlast compaction_timeout="
+                f"{self.compaction_timeout:g}s: lower timeout or max_retries, raise compaction_timeout, "
+                "or leave timeout unset to derive it"
+            )
+
+    @property
+    def attempt_timeout(self) -> float:
+        """Seconds one attempt may take: ``timeout``, or the compaction timeout shared among attempts."""
+        if self.timeout is not None:
+            return self.timeout
+        room = self.compaction_timeout - RETRY_ALLOWANCE * self.max_retries
+        return room / (self.max_retries + 1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -153,6 +193,8 @@ def _convert(name: str, hint: Any, raw: Any) -> Any:
                 return tuple(part.strip() for part in raw.split(",") if part.strip())
             if "None" in text and raw.strip().lower() in ("", "none", "null"):
                 return None
+            if text in ("float | None", "typing.Optional[float]"):
+                return float(raw)
             return raw
         if "tuple" in text and isinstance(raw, list | tuple):
             return tuple(str(x) for x in raw)
@@ -204,7 +246,7 @@ def make_summarizer(settings: SummarizerSettings) -> Summarizer:
             base_url=settings.base_url,
             api_key=settings.api_key,
             model=settings.model,
-            timeout=settings.timeout,
+            timeout=settings.attempt_timeout,
             max_retries=settings.max_retries,
         )
     from voice_context.summarizers.deterministic import DeterministicSummarizer

@@ -8,12 +8,13 @@ budgets (``--budget 4000,8000``). Each point replays every recording offline
 
 The table has one row per point: contexts served, compactions, summarizer calls
 and characters sent (in all, and per turn), context and summary sizes,
-wall-clock latencies of the summarizer and of the context assembly, and the
-recall scores when there were probes. The report (``report/index.html`` with
-PNG plots, or the PNGs alone) shows, per recording and point: the context size
-over the session, the summary size with the compactions marked, the cursor,
-summarizer calls and characters sent over the session, the latencies, and the
-recall beside the baselines.
+wall-clock latencies of the summarizer and of the context assembly, the
+recall scores when there were probes, and the share of summary sentences shown
+under the wrong date or none (the date audit, :mod:`voice_context.audit`). The
+report (``report/index.html`` with PNG plots, or the PNGs alone) shows, per
+recording and point: the context size over the session, the summary size with
+the compactions marked, the cursor, summarizer calls and characters sent over
+the session, the latencies, and the recall beside the baselines.
 
 ``matplotlib``, ``rich`` and ``tqdm`` (the ``report`` extra) are imported only
 when they are used; without them the table is plain text, there is no progress
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from voice_context.audit import DateAudit, audit_contexts
 from voice_context.config import Settings
 from voice_context.replay import (
     Recording,
@@ -89,6 +91,7 @@ class Run:
     recording: str
     result: ReplayResult
     scores: Scores | None = None
+    dates: DateAudit | None = None
 
 
 @dataclass(slots=True)
@@ -138,6 +141,14 @@ class PointResult:
             row["gap"] = summary["gap"]
             row["speaker"] = summary["methods"]["ours"]["speaker"]
             row["numbers"] = summary["methods"]["ours"]["numbers"]
+        audits = [run.dates for run in self.runs if run.dates is not None]
+        if audits:
+            dates = DateAudit()
+            for audit in audits:
+                dates.merge(audit)
+            row["dates_judged"] = dates.judged
+            row["misdated"] = dates.misdated + dates.undated
+            row["misdated_share"] = dates.share
         return row
 
 
@@ -202,7 +213,8 @@ async def run_grid(
                 if path in scoring:
                     conv, probes = scoring[path]
                     scores = score_contexts(result.contexts, probes, conv, result.questions)
-                outcome.runs.append(Run(recording_stem(path), result, scores))
+                dates = audit_contexts(result.contexts, recordings[path])
+                outcome.runs.append(Run(recording_stem(path), result, scores, dates))
                 if bar is not None:
                     bar.update(1)
             results.append(outcome)
@@ -230,6 +242,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("recall_head_tail", "head+tail", "{:.3f}"),
     ("recall_full", "ceiling", "{:.3f}"),
     ("gap", "gap", "{:.2f}"),
+    ("misdated_share", "misdated", "{:.1%}"),
 )
 
 

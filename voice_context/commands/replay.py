@@ -31,6 +31,7 @@ from typing import Any
 
 import anyio
 
+from voice_context.audit import audit_contexts
 from voice_context.config import Settings, load_settings
 from voice_context.errors import ConfigError
 from voice_context.replay import (
@@ -191,6 +192,7 @@ async def _live(
             if probes_path(path).exists():
                 conv = Conversation.from_recording(read_recording(path))
                 scores = score_contexts(result.contexts, read_probes(probes_path(path)), conv)
-            outcome.runs.append(Run(recording_stem(path), result, scores))
+            dates = audit_contexts(result.contexts, read_recording(path))
+            outcome.runs.append(Run(recording_stem(path), result, scores, dates))
         results.append(outcome)
     return results

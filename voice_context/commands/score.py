@@ -15,7 +15,9 @@ the context: the rarity-weighted recall of the answer's content words, whether
 the evidence speaker is named with it and whether its numbers and dates
 survive, for our context and, at the same budget, for the last turns that fit
 (tail), head plus tail, and the whole transcript (the ceiling). See
-:mod:`voice_context.scoring` for the exact definitions.
+:mod:`voice_context.scoring` for the exact definitions. After the table, the
+date audit of each row: how many summary sentences were shown under a date
+other than the day they were said, or under none (:mod:`voice_context.audit`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 
 import anyio
 
+from voice_context.audit import DateAudit, audit_contexts
 from voice_context.commands.replay import add_settings_arguments, settings_and_grid
 from voice_context.errors import ConfigError
 from voice_context.replay import read_contexts, read_recording, recording_stem
@@ -70,16 +73,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"voice-context score: {exc}", file=sys.stderr)
         return 2
     rows: list[tuple[str, Scores]] = []
+    audits: list[DateAudit] = []
     if args.contexts is not None:
         total = Scores()
+        dates = DateAudit()
         for path in paths:
             contexts = read_contexts(args.contexts / f"{recording_stem(path)}.contexts.jsonl")
             asked = args.contexts / f"{recording_stem(path)}.questions.jsonl"
             questions = read_contexts(asked) if asked.is_file() else []
-            conv = Conversation.from_recording(read_recording(path))
+            recording = read_recording(path)
+            conv = Conversation.from_recording(recording)
             probes = read_probes(args.probes or probes_path(path))
             total.merge(score_contexts(contexts, probes, conv, questions))
+            dates.merge(audit_contexts(contexts, recording))
         rows.append((str(args.contexts), total))
+        audits.append(dates)
     else:
         if args.probes is not None:  # the grid runner looks beside the recording
             print(
@@ -90,14 +98,27 @@ def run(args: argparse.Namespace) -> int:
         results = anyio.run(lambda: run_grid(paths, settings, points, progress=sys.stderr.isatty()))
         for result in results:
             total = Scores()
+            dates = DateAudit()
             for run_ in result.runs:
                 if run_.scores is not None:
                     total.merge(run_.scores)
+                if run_.dates is not None:
+                    dates.merge(run_.dates)
             rows.append((result.point.label, total))
+            audits.append(dates)
     print_scores(rows)
+    for (label, _), dates in zip(rows, audits, strict=True):
+        print(f"{label}: {dates}")
     if args.json is not None:
         args.json.write_text(
-            json.dumps([{"point": label, **scores.summary()} for label, scores in rows], indent=1) + "\n",
+            json.dumps(
+                [
+                    {"point": label, **scores.summary(), "dates": dates.row()}
+                    for (label, scores), dates in zip(rows, audits, strict=True)
+                ],
+                indent=1,
+            )
+            + "\n",
             encoding="utf-8",
         )
     if args.checkpoints is not None:

@@ -99,55 +99,177 @@ def keep_newest_sentences(text: str, limit: int) -> str:
 
 
 _LINE_SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|(?<=[.!?…][\"')\]])\s+")
+# A line's head, "[8 May 2023, 13:56] ": it says when the line happened, so it stays with the line.
+_LINE_HEAD = re.compile(r"^\[[^\]\n]{1,40}\]\s+")
+# A sentence's speaker label, "Caroline: ": the sentences after it are hers until the next label.
+_LABEL = re.compile(r"^[A-Z][^:.!?\n]{0,48}?: ")
+_INFO_TOKEN = re.compile(r"[A-Za-z][A-Za-z'’-]*|\d[\d,.:/]*")
+INFO_PAD = 20
+"""Each sentence costs this many chars more than its length when a line chooses which to drop."""
 
 
 @lru_cache(maxsize=16)
-def _summary_lines(text: str) -> tuple[tuple[str, ...], ...]:
-    """A summary's lines as their sentences (cached: one summary serves many contexts)."""
-    return tuple(
-        tuple(part for part in _LINE_SENTENCE_END.split(paragraph) if part)
-        for paragraph in normalize(text).split("\n")
-    )
+def _summary_lines(text: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """A summary's lines as (head, sentences) (cached: one summary serves many contexts)."""
+    out: list[tuple[str, tuple[str, ...]]] = []
+    for paragraph in normalize(text).split("\n"):
+        head = _LINE_HEAD.match(paragraph)
+        prefix = head.group(0) if head else ""
+        body = paragraph[len(prefix) :]
+        out.append((prefix, tuple(part for part in _LINE_SENTENCE_END.split(body) if part)))
+    return tuple(out)
 
 
+@lru_cache(maxsize=16384)
+def information(sentence: str) -> float:
+    """What a sentence tells, per character, by its surface alone.
+
+    Numbers and names (capitalised words after the first) count most, long words
+    next, short words little: "Bob flew to Oslo on 9 May." outranks "That sounds
+    so good to me!". A speaker label is not counted.
+    """
+    label = _LABEL.match(sentence)
+    body = sentence[label.end() :] if label else sentence
+    total = 0.0
+    for k, token in enumerate(_INFO_TOKEN.findall(body)):
+        if token[0].isdigit() or (k > 0 and token[0].isupper()):
+            total += 2.0
+        elif len(token) >= 7:
+            total += 1.0
+        elif len(token) >= 4:
+            total += 0.5
+    return total / (len(body) + INFO_PAD)
+
+
+def _drop_one(sentences: list[str], infos: list[float]) -> int:
+    """Drop the sentence of a line that tells least (the latest on a tie); returns the chars saved.
+
+    A label the dropped sentence carried passes to the next sentence if it has
+    none, so that no sentence changes speaker; a label that now repeats the one
+    before it goes.
+    """
+    k = min(range(len(infos) - 1, -1, -1), key=infos.__getitem__)
+    dropped = sentences.pop(k)
+    del infos[k]
+    saved = len(dropped) + 1
+    label = _LABEL.match(dropped)
+    if label and k < len(sentences) and not _LABEL.match(sentences[k]):
+        sentences[k] = label.group(0) + sentences[k]
+        saved -= len(label.group(0))
+    if 0 < k < len(sentences):  # "Ann: A. Bob: B. Ann: C." without B: "Ann: A. C."
+        again = _LABEL.match(sentences[k])
+        before = next((m.group(0) for m in map(_LABEL.match, reversed(sentences[:k])) if m), None)
+        if again and again.group(0) == before:
+            sentences[k] = sentences[k][again.end() :]
+            saved += again.end()
+    return saved
+
+
+@lru_cache(maxsize=256)
 def condense_summary(text: str, limit: int, *, half_life: float = 48.0) -> str:
     """``text`` shrunk to at most ``limit`` chars by whole sentences, coarser with age.
 
-    A summary written as one paragraph keeps its newest sentences
-    (:func:`keep_newest_sentences`). A summary written in lines, one per time
-    window and oldest first, keeps each line's start (its head and first
-    sentence) as long as it can: while the text is too long, the line whose
-    length weighted by its age (``1 + age / half_life``, in lines) is the
-    greatest loses its last sentence; once every line is down to one sentence,
-    the oldest lines go. A summarizer that writes each line's most important
-    sentences first loses the least.
+    A summary written as one paragraph without a head keeps its newest
+    sentences (:func:`keep_newest_sentences`). A summary written in lines, one
+    per time window and oldest first, each headed by its date and time
+    (``[8 May 2023, 13:56] ...``), keeps a dated head on every line it shows, so
+    that any line read alone says when it happened, and each line as long as it
+    can: while the text is too long, the line whose length weighted by its age
+    (``1 + age / half_life``, in lines) is the greatest loses the sentence that
+    tells least (:func:`information`; order inside a line never changes). Once
+    every line is down to one sentence, lines of the same conversation (the same
+    date, begun less than :data:`JOIN_WITHIN` apart) join, oldest first, until the
+    text fits (one head for both, the earlier time: heads must not crowd out
+    what they date); when no lines can join, the joined lines lose sentences
+    again the same way, and then the oldest lines go.
+
+    Cached: one summary serves every context until the next compaction.
     """
     if len(text) <= limit:
         return text
     parsed = _summary_lines(text)
-    if len(parsed) == 1:
+    if len(parsed) == 1 and not parsed[0][0]:
         return keep_newest_sentences(text, limit)
-    lines = [list(line) for line in parsed]
-    lengths = [len(" ".join(line)) for line in lines]
-    total = sum(lengths) + len(lines) - 1
+    n = len(parsed)
+    heads = [head for head, _ in parsed]
+    days = [_date_of(head) for head in heads]
+    latest = [day[1] if day else 0 for day in days]  # the minute of day the last line joined began
+    lines = [list(line) for _, line in parsed]
+    infos = [[information(sentence) for sentence in line] for line in lines]
+    lengths = [len(heads[i]) + len(" ".join(lines[i])) for i in range(n)]
+    after = list(range(1, n + 1))  # the next line still shown (n: none)
+    alive = [True] * n
+    total = sum(lengths) + n - 1
+
+    def weight(i: int) -> tuple[float, int]:
+        return (-lengths[i] * (1 + (n - 1 - i) / half_life), i)
+
     # a max-heap of (age-weighted length, line) over the lines that still have two sentences or more
-    heap = [(-lengths[i] * (1 + (len(lines) - 1 - i) / half_life), i) for i in range(len(lines))]
-    heap = [item for item in heap if len(lines[item[1]]) > 1]
+    heap = [weight(i) for i in range(n) if len(lines[i]) > 1]
     heapq.heapify(heap)
     first = 0  # lines before this one are gone
-    while total > limit and first < len(lines) - 1:
-        if not heap:
-            total -= lengths[first] + 1
-            first += 1
+    while total > limit and after[first] < n:
+        if heap:
+            i = heapq.heappop(heap)[1]
+            if not alive[i] or len(lines[i]) < 2:
+                continue
+            saved = _drop_one(lines[i], infos[i])
+            total -= saved
+            lengths[i] -= saved
+            if len(lines[i]) > 1:
+                heapq.heappush(heap, weight(i))
             continue
-        _, i = heapq.heappop(heap)
-        if i < first:
+        i = first
+        while after[i] < n and not _joinable(days[i], latest[i], days[after[i]]):
+            i = after[i]
+        if after[i] < n:  # two lines of the same date: one head for both, and no sentence lost
+            j = after[i]
+            lines[i] += lines[j]
+            infos[i] += infos[j]
+            lengths[i] += 1 + lengths[j] - len(heads[j])
+            total -= len(heads[j])
+            latest[i] = latest[j]
+            alive[j] = False
+            after[i] = after[j]
             continue
-        dropped = lines[i].pop()
-        lengths[i] -= len(dropped) + 1
-        total -= len(dropped) + 1
-        if len(lines[i]) > 1:
-            heapq.heappush(heap, (-lengths[i] * (1 + (len(lines) - 1 - i) / half_life), i))
-    lines = lines[first:]
-    result = "\n".join(" ".join(line) for line in lines)
-    return result if len(result) <= limit else keep_newest_sentences(result, limit)
+        joined = [k for k in range(first, n) if alive[k] and len(lines[k]) > 1]
+        if joined:  # no two lines share a date any more: the joined lines lose sentences again
+            heap = [weight(k) for k in joined]
+            heapq.heapify(heap)
+            continue
+        total -= lengths[first] + 1
+        alive[first] = False
+        first = after[first]
+    while total > limit and len(lines[first]) > 1:  # one line left: it still keeps its head
+        total -= _drop_one(lines[first], infos[first])
+    shown: list[str] = []
+    i = first
+    while i < n:
+        shown.append(heads[i] + " ".join(lines[i]))
+        i = after[i]
+    result = "\n".join(shown)
+    if len(result) <= limit:
+        return result
+    return clip(result, limit) if heads[first] else keep_newest_sentences(result, limit)
+
+
+_HEAD_DATE = re.compile(r"^\[(.+?),? (\d{1,2}):(\d{2})\]\s+$")
+JOIN_WITHIN = 2 * 60
+"""Minutes: lines of the same date join only when the later began within this of the earlier one
+(the deterministic summarizer's session gap), so that a joined line never spans two conversations."""
+
+
+def _date_of(head: str) -> tuple[str, int] | None:
+    """The date of a line's head and its minute of the day (``("8 May 2023", 836)`` for
+    ``[8 May 2023, 13:56] ``); ``None`` for a line without a dated head."""
+    found = _HEAD_DATE.match(head)
+    return (found.group(1), int(found.group(2)) * 60 + int(found.group(3))) if found else None
+
+
+def _joinable(day: tuple[str, int] | None, latest: int, following: tuple[str, int] | None) -> bool:
+    return (
+        day is not None
+        and following is not None
+        and day[0] == following[0]
+        and 0 <= following[1] - latest < JOIN_WITHIN
+    )

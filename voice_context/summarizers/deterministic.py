@@ -1,24 +1,41 @@
 """A summarizer that needs no model and no network: extractive, speaker-attributed, budgeted.
 
-The summary is prose, one line per time window, oldest first::
+The summary is prose, one line per time window, oldest first, each headed by
+the date and time its window began::
 
     [8 May 2023, 13:56] Caroline: I went to an LGBTQ support group on 7 May 2023. Melanie: ...
-    [14:20] Caroline: I'm researching adoption agencies. Melanie's screen (image): A lake at sunset.
+    [8 May 2023, 14:20] Caroline: I'm researching adoption agencies. Melanie's screen (image): A lake.
 
-Each batch of turns becomes a new line headed by the time its first turn was
-spoken (the date is written when it changes from the line before). A line
-keeps the batch's sentences that carry state, shortened and attributed, the
-most informative first (so a context that must shrink the summary, which drops
-the ends of lines, loses the least; see ``core.text.condense_summary``):
+Every line is dated by what it covers, and any line read alone says when it
+happened (a context that must shrink the summary may show only some lines):
 
-- filler is dropped: greetings, thanks, backchannels, laughter, and sentences
+- each batch of turns becomes a line, split where the conversation paused for
+  longer than ``session_gap`` (:data:`SESSION_GAP`, two hours) or the day
+  (UTC) changed, so that no line spans two conversations; a batch that goes on
+  the conversation of the last line joins it while both fit in
+  :data:`LINE_CHARS` (fewer, fuller lines spend less of the summary on heads);
+- a screen note is dated by when it was seen, not by the fold that absorbs it
+  (notes wait in the live buffer, often long after the turns around them were
+  folded): it joins the end of the line of the conversation it was seen in, or
+  gets a line of its own; lines stay in time order;
+- the head always carries the full date.
+
+A line keeps the batch's sentences that carry state, shortened and attributed,
+in the order they were said:
+
+- filler is dropped: greetings, goodbyes ("Gotta run, bye!", "Ttyl"), thanks,
+  backchannels, cheers ("Woohoo!"), laughter, emoticons ("<3"), and sentences
   whose words are all small talk ("That's awesome!", "How have you been?");
-- sentences are shortened: leading interjections ("Wow,", "Oh yeah,"),
-  vocatives ("Hey Mel!"), hesitations ("um", "uh") and stuttered repeats go;
-  dashes and semicolons split a sentence into its clauses;
+- sentences are shortened, never broken: leading interjections ("Wow,"),
+  vocatives ("Hey Mel!"), hesitations ("um", "uh"), stuttered repeats and
+  intensifiers that leave the sentence whole ("really", "just") go; dashes and
+  semicolons split a sentence into its clauses;
 - relative dates are resolved against the time the turn was spoken:
   "yesterday" becomes "on 7 May 2023", "last week" "the week before
-  8 May 2023", "last year" "in 2022", "two days ago" "on 6 May 2023";
+  8 May 2023", "last year" "in 2022", "two days ago" "on 6 May 2023"; where the
+  words are a noun ("Last Friday was amazing", "I spent yesterday at the
+  beach"), they stay and the date follows in parentheses ("Last Friday
+  (7 July 2023) was amazing");
 - numbers spoken as words become digits ("twenty five euros" -> "25 euros");
 - screen notes are folded in as sentences of their own, with their provenance.
 
@@ -67,8 +84,19 @@ _SMALL_TALK = frozenset(
     hahaha lol lmao hehe omg gosh agree agreed thing way ways keep keeping going doing done make making
     made take taking took look looks looking looked want wanted need needed say said tell told share
     sharing shared let lets new old lot big little bit yes yeah okay cool alright right exactly indeed
-    anyway guess guys friend friends stuff kind sort mean means
+    anyway guess guys friend friends stuff kind sort mean means same worries worry problem
     """.split()
+)
+# Leave-takings, cheers and emoticons: "Gotta run, bye!", "Ttyl!", "Woohoo!", "<3".
+_FAREWELL = re.compile(
+    r"\b(?:(?:gotta|got to|have to|need to|i must|i should|i'?ll|i'?d better) (?:go|run|jet|head out|bounce|"
+    r"log off|sign off)(?: now)?|(?:talk|speak|chat) (?:to you |with you )?(?:soon|later|tomorrow|then)|"
+    r"(?:see|catch) (?:you|ya|u) (?:later|soon|then|around|tomorrow)|take care(?: of yourself)?|"
+    r"have (?:a|an) (?:good|great|nice|wonderful|lovely|awesome|fun) (?:one|day|night|evening|weekend|time)|"
+    r"(?:good|nighty?) ?night|sweet dreams|peace out|bye(?:[ -]?bye)*|goodbye|ttyl|cya|xo(?:xo)*|"
+    r"w(?:oo)+h(?:oo)+|wo+h?o+|yay+|hooray|yippee|phew|whew|ugh+|aw+|yess+)\b"
+    r"|<3+|[:;=]-?[()DPp]\B|\bx[Dd]\b|[\U0001F300-\U0001FAFF\u2600-\u27BF]",
+    re.IGNORECASE,
 )
 _MONTH_NAMES = "january february march april may june july august september october november december".split()
 _WEEKDAYS = "monday tuesday wednesday thursday friday saturday sunday".split()
@@ -78,17 +106,18 @@ _WEEKDAY_ABBR = {day[:3]: day for day in _WEEKDAYS}
 _LEAD = re.compile(
     r"^(?:(?:hey|hi|hello|heya|yo|wow|whoa|oh|ooh|ah|aw+|yeah|yep|yup|well|so|ok|okay|alright|um+|uh+|uhm|"
     r"hmm+|mm+|mhm|haha+|hehe+|lol|omg|gosh|anyway|anyways|also|but|and|like|actually|honestly|"
-    r"oh my god|oh man|man|dude)(?=[\s,!.…?-])[\s,!.…?-]*|"
+    r"oh my god|oh man|man|dude|bye|goodbye|ttyl)(?=[\s,!.…?-])[\s,!.…?-]*|"
     r"(?:great|awesome|nice|cool|thanks|thank you|right|sure|totally|absolutely|exactly|yes|no|true|"
     r"wonderful|amazing|fantastic|congrats|congratulations|sweet|good|perfect|indeed|of course)"
     r"[\s]*[,!.…]+\s*)+",
     re.IGNORECASE,
 )
 _HESITATION = re.compile(r"(?:,\s*)?\b(?:um+|uh+|uhm|erm|er|hmm+|mm+|you know|i mean)\b(?:\s*,)?", re.I)
+# Only words that leave a sentence whole when they go: "so much has happened" needs its "so much",
+# "a kind of bread" its "kind of"; a capitalised "Super" may be a name ("Super Bowl").
 _INTENSIFIER = re.compile(
-    r"\b(?:really|just|super|actually|totally|definitely|literally|basically|honestly|truly|so much|"
-    r"kinda|kind of|sort of|pretty much)\s+",
-    re.IGNORECASE,
+    r"\b(?:really|just|super|actually|totally|definitely|literally|basically|honestly|truly|kinda)\s+"
+    r"(?=[a-z])"
 )
 _REPEAT = re.compile(r"\b(\w+(?:'\w+)?)(?:\s+\1\b)+", re.IGNORECASE)
 _CLAUSE = re.compile(r"\s+[-–—]+\s+|;\s+")
@@ -120,6 +149,13 @@ _NUMBER_WORDS = {word: value for value, word in enumerate(_UNITS)} | {
 #: Each sentence costs this many chars more than its length when ranking, so that a
 #: short exclamation ("Bon voyage!") does not outrank a fact for being short.
 COST_PAD = 20
+#: A pause longer than this (seconds) between two things said starts a new line: a voice
+#: session rarely pauses this long, and conversations days apart must not share a date.
+SESSION_GAP = 2 * 60 * 60.0
+#: A new batch joins the line before it, of the same conversation, while both fit in this many chars:
+#: every line carries its full date, and fewer, fuller lines spend less of a summary on heads. No more
+#: than recall quotes of a summary line (600 chars), so that a recalled line is the line shown.
+LINE_CHARS = 600
 #: A line's last sentence is worth this much more, so windows grow coarser before they go.
 LAST_SENTENCE = 2.0
 _NUMBER_RUN = re.compile(
@@ -139,8 +175,8 @@ def content_words(text: str) -> list[str]:
 
 
 def is_filler(text: str) -> bool:
-    """True for greetings, laughter, backchannels and other sentences that change nothing."""
-    return _value(text) < 1.0
+    """True for greetings, goodbyes, laughter, backchannels and other sentences that change nothing."""
+    return _value(_FAREWELL.sub(" ", text)) < 1.0
 
 
 def _fold(word: str) -> str:
@@ -216,6 +252,8 @@ _COUNTS = {
     "a couple of": 2,
 }
 _RELATIVE = re.compile(
+    # "the last week of June", "my next year", "for the past year" are not dates said relative to now
+    r"(?<!\bthe )(?<!\bmy )(?<!\bour )(?<!\bhis )(?<!\bher )(?<!\btheir )(?<!\bthat )(?<!\bthis )"
     r"\b(?P<prep>(?:since|until|till|from|by|before|after|on|in|during|over|of)\s+)?"
     r"(?P<phrase>yesterday|tomorrow|last night|the day before yesterday|"
     r"(?:last|this past|past|next|this|the other) (?:week|weekend|month|year|"
@@ -225,36 +263,89 @@ _RELATIVE = re.compile(
     r" (?P<unit>day|week|month|year|weekend)s? ago)\b(?!['’]s)",
     re.IGNORECASE,
 )
+# After a relative date said as an adverb ("I went there yesterday, ..."), "on 7 May 2023" reads as well:
+# the end of the clause, a conjunction or a preposition.
+_ADVERB_AFTER = re.compile(
+    r"\s*(?:$|[.,!?;:)…]|[-–—]\s|(?:and|but|so|or|because|when|while|after|before|at|in|with|for|to|from|"
+    r"since|until|as|where|which|who|if|then|too|again|already|now|though|although)\b)",
+    re.IGNORECASE,
+)
+# After a relative date that starts a sentence: a comma, its end, or the subject ("Yesterday I went").
+_SUBJECT_AFTER = re.compile(
+    r"\s*(?:$|[,.!?…]|(?:I|we|you|he|she|they|it|my|our|his|her|their|me|mom|dad|the|a|an|there|this)\b|"
+    r"[A-Z][a-z]+\b(?<!Was)(?<!Is))",
+)
+# Words after which a relative date is a noun ("spent yesterday", "feels like yesterday", "was last year").
+_NOUN_BEFORE = frozenset(
+    """
+    spent spend spends spending enjoyed enjoy enjoys enjoying loved love loves loving remember remembers
+    remembered remembering recall recalls recalled like liked likes feel feels felt seems seemed than was
+    is were be been being about all whole entire missed miss since until
+    """.split()
+)
+_OPENING = re.compile(r"(?:^|[.!?…]\s+|[-–—;:]\s+|\(\s*)[\"'“‘(]*$")
+
+
+def _adverbial(match: re.Match[str]) -> bool:
+    """Whether a relative date can become "on 7 May 2023" in place and leave the sentence whole.
+
+    "I went there yesterday" can; "Last Friday was amazing" and "I spent
+    yesterday at the beach" cannot: the phrase is a noun there.
+    """
+    text, start, end = match.string, match.start(), match.end()
+    before = text[:start]
+    if _OPENING.search(before):
+        return _SUBJECT_AFTER.match(text, end) is not None
+    words = re.findall(r"[A-Za-z'’]+", before[-40:])
+    if words and words[-1].lower() in _NOUN_BEFORE:
+        return False
+    return _ADVERB_AFTER.match(text, end) is not None
 
 
 def _resolve(match: re.Match[str], at: datetime) -> str:
+    """One relative date made absolute.
+
+    Periods ("last week" -> "the week before 8 May 2023") and durations ("a few
+    days ago" -> "a few days before 8 May 2023") are noun phrases and replace the
+    words in place. A day, month or year becomes "on 7 May 2023", "in June 2023",
+    "in 2022" after a preposition or where the phrase is an adverb; elsewhere the
+    words stay and the date follows in parentheses ("Last Friday (7 July 2023)
+    was amazing"), so that the sentence stays whole.
+    """
     prep = match.group("prep") or ""
     phrase = " ".join(match.group("phrase").lower().split())
-    on, inside = ("", "") if prep else ("on ", "in ")  # "since yesterday" -> "since 7 May 2023"
+    said = match.group(0)[len(prep) :]
+
+    def point(where: str, value: str, night: bool = False) -> str:
+        if prep:
+            return prep + ("the night of " if night else "") + value
+        if _adverbial(match):
+            return ("on the night of " if night else where) + value
+        return f"{said} ({value})"
+
     if phrase in ("yesterday", "the day before yesterday", "tomorrow", "last night"):
         days = {"yesterday": -1, "the day before yesterday": -2, "tomorrow": 1, "last night": -1}[phrase]
-        night = ("the night of " if prep else "on the night of ") if phrase == "last night" else on
-        return prep + night + _day(at + timedelta(days=days))
+        return point("on ", _day(at + timedelta(days=days)), night=phrase == "last night")
     if match.group("unit"):
         unit, amount = match.group("unit").lower(), match.group("n").lower()
         n = int(amount) if amount.isdigit() else _COUNTS.get(amount)
         if n is None:  # "a few days ago"
             return f"{prep}{amount} {unit}s before {_day(at)}"
         if unit == "day":
-            return prep + on + _day(at - timedelta(days=n))
+            return point("on ", _day(at - timedelta(days=n)))
         if unit == "month":
-            return prep + inside + _month(at.year, at.month - n)
+            return point("in ", _month(at.year, at.month - n))
         if unit == "year":
-            return prep + inside + str(at.year - n)
+            return point("in ", str(at.year - n))
         return f"{prep}{'a' if n == 1 else n} {unit}{'' if n == 1 else 's'} before {_day(at)}"
     words = phrase.split()
     which = "last" if words[0] in ("past", "the") or words[:2] == ["this", "past"] else words[0]
     unit = words[-1]
     step = {"last": -1, "next": 1}.get(which, 0)
     if unit == "year":
-        return prep + inside + str(at.year + step)
+        return point("in ", str(at.year + step))
     if unit == "month":
-        return prep + inside + _month(at.year, at.month + step)
+        return point("in ", _month(at.year, at.month + step))
     if unit in ("week", "weekend"):
         return f"{prep}the {unit} { ({-1: 'before', 1: 'after'}.get(step, 'of')) } {_day(at)}"
     day = _WEEKDAY_ABBR[unit[:3]]
@@ -263,11 +354,17 @@ def _resolve(match: re.Match[str], at: datetime) -> str:
         when = at - timedelta(days=(at.weekday() - target) % 7 or 7)
     else:
         when = at + timedelta(days=(target - at.weekday()) % 7 or (7 if step else 0))
-    return f"{prep}{on}{day.capitalize()} {_day(when)}"
+    if prep or _adverbial(match):
+        return point("on ", f"{day.capitalize()} {_day(when)}")
+    return f"{said} ({_day(when)})"
 
 
 def resolve_dates(text: str, at: float) -> str:
-    """Relative dates in ``text`` made absolute, given that it was said at ``at`` (unix seconds, UTC)."""
+    """Relative dates in ``text`` made absolute, given that it was said at ``at`` (unix seconds, UTC).
+
+    The sentence stays whole: see :func:`_resolve` for when the words are kept and
+    the date added in parentheses.
+    """
     when = datetime.fromtimestamp(at, tz=UTC)
     return _RELATIVE.sub(lambda m: _resolve(m, when), text)
 
@@ -328,6 +425,8 @@ class _Line:
     time: str | None  # "13:56", or None for a line without a head
     sentences: list[_Sentence]
     length: int = 0
+    notes_only: bool = False  # a new line of screen notes seen apart from the batch's turns
+    until: datetime | None = None  # for a new line: when its last turn or note was (naive UTC)
 
 
 def _finish(text: str) -> str:
@@ -353,7 +452,7 @@ def shorten(sentence: str, speakers: Sequence[str] = ()) -> str:
     for _ in range(3):
         before = text
         text = _LEAD.sub("", text).lstrip()
-        head = re.match(r"^([A-Z][a-z]+)\s*[,!]+\s*", text)
+        head = re.match(r"^([A-Z][a-z]+)\s*(?:[,!]+\s*|[.!?…]*$)", text)
         if head and _is_vocative(head.group(1), speakers):
             text = text[head.end() :]
         if text == before:
@@ -372,9 +471,16 @@ def _turn_sentences(turn: Turn, speakers: Sequence[str]) -> list[str]:
     for sentence in sentences(text) or [text]:
         for clause in _CLAUSE.split(sentence):
             short = shorten(clause, speakers)
-            if short and not is_filler(short):
+            if short and not is_filler(_without_names(short, speakers)):
                 out.append(short)
     return out
+
+
+def _without_names(text: str, speakers: Sequence[str]) -> str:
+    """``text`` without the speakers' names, which make "Thanks Mel!" look informative."""
+    return re.sub(
+        r"\b[A-Z][a-z]+\b", lambda m: "" if _is_vocative(m.group(0), speakers) else m.group(0), text
+    )
 
 
 def _note_sentence(note: Note) -> tuple[str, str]:
@@ -384,35 +490,60 @@ def _note_sentence(note: Note) -> tuple[str, str]:
     return who, _finish(_CAPTION_LEAD.sub("", " ".join(note.text.split())))
 
 
-def _new_line(turns: Sequence[Turn], notes: Sequence[Note], note_chars: int) -> _Line | None:
+def _new_lines(turns: Sequence[Turn], notes: Sequence[Note], note_chars: int, gap: float) -> list[_Line]:
+    """A batch as lines, one per stretch of conversation, each headed by the time it began.
+
+    Turns and notes are put in the order they happened (a note by the time it
+    was seen, which may be long after the batch's turns: notes wait in the live
+    buffer). A pause longer than ``gap`` seconds, or a new day (UTC), starts a
+    new line, so that no line spans two conversations. Inside a line, sentences
+    keep the order they were said in.
+    """
     speakers = sorted({t.speaker for t in turns if t.speaker})
-    seen: set[str] = set()
+    items: list[tuple[float, int, Turn | Note]] = [(t.at, k, t) for k, t in enumerate(turns)]
+    items += [(n.at, len(turns) + k, n) for k, n in enumerate(notes)]
+    items.sort(key=lambda item: (item[0], item[1]))
+    lines: list[_Line] = []
     kept: list[_Sentence] = []
-    for turn in turns:
-        who = turn.speaker or turn.role.capitalize()
-        for text in _turn_sentences(turn, speakers):
-            sentence = _Sentence.of(who, text)
-            key = " ".join(sorted(w for w, _ in sentence.weights))
-            if key not in seen:
-                seen.add(key)
-                kept.append(sentence)
+    seen: set[str] = set()
+    start: datetime | None = None
+    last = 0.0
     used = 0
-    for note in notes:
-        who, text = _note_sentence(note)
+    spoken = False
+
+    def close() -> None:
+        if kept and start is not None:
+            until = datetime.fromtimestamp(last, tz=UTC).replace(tzinfo=None)
+            lines.append(_Line(_day(start), f"{start:%H:%M}", list(kept), notes_only=not spoken, until=until))
+
+    for at, _, item in items:
+        when = datetime.fromtimestamp(at, tz=UTC)
+        if start is None or at - last > gap or when.date() != start.date():
+            close()
+            kept, seen, start, spoken = [], set(), when, False
+        last = max(last, at)
+        if isinstance(item, Turn):
+            spoken = True
+            who = item.speaker or item.role.capitalize()
+            for text in _turn_sentences(item, speakers):
+                sentence = _Sentence.of(who, text)
+                key = " ".join(sorted(w for w, _ in sentence.weights))
+                if key not in seen:
+                    seen.add(key)
+                    kept.append(sentence)
+            continue
+        who, text = _note_sentence(item)
         if not text or is_filler(text):
             continue
-        if kept and used + len(text) > note_chars:
+        if used and used + len(text) > note_chars:
             text = clip(text, max(20, note_chars - used))
         used += len(text)
         kept.append(_Sentence.of(who, text))
-    if not kept:
-        return None
-    # a line's most informative sentences first: a context that must shrink the
-    # summary drops the ends of lines (see condense_summary)
-    kept.sort(key=lambda c: -c.value / (len(c.text) + COST_PAD))
-    first = turns[0].at if turns else notes[0].at
-    when = datetime.fromtimestamp(first, tz=UTC)
-    return _Line(_day(when), f"{when:%H:%M}", kept)
+    close()
+    return lines
+
+
+_SCREEN = re.compile(r"(?:^|'s )[Ss]creen\b")
 
 
 def _small_talk_line(turns: Sequence[Turn]) -> _Line:
@@ -422,6 +553,85 @@ def _small_talk_line(turns: Sequence[Turn]) -> _Line:
     names = sorted({t.speaker or t.role.capitalize() for t in turns})
     who = " and ".join(names) if len(names) <= 3 else ", ".join(names[:3]) + " and others"
     return _Line(_day(when), f"{when:%H:%M}", [_Sentence.of("", f"{who} made small talk.")])
+
+
+def _when(line: _Line) -> datetime | None:
+    """When a line's window began, from its head; ``None`` for a line without a dated head."""
+    if line.day is None or line.time is None:
+        return None
+    return _parse_when(line.day, line.time)
+
+
+@lru_cache(maxsize=4096)
+def _parse_when(day: str, time: str) -> datetime | None:
+    try:
+        return datetime.strptime(f"{day} {time}", "%d %B %Y %H:%M")
+    except ValueError:
+        return None
+
+
+def _notes_only(line: _Line) -> bool:
+    return line.notes_only or all(_SCREEN.search(s.speaker) for s in line.sentences)
+
+
+def _insert(lines: list[_Line], line: _Line, gap: float) -> None:
+    """Put ``line`` after every line that began no later than it (the summary stays in time order).
+
+    A line without a dated head is never passed: what it says has no known time.
+    Screen notes wait in the live buffer and are often folded apart from the
+    turns around them, before or after them: a line of notes alone joins the
+    end of the line of the conversation it was seen in (the last line that began
+    before it, on the same day, less than ``gap`` seconds earlier), and a line of
+    turns takes in the lines of notes alone seen during its conversation.
+    """
+    key = _when(line)
+    k = len(lines)
+    while key is not None and k > 0:
+        other = _when(lines[k - 1])
+        if other is None or other <= key:
+            break
+        k -= 1
+    if key is None:
+        lines.insert(k, line)
+        return
+    if line.notes_only:
+        host = lines[k - 1] if k > 0 else None
+        began = _when(host) if host is not None else None
+        if (
+            host is not None
+            and began is not None
+            and host.day == line.day
+            and (key - began).total_seconds() <= gap
+        ):
+            host.sentences.extend(line.sentences)
+            return
+        lines.insert(k, line)
+        return
+    end = line.until or key
+    notes: list[_Sentence] = []
+    while k > 0 and _when(lines[k - 1]) == key and _notes_only(lines[k - 1]):
+        notes[:0] = lines.pop(k - 1).sentences  # seen in the minute the line began
+        k -= 1
+    while k < len(lines):
+        after, began = lines[k], _when(lines[k])
+        if began is None or after.day != line.day or (began - end).total_seconds() > gap:
+            break
+        if not _notes_only(after):
+            break
+        notes.extend(lines.pop(k).sentences)
+    line.sentences.extend(notes)
+    if k == len(lines) and k > 0:
+        host = lines[k - 1]
+        began = _when(host)
+        if (
+            began is not None
+            and host.day == line.day
+            and (key - began).total_seconds() <= gap
+            and len(_render_line(host)) + len(_render_line(line)) <= LINE_CHARS
+        ):
+            host.sentences.extend(line.sentences)
+            return
+    lines.insert(k, line)
 
 
 # -- the whole summary ----------------------------------------------------------------------------
@@ -476,12 +686,11 @@ def _parse(summary: str) -> list[_Line]:
     return lines
 
 
-def _render_line(line: _Line, previous_day: str | None) -> str:
+def _render_line(line: _Line) -> str:
+    """One line, headed by its full date and time: any line read alone says when it happened."""
     parts: list[str] = []
     if line.time is not None:
-        parts.append(
-            f"[{line.day}, {line.time}]" if line.day and line.day != previous_day else f"[{line.time}]"
-        )
+        parts.append(f"[{line.day}, {line.time}]" if line.day else f"[{line.time}]")
     last: str | None = None
     for sentence in line.sentences:
         if sentence.speaker and sentence.speaker != last:
@@ -493,12 +702,7 @@ def _render_line(line: _Line, previous_day: str | None) -> str:
 
 
 def _render(lines: Sequence[_Line]) -> str:
-    out: list[str] = []
-    previous: str | None = None
-    for line in lines:
-        out.append(_render_line(line, previous))
-        previous = line.day if line.time is not None else previous
-    return "\n".join(out)
+    return "\n".join(_render_line(line) for line in lines)
 
 
 class DeterministicSummarizer:
@@ -506,6 +710,9 @@ class DeterministicSummarizer:
 
     ``half_life`` is the age, in lines, at which a sentence is worth half as much
     when the summary must shrink: lower makes older windows coarser sooner.
+    ``session_gap`` is the pause, in seconds, that ends one conversation and
+    begins the next: a batch's line is split there (and at midnight, UTC), so
+    that every line is dated by what it covers (:data:`SESSION_GAP` by default).
     """
 
     #: The summary ceiling sessions get with this summarizer unless they set their own:
@@ -515,17 +722,20 @@ class DeterministicSummarizer:
     #: the older verbatim turns.
     preferred_max_summary_chars = 12_000
 
-    def __init__(self, *, half_life: float = 48.0) -> None:
+    def __init__(self, *, half_life: float = 48.0, session_gap: float = SESSION_GAP) -> None:
         if half_life <= 0:
             raise ValueError("half_life must be positive")
+        if session_gap <= 0:
+            raise ValueError("session_gap must be positive")
         self.half_life = half_life
+        self.session_gap = session_gap
 
     @property
     def model(self) -> str:
         return "deterministic"
 
     def __repr__(self) -> str:
-        return f"<DeterministicSummarizer half_life={self.half_life:g}>"
+        return f"<DeterministicSummarizer half_life={self.half_life:g} session_gap={self.session_gap:g}>"
 
     async def summarize(self, request: SummaryRequest) -> str:
         return self.summarize_now(request)
@@ -533,16 +743,16 @@ class DeterministicSummarizer:
     def summarize_now(self, request: SummaryRequest) -> str:
         """The same as ``summarize``, synchronously (it never waits on anything)."""
         previous = normalize(request.previous_summary)
-        line = None
+        new: list[_Line] = []
         if request.turns or request.notes:
-            line = _new_line(request.turns, request.notes, request.max_note_chars)
-            if line is None and not previous and request.turns:
-                line = _small_talk_line(request.turns)
-        if line is None and len(previous) <= request.max_chars:
+            new = _new_lines(request.turns, request.notes, request.max_note_chars, self.session_gap)
+            if not new and not previous and request.turns:
+                new = [_small_talk_line(request.turns)]
+        if not new and len(previous) <= request.max_chars:
             return previous
         lines = _parse(previous)
-        if line is not None:
-            lines.append(line)
+        for line in new:
+            _insert(lines, line, self.session_gap)
         return self.fit(lines, request.max_chars)
 
     def fit(self, lines: list[_Line], limit: int) -> str:
@@ -577,19 +787,9 @@ class DeterministicSummarizer:
         heap = [(score(k), k, 0) for k in range(len(entries))]
         heapq.heapify(heap)
         shown = list(lines)
-        previous_day: dict[int, str | None] = {}
-
-        def measure() -> int:
-            total = 0
-            day: str | None = None
-            for line in shown:
-                previous_day[id(line)] = day
-                line.length = len(_render_line(line, day))
-                total += line.length
-                day = line.day if line.time is not None else day
-            return total + max(0, len(shown) - 1)
-
-        total = measure()
+        for line in shown:
+            line.length = len(_render_line(line))
+        total = sum(line.length for line in shown) + max(0, len(shown) - 1)
         remaining = len(entries)
         while heap and total > limit and remaining > 1:
             _, k, seen = heapq.heappop(heap)
@@ -600,12 +800,12 @@ class DeterministicSummarizer:
             line, sentence = entries[k]
             line.sentences = [s for s in line.sentences if s is not sentence]
             if line.sentences:
-                new_length = len(_render_line(line, previous_day[id(line)]))
+                new_length = len(_render_line(line))
                 total += new_length - line.length
                 line.length = new_length
             else:
                 shown.remove(line)
-                total = measure()
+                total -= line.length + (1 if shown else 0)
             touched = {other for word, _ in sentence.weights for other in holders[word]}
             for word, _ in sentence.weights:
                 counts[word] -= 1

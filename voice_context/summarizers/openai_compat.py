@@ -1,8 +1,16 @@
 """A summarizer for any server that speaks the OpenAI chat-completions API.
 
 That covers OpenAI itself and the usual local servers (llama.cpp, vLLM,
-Ollama, LM Studio, ...). Retries with backoff for 429 and 5xx answers, and for
-timeouts and dropped connections, are left to the ``openai`` client
+Ollama, LM Studio, ...). The model is given the batch's turns with their dates
+and times, and the batch's dated digest (the deterministic summarizer's lines
+for it) to rewrite as third-person prose. A summary that does not carry the
+batch (the previous one unchanged, or none of the batch's names, numbers and
+dates: see :mod:`voice_context.summarizers.check`) is a failed fold: it is
+logged (``summary_fold_rejected``) and the deterministic lines stand in for
+that batch, folded into the previous summary, so that no turn is lost.
+
+Retries with backoff for 429 and 5xx answers, and for timeouts and dropped
+connections, are left to the ``openai`` client
 (``max_retries``). Whatever still fails is translated into
 :class:`~voice_context.errors.SummarizerError` once, here, so nothing from
 ``openai`` leaks past this module.
@@ -16,6 +24,7 @@ from types import TracebackType
 from typing import Literal, Self
 
 import openai
+import structlog
 from openai.types.chat import (
     ChatCompletionMessageParam,
     ChatCompletionSystemMessageParam,
@@ -24,7 +33,14 @@ from openai.types.chat import (
 
 from voice_context.errors import SummarizerError
 from voice_context.summarizers.base import SummaryRequest
+from voice_context.summarizers.check import missing_batch
+from voice_context.summarizers.deterministic import DeterministicSummarizer
 from voice_context.summarizers.prompt import build_messages
+
+_log = structlog.get_logger("voice_context.summarizer")
+
+DIGEST_CHARS = 4000
+"""The most a batch's digest may take in the prompt."""
 
 __all__ = ["CHARS_PER_TOKEN", "MIN_OUTPUT_TOKENS", "OpenAISummarizer", "clean_summary", "output_token_cap"]
 
@@ -171,6 +187,9 @@ class OpenAISummarizer:
         if max_retries < 0:
             raise ValueError(f"max_retries must not be negative, got {max_retries}")
         self._model = model
+        self._deterministic = DeterministicSummarizer()
+        self._timeout = timeout
+        self._max_retries = max_retries
         self._temperature = temperature
         self._token_cap_param: TokenCapParam = token_cap_param
         self._owns_client = client is None
@@ -189,9 +208,48 @@ class OpenAISummarizer:
         """The model name sent with every request."""
         return self._model
 
+    def __repr__(self) -> str:
+        return (
+            f"<OpenAISummarizer model={self._model!r} timeout={self._timeout:g} "
+            f"max_retries={self._max_retries}>"
+        )
+
+    def digest(self, request: SummaryRequest) -> str:
+        """The batch's dated digest: the deterministic summarizer's lines for it alone."""
+        if request.recompact or not (request.turns or request.notes):
+            return ""
+        alone = SummaryRequest(
+            previous_summary="",
+            turns=request.turns,
+            notes=request.notes,
+            max_chars=DIGEST_CHARS,
+            max_note_chars=request.max_note_chars,
+        )
+        return self._deterministic.summarize_now(alone)
+
     async def summarize(self, request: SummaryRequest) -> str:
-        """The new summary for ``request``; raises :class:`SummarizerError` on any failure."""
-        messages = _chat_messages(build_messages(request))
+        """The new summary for ``request``; raises :class:`SummarizerError` on any failure.
+
+        A summary that does not carry the batch is replaced by the deterministic
+        fold of the batch into the previous summary (see the module docstring).
+        """
+        digest = self.digest(request)
+        summary = await self._complete(request, digest)
+        reason = missing_batch(request, summary, digest)
+        if reason is None:
+            return summary
+        _log.warning(
+            "summary_fold_rejected",
+            model=self._model,
+            reason=reason,
+            first_index=request.first_index,
+            turns=len(request.turns),
+            notes=len(request.notes),
+        )
+        return self._deterministic.summarize_now(request)
+
+    async def _complete(self, request: SummaryRequest, digest: str) -> str:
+        messages = _chat_messages(build_messages(request, digest))
         cap = output_token_cap(request.max_chars)
         try:
             if self._token_cap_param == "max_completion_tokens":

@@ -1,0 +1,61 @@
+"""Did a fold fold? A model's summary must carry the batch it was given.
+
+A small model asked to fold a batch into the summary may hand back the previous
+summary unchanged, or a rewrite that keeps none of the batch: the cursor then
+moves past turns nobody will see again. :func:`missing_batch` says when that
+happened, by what the batch adds: the names, numbers and dates (its *anchors*)
+and the other content words of its dated digest (the deterministic
+summarizer's lines for it, their heads set aside) that the previous summary did not already hold. A
+summary that holds none of them, or is the previous one, has not folded the
+batch.
+"""
+
+from __future__ import annotations
+
+import re
+
+from voice_context.core.text import normalize
+from voice_context.summarizers.base import SummaryRequest
+from voice_context.summarizers.deterministic import content_words
+
+__all__ = ["anchors", "missing_batch"]
+
+_TIME = re.compile(r"\b\d{1,2}:\d{2}\b")
+_HEAD = re.compile(r"^\[[^\]\n]*\]\s*", re.MULTILINE)
+_TOKEN = re.compile(r"[A-Za-z][A-Za-z'’-]*|\d[\d,.]*")
+_MONTHS_AND_DAYS = frozenset(
+    "january february march april may june july august september october november december "
+    "monday tuesday wednesday thursday friday saturday sunday".split()
+)
+
+
+def anchors(text: str) -> set[str]:
+    """The names, numbers and dates of ``text``, lowercased: capitalised words that carry
+    meaning ("Porto", "Susie", not "The"), numbers, month and weekday names."""
+    meaningful = set(content_words(text))
+    found: set[str] = set()
+    for token in _TOKEN.findall(_TIME.sub(" ", text)):
+        word = token.lower().rstrip(".,").removesuffix("'s").removesuffix("’s")
+        named = token[0].isupper() and len(word) > 1 and word in meaningful
+        if token[0].isdigit() or word in _MONTHS_AND_DAYS or named:
+            found.add(word)
+    return found
+
+
+def missing_batch(request: SummaryRequest, summary: str, digest: str) -> str | None:
+    """Why ``summary`` does not carry ``request``'s batch, or ``None`` when it does.
+
+    ``digest`` is the batch's dated digest. A re-compaction has no batch, and a
+    batch whose anchors the previous summary already holds adds nothing to check.
+    """
+    if request.recompact or not (request.turns or request.notes):
+        return None
+    if normalize(summary) == normalize(request.previous_summary):
+        return "unchanged"
+    before = anchors(request.previous_summary) | set(content_words(request.previous_summary))
+    said = _HEAD.sub("", digest)  # a line's date is the batch's, not something said in it
+    new = (anchors(said) | set(content_words(_TIME.sub(" ", said)))) - before
+    after = anchors(summary) | set(content_words(summary))
+    if new and not new & after:
+        return "none of the batch's names, numbers, dates or words"
+    return None
