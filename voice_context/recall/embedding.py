@@ -141,8 +141,11 @@ class _Bundle:
         for location in locations:
             archive = Path(location) / "model.zip"
             if archive.is_file():
-                with zipfile.ZipFile(archive) as zipped:
-                    return cls(zipped.read("model.safetensors"), zipped.read("tokenizer.json").decode())
+                try:
+                    with zipfile.ZipFile(archive) as zipped:
+                        return cls(zipped.read("model.safetensors"), zipped.read("tokenizer.json").decode())
+                except (OSError, KeyError, zipfile.BadZipFile) as error:
+                    raise ConfigError(f"cannot read the packaged model {archive}: {error}") from error
         raise ConfigError(f"the {MODEL_PACKAGE} package has no model.zip")
 
     def tokenizer(self, *, max_tokens: int | None, special_tokens: bool) -> Any:
@@ -161,7 +164,7 @@ class _Bundle:
     def tensors(self) -> dict[str, Vectors]:
         from safetensors.numpy import load
 
-        return {key: value.astype(np.float32) for key, value in load(self.weights).items()}
+        return {key: value.astype(np.float32, copy=False) for key, value in load(self.weights).items()}
 
 
 class _Layer:
