@@ -6,15 +6,16 @@ Two embedders come from the same model, sentence-transformers' all-MiniLM-L6-v2,
 
 - ``minilm``: the model itself, a 6-layer BERT run in numpy (mean pooling over at most
   128 tokens, rows L2-normalised), as sentence-transformers computes it. Accurate and slow:
-  tens of short texts a second on one core.
+  about a hundred short texts a second on one core.
 - ``minilm-static``: a static distillation of the same weights in the manner of model2vec.
   Every vocabulary token is run through the model alone (``[CLS] token [SEP]``, mean-pooled),
   the vectors are projected on their ``STATIC_DIM`` main (uncentred) directions and weighted
-  by the token's rank (Zipf, SIF-style: frequent tokens count less). A text's vector is then the normalised
-  sum of its tokens' rows: tens of thousands of short texts a second. The table is built on
-  first use (about a minute on two cores) and cached as ``.npy`` under the cache directory
-  (``VOICE_CONTEXT_CACHE``, else ``~/.cache/voice-context``), keyed by the weights' sha256
-  and the recipe's version, so later loads take a fraction of a second.
+  by the token's rank (Zipf, SIF-style: frequent tokens count less). A text's vector is then
+  the normalised sum of its tokens' rows: tens of thousands of short texts a second. Its
+  cosines run high (unrelated turns score about 0.8): rank by them, never threshold them.
+  The table is built on first use (30-65 s on two shared cores) and cached as ``.npy`` under
+  the cache directory (``VOICE_CONTEXT_CACHE``, else ``~/.cache/voice-context``), keyed by
+  the weights' sha256 and the recipe's version, so later loads take under a second.
 
 ``load_embedder`` picks one by name. Every embedder has a ``name`` (model, weights digest,
 variant, recipe version) to be stored beside the vectors it makes, so that vectors from
@@ -105,8 +106,8 @@ def load_embedder(kind: str = "auto", *, cache: Path | None = None) -> Embedder 
     ``"auto"`` is the best one installed (``minilm-static``), or ``None`` when the model
     package or the ``recall`` extra is missing. ``"minilm-static"`` distils its table on first
     use (logged as ``embedding_distilled`` with its duration) and reads it from ``cache``
-    (default: ``cache_dir()``) after that. Raises ``ConfigError`` for an unknown kind, or for
-    a named kind whose model or libraries are not installed.
+    (default: ``cache_dir()``) after that. Raises ``ConfigError`` for an unknown kind, for a
+    named kind whose model or libraries are not installed, or when the model cannot be read.
     """
     if kind not in KINDS:
         raise ConfigError(f"unknown embedder {kind!r}; expected one of {', '.join(KINDS)}")
