@@ -1,1 +1,1 @@
-"""Recall: the old passages of a session that bear on the current query."""
+"""Recall: the old passages of a session that bear on the current query (see :mod:`.index`)."""
