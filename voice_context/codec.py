@@ -42,6 +42,9 @@ MAX_SESSION_CHARS: Final = 200
 MAX_ID_CHARS: Final = 200
 MAX_SPEAKER_CHARS: Final = 200
 DEFAULT_MAX_TEXT_CHARS: Final = 8000
+#: Times are unix seconds from 0 up to (not including) 1e11, the year 5138: a larger
+#: value is a mistake, most often milliseconds (JavaScript's ``Date.now()``, about 1.7e12).
+MAX_AT: Final = 1e11
 
 # error codes (the contract: never renamed)
 BAD_REQUEST: Final = "bad_request"
@@ -216,6 +219,13 @@ class _Reader:
         value = float(raw)
         if not math.isfinite(value):  # pragma: no cover - JSON has no infinities
             raise self.fail(f"{where}{key} must be finite")
+        if not 0 <= value < MAX_AT:
+            if MAX_AT * 10 <= value < MAX_AT * 1000:
+                raise self.fail(
+                    f"{where}{key} is {raw!r}: it looks like milliseconds; send unix seconds"
+                    f" ({value / 1000:.3f})"
+                )
+            raise self.fail(f"{where}{key} is {raw!r}: unix seconds must be between 0 and {MAX_AT:.0e}")
         return value
 
     def object(self, key: str, *, required: bool = True) -> Mapping[str, object] | None:

@@ -38,10 +38,11 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from functools import lru_cache
 
 from voice_context.core.text import clip, normalize, sentences
+from voice_context.core.times import utc
 from voice_context.core.turns import Note, Turn
 from voice_context.summarizers.base import SummaryRequest
 
@@ -268,7 +269,7 @@ def _resolve(match: re.Match[str], at: datetime) -> str:
 
 def resolve_dates(text: str, at: float) -> str:
     """Relative dates in ``text`` made absolute, given that it was said at ``at`` (unix seconds, UTC)."""
-    when = datetime.fromtimestamp(at, tz=UTC)
+    when = utc(at)
     return _RELATIVE.sub(lambda m: _resolve(m, when), text)
 
 
@@ -411,14 +412,14 @@ def _new_line(turns: Sequence[Turn], notes: Sequence[Note], note_chars: int) -> 
     # summary drops the ends of lines (see condense_summary)
     kept.sort(key=lambda c: -c.value / (len(c.text) + COST_PAD))
     first = turns[0].at if turns else notes[0].at
-    when = datetime.fromtimestamp(first, tz=UTC)
+    when = utc(first)
     return _Line(_day(when), f"{when:%H:%M}", kept)
 
 
 def _small_talk_line(turns: Sequence[Turn]) -> _Line:
     """A batch of pure small talk, first in a session: one honest line, so the summary is not empty
     (an empty summary is a failed compaction, and the same batch would fail again)."""
-    when = datetime.fromtimestamp(turns[0].at, tz=UTC)
+    when = utc(turns[0].at)
     names = sorted({t.speaker or t.role.capitalize() for t in turns})
     who = " and ".join(names) if len(names) <= 3 else ", ".join(names[:3]) + " and others"
     return _Line(_day(when), f"{when:%H:%M}", [_Sentence.of("", f"{who} made small talk.")])

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
 
+from voice_context.core.times import utc
 from voice_context.core.turns import Note, Turn
 from voice_context.summarizers.base import SummaryRequest
 
@@ -96,7 +96,7 @@ def fence(name: str, lines: Iterable[str]) -> str:
 
 
 def _clock(at: float) -> str:
-    return datetime.fromtimestamp(at, tz=UTC).strftime("%H:%M:%S")
+    return utc(at).strftime("%H:%M:%S")
 
 
 def render_turn(turn: Turn, index: int) -> str:
