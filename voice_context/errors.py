@@ -10,6 +10,7 @@
     ├── RateLimited            too many turns per second for one session
     ├── SummarizerError        a summarizer call failed (carries ``retryable``)
     └── StoreError             the store could not read or write (carries ``retryable``)
+        └── SessionNotStored   the store holds no session by that name (also a ``KeyError``)
 
 The pure core raises only ``ConfigError`` and ``ValueError`` for arguments
 that break its contract. Third-party exceptions (``openai``, ``redis``,
@@ -73,3 +74,17 @@ class StoreError(VoiceContextError):
     def __init__(self, message: str, *, retryable: bool = True) -> None:
         super().__init__(message)
         self.retryable = retryable
+
+
+class SessionNotStored(StoreError, KeyError):
+    """The store holds no session by that name: never created, or deleted meanwhile.
+
+    Never retryable. It is a ``KeyError`` too, as a missing key in a mapping is.
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"the store holds no session {name!r}", retryable=False)
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"the store holds no session {self.name!r}"

@@ -358,6 +358,12 @@ class SessionManager:
                 while current is not None:
                     running = current
                     current = await self._run_plan(live, session, current, fence)
+        except Exception as exc:  # a bug, here or in a backend, must not escape into the task group
+            log.exception("voice_context_compaction_crashed", session=session.name, plan=running.plan_id)
+            if session.in_flight is not None and session.in_flight.plan_id == running.plan_id:
+                self._record_failure(
+                    live, session, running, "internal", False, f"{type(exc).__name__}: {exc}"
+                )
         finally:
             # cancelled (the session closed, the manager shut down) with this task's plan
             # still in flight: nothing else will land it
@@ -369,8 +375,14 @@ class SessionManager:
             if self._in_flight == 0:
                 self._idle.set()
             if fence is not None:
-                with anyio.move_on_after(2, shield=True), contextlib.suppress(StoreError):
-                    await self.store.release_lease(session.name, self.replica)
+                await self._release_lease(session.name)
+
+    async def _release_lease(self, name: str) -> None:
+        with anyio.move_on_after(2, shield=True):
+            try:
+                await self.store.release_lease(name, self.replica)
+            except Exception as exc:  # the lease expires on its own; never fail a task over it
+                log.warning("voice_context_lease_release_failed", session=name, error=str(exc)[:300])
 
     async def _lease(self, live: _Live, session: Session, plan: CompactionPlan) -> int | None:
         """Take the store's compaction lease (its fencing token); ``None`` when the plan

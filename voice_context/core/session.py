@@ -27,6 +27,9 @@ from voice_context.core.text import clamp_sentences, clip, normalize
 from voice_context.core.turns import Note, Turn
 from voice_context.core.window import Batch, Skip, SkipReason, choose_batch
 
+#: Past this many failures in a row the backoff stops doubling (it is long at its ceiling by then).
+MAX_BACKOFF_DOUBLINGS = 32
+
 
 @dataclass(frozen=True, slots=True)
 class CompactionPlan:
@@ -448,7 +451,8 @@ class Session:
         self._in_flight = None
         self._failures += 1
         base, ceiling = self.config.retry_base_seconds, self.config.retry_max_seconds
-        delay = min(ceiling, base * 2 ** (self._failures - 1)) if retryable else ceiling
+        doublings = min(self._failures - 1, MAX_BACKOFF_DOUBLINGS)  # 2.0**1024 overflows a float
+        delay = min(ceiling, base * 2**doublings) if retryable else ceiling
         self._retry_at = now + delay
         return Failed(plan, kind, retryable, self._failures, self._retry_at, max(0.0, now - plan.started_at))
 

@@ -40,7 +40,8 @@ class SessionRecord:
 
 @runtime_checkable
 class Store(Protocol):
-    """Durable session state. Every method raises ``StoreError`` on failure."""
+    """Durable session state. Every method raises ``StoreError`` on failure, and
+    ``SessionNotStored`` (a ``StoreError``) when it needs a session the store does not hold."""
 
     async def load(self, name: str) -> SessionRecord | None:
         """The session's record, or ``None`` if the store has never seen it."""

@@ -53,7 +53,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from voice_context.core.turns import Note, Turn
-from voice_context.errors import StoreError, UnknownSession
+from voice_context.errors import SessionNotStored, StoreError
 from voice_context.store.base import SessionRecord
 from voice_context.store.common import (
     TurnConflict,
@@ -299,7 +299,7 @@ class RedisStore:
         with self._errors("append_turn"):
             status, stored = await self._append(keys=[k.meta, k.turns], args=[index, encode_turn(turn)])
         if status == -1:
-            raise UnknownSession(name)
+            raise SessionNotStored(name)
         if status < 0:
             raise TurnConflict(name, index, int(stored), differs=status == -2)
 
@@ -310,7 +310,7 @@ class RedisStore:
                 keys=[k.meta, k.notes], args=[encode_notes(live), encode_notes(pending)]
             )
         if not saved:
-            raise UnknownSession(name)
+            raise SessionNotStored(name)
 
     async def commit_compaction(
         self,
@@ -331,7 +331,7 @@ class RedisStore:
         with self._errors("commit_compaction"):
             status = await self._commit(keys=[k.meta, k.notes, k.turns], args=args)
         if status == -1:
-            raise UnknownSession(name)
+            raise SessionNotStored(name)
         return bool(status > 0)
 
     async def read_turns(self, name: str, start: int, end: int) -> list[Turn]:
@@ -340,7 +340,7 @@ class RedisStore:
         with self._errors("read_turns"):
             reply = await self._read(keys=[k.meta, k.turns], args=[first, end - 1])
         if reply is None:
-            raise UnknownSession(name)
+            raise SessionNotStored(name)
         return [decode_turn(raw) for raw in reply]
 
     async def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
@@ -350,7 +350,7 @@ class RedisStore:
         with self._errors("acquire_lease"):
             token = await self._acquire(keys=[k.meta, k.lease], args=[holder, max(1, round(ttl * 1000))])
         if token == -1:
-            raise UnknownSession(name)
+            raise SessionNotStored(name)
         return int(token) if token > 0 else None
 
     async def release_lease(self, name: str, holder: str) -> None:
