@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
-import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from serving import T0, running, wire
-from structlog.testing import capture_logs
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
+import orjson
+import pytest
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+from serving import T0, Wire, running, settings, turn_body, wire
+from structlog.testing import capture_logs
+from test_codec import message_like, pinned
+
+from voice_context import codec
 from voice_context.core.turns import Turn
+from voice_context.server import Server
 from voice_context.store.base import SessionRecord
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.deterministic import DeterministicSummarizer, resolve_dates
-from voice_context.summarizers.fakes import FailingSummarizer
+from voice_context.summarizers.fakes import FailingSummarizer, ScriptedSummarizer
 from voice_context.summarizers.prompt import build_messages
 
 SMALL = {"recent_window": 2, "batch_size": 1}
@@ -61,7 +73,7 @@ async def test_a_stored_turn_with_an_absurd_time_is_folded_like_any_other() -> N
         assert "Odd time 1." in ctx["summary"]
 
 
-@settings(max_examples=200, deadline=None)
+@hypothesis_settings(max_examples=200, deadline=None)
 @given(st.floats())
 def test_both_summarizers_render_any_time_without_raising(at: float) -> None:
     turn = Turn("Alice", "user", "Let's fly tomorrow, not next month.", at)
@@ -139,3 +151,101 @@ async def test_the_backoff_stops_doubling_long_before_a_float_overflows() -> Non
             failed = await bot.push()
             assert (failed["type"], failed["failures"]) == ("compaction.failed", attempt)
         assert (await bot.request("session.state", session="room-1"))["failures"] == 1039
+
+
+# -- defect 3: values, not only types; and a last guard in the server -------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_list_or_an_object_where_a_string_belongs_gets_bad_request_not_a_closed_connection() -> None:
+    async with running() as server, wire(server) as bot:
+        await bot.open("room-1")
+        for wrong in ([], {}, ["messages"]):
+            refused = await bot.request("context.get", session="room-1", format=wrong)
+            assert (refused["type"], refused["code"]) == ("error", "bad_request"), refused
+            assert "format must be one of" in refused["message"]
+        assert (await bot.request("context.get", session="room-1"))["type"] == "context"
+
+
+@pytest.mark.asyncio
+async def test_a_message_nested_too_deep_to_record_is_refused_before_it_is_applied(tmp_path: Path) -> None:
+    record_dir = tmp_path / "rec"
+    deep = "[" * 300 + "]" * 300  # orjson reads it, but cannot write it back
+    async with running(settings(record_dir=str(record_dir))) as server, wire(server) as bot:
+        await bot.open("room-1")
+        turn = orjson.dumps(turn_body(0)).decode()
+        await bot.send(
+            f'{{"type": "turn.append", "id": "deep", "session": "room-1", "turn": {turn}, "x": {deep}}}'
+        )
+        refused = await bot.reply()
+        assert (refused["id"], refused["code"]) == ("deep", "bad_request")
+        assert "32 levels" in refused["message"]
+        state = await bot.request("session.state", session="room-1")
+        assert state["turns"] == 0, "a refused message is not applied"
+        assert (await bot.append("room-1", 0))["index"] == 0
+    kinds = [orjson.loads(line)["type"] for line in (record_dir / "room-1.jsonl").read_text().splitlines()]
+    assert kinds == ["session.open", "session.state", "turn.append"]
+
+
+@pytest.mark.asyncio
+async def test_a_bug_while_reading_a_frame_answers_internal_and_the_connection_carries_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real_parse = codec.parse
+
+    def parse_with_a_bug(frame: str | bytes, **kwargs: Any) -> Any:
+        if "trigger-the-bug" in str(frame):
+            raise RuntimeError("a bug in the codec")
+        return real_parse(frame, **kwargs)
+
+    monkeypatch.setattr(codec, "parse", parse_with_a_bug)
+    async with running() as server, wire(server) as bot:
+        await bot.open("room-1")
+        with capture_logs() as logs:
+            await bot.send({"type": "ping", "id": "trigger-the-bug"})
+            failed = await bot.reply()
+        assert (failed["type"], failed["code"], failed["retryable"]) == ("error", "internal", False)
+        assert any(e["event"] == "voice_context_request_failed" for e in logs)
+        assert (await bot.append("room-1", 0))["index"] == 0
+
+
+@pytest.fixture(scope="module")
+def live_bot() -> Iterator[tuple[BlockingPortal, Wire]]:
+    """One real server and one connection to it, shared by every fuzz example."""
+    with start_blocking_portal() as portal:
+        server = Server(settings(), summarizer=ScriptedSummarizer(), store=MemoryStore())
+        with (
+            portal.wrap_async_context_manager(server),
+            portal.wrap_async_context_manager(wire(server)) as bot,
+        ):
+            yield portal, bot
+
+
+async def one_reply_each(bot: Wire, message: dict[str, Any], after: str) -> list[dict[str, Any]]:
+    """Send a fuzzed message, then reopen room-1 and ping: every reply up to the pong."""
+    await bot.send(json.dumps(message))
+    await bot.send({"type": "session.open", "id": after, "session": "room-1"})
+    await bot.send({"type": "ping", "id": after})
+    replies = []
+    while not replies or replies[-1] != {"type": "pong", "id": after, "protocol": 1}:
+        replies.append(await bot.reply())
+    return replies
+
+
+FUZZ_IDS = itertools.count()
+
+
+@hypothesis_settings(max_examples=300, deadline=None)
+@given(message_like())
+@pinned
+def test_any_message_shaped_object_gets_exactly_one_reply_from_a_live_server(
+    live_bot: tuple[BlockingPortal, Wire], obj: dict[str, Any]
+) -> None:
+    portal, bot = live_bot
+    after = f"after-{next(FUZZ_IDS)}"
+    replies = portal.call(one_reply_each, bot, obj, after)
+    assert len(replies) == 3, replies
+    answer, reopened, pong = replies
+    assert answer.get("code") != "internal", (obj, answer)
+    assert (reopened["type"], pong["type"]) == ("session.opened", "pong")
+    assert not bot.ws.close_code

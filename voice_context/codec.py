@@ -45,6 +45,9 @@ DEFAULT_MAX_TEXT_CHARS: Final = 8000
 #: Times are unix seconds from 0 up to (not including) 1e11, the year 5138: a larger
 #: value is a mistake, most often milliseconds (JavaScript's ``Date.now()``, about 1.7e12).
 MAX_AT: Final = 1e11
+#: Objects and arrays inside a message nest at most this deep (unknown fields included):
+#: a recording must be able to write any accepted message back as JSON.
+MAX_DEPTH: Final = 32
 
 # error codes (the contract: never renamed)
 BAD_REQUEST: Final = "bad_request"
@@ -156,6 +159,20 @@ def _loads(frame: str | bytes | bytearray | memoryview) -> object:
         raise DecodeError(BAD_REQUEST, f"not valid JSON: {exc}") from None
     except (TypeError, ValueError, RecursionError):  # pragma: no cover - orjson raises JSONDecodeError
         raise DecodeError(BAD_REQUEST, "not valid JSON") from None
+
+
+def _nested_deeper(value: object, limit: int) -> bool:
+    """Whether objects and arrays in ``value`` nest more than ``limit`` levels deep."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
 
 
 def _read_id(obj: Mapping[str, object]) -> MessageId:
@@ -272,6 +289,8 @@ def _message(obj: dict[str, Any], max_text_chars: int) -> ClientMessage:
             UNKNOWN_TYPE, f"unknown message type {shown!r}", id=msg_id, session=readable_session
         )
     r = _Reader(obj, msg_id, readable_session)
+    if _nested_deeper(obj, MAX_DEPTH):
+        raise r.fail(f"a message must not nest objects or arrays more than {MAX_DEPTH} levels deep")
     if kind == "ping":
         if raw_session is not None and readable_session is None:
             raise r.fail("session must be a non-empty string of at most 200 printable characters")
@@ -307,7 +326,7 @@ def _message(obj: dict[str, Any], max_text_chars: int) -> ClientMessage:
         return NoteAppend(session, Note(text, at, speaker, source), msg_id)
     if kind == "context.get":
         fmt = obj.get("format", "messages")
-        if fmt not in FORMATS:
+        if not isinstance(fmt, str) or fmt not in FORMATS:
             raise r.fail(f"format must be one of {', '.join(sorted(FORMATS))}")
         budget = obj.get("budget_chars")
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):

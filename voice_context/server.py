@@ -478,6 +478,10 @@ class Server:
         except DecodeError as exc:
             await self._error(conn, exc.code, exc.message, msg_id=exc.id, session=exc.session)
             return
+        except Exception:  # the last guard: a bug answers `internal` and the connection carries on
+            log.exception("voice_context_request_failed", type=None)
+            await self._error(conn, INTERNAL, "internal error", retryable=False)
+            return
         session = message.session
         with structlog.contextvars.bound_contextvars(session=session):
             try:
@@ -645,11 +649,11 @@ class Server:
         if self._record_dir is None or session is None:
             return
         path = self._record_dir / recording_name(session)
-        line = orjson.dumps(sent) + b"\n"
         try:
+            line = orjson.dumps(sent) + b"\n"
             with path.open("ab") as out:  # one write, flushed on close
                 out.write(line)
-        except OSError as exc:
+        except (OSError, orjson.JSONEncodeError) as exc:  # the request was applied: answer it anyway
             log.warning("voice_context_record_failed", path=str(path), error=str(exc))
 
 
