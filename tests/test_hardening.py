@@ -141,9 +141,9 @@ async def test_a_bug_in_a_compaction_is_recorded_as_a_failure_and_the_server_goe
 @pytest.mark.asyncio
 async def test_the_backoff_stops_doubling_long_before_a_float_overflows() -> None:
     failing = FailingSummarizer("server_error")
-    config = {**SMALL, "retry_base_seconds": 0.0, "retry_max_seconds": 0.0}
-    async with running(summarizer=failing) as server, wire(server) as bot:
-        await bot.open("room-1", config=config)
+    no_wait = settings().with_values("session", {"retry_base_seconds": 0.0, "retry_max_seconds": 0.0})
+    async with running(no_wait, summarizer=failing) as server, wire(server) as bot:
+        await bot.open("room-1", config=SMALL)
         for i in range(4):
             await bot.append("room-1", i)
         for attempt in range(1, 1040):  # 2.0 ** 1024 overflowed after 1,025 failures
@@ -249,3 +249,25 @@ def test_any_message_shaped_object_gets_exactly_one_reply_from_a_live_server(
     assert answer.get("code") != "internal", (obj, answer)
     assert (reopened["type"], pong["type"]) == ("session.opened", "pong")
     assert not bot.ws.close_code
+
+
+# -- defect 7: a client cannot lift the server's bounds -----------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_client_may_change_only_some_session_limits_and_only_up_to_a_maximum() -> None:
+    generous = settings().with_values("session", {"recent_window": 800})
+    async with running(generous) as server, wire(server) as bot:
+        for config, words in (
+            ({"recent_window": 1e9}, "recent_window may be at most 800"),
+            ({"live_note_entries": 10**9}, "live_note_entries may be at most 64"),
+            ({"max_pending_notes": 1_000_000_000}, "max_pending_notes may be at most 256"),
+            ({"retry_base_seconds": 0}, "cannot set retry_base_seconds"),
+        ):
+            refused = await bot.open("room-1", config=config)
+            assert (refused["type"], refused["code"]) == ("error", "bad_request"), refused
+            assert words in refused["message"]
+        assert (await bot.request("session.state", session="room-1"))["code"] == "unknown_session"
+        opened = await bot.open("room-1", config={"recent_window": 800, "live_note_entries": 64})
+        assert opened["type"] == "session.opened"
+        assert server.manager.session("room-1").config.recent_window == 800

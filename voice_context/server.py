@@ -71,6 +71,7 @@ from voice_context.codec import (
     TurnAppend,
 )
 from voice_context.config import Settings, make_summarizer
+from voice_context.core.config import check_client_overrides
 from voice_context.core.session import Session
 from voice_context.core.turns import Turn
 from voice_context.errors import ConfigError, RateLimited, SessionClosed, StoreError, UnknownSession
@@ -582,6 +583,8 @@ class Server:
                 limit="sessions_per_connection",
             )
         config = dict(message.config) if message.config is not None else None
+        if config:
+            check_client_overrides(config, self.manager.config)
         opened = await self.manager.open(name, config, owner=conn.owner)
         if name not in conn.sessions:
             conn.sessions.add(name)
