@@ -19,7 +19,7 @@ from structlog.testing import capture_logs
 from test_codec import message_like, pinned
 
 from voice_context import codec
-from voice_context.core.turns import Turn
+from voice_context.core.turns import Note, Turn
 from voice_context.server import Server
 from voice_context.store.base import SessionRecord
 from voice_context.store.memory import MemoryStore
@@ -271,3 +271,51 @@ async def test_a_client_may_change_only_some_session_limits_and_only_up_to_a_max
         opened = await bot.open("room-1", config={"recent_window": 800, "live_note_entries": 64})
         assert opened["type"] == "session.opened"
         assert server.manager.session("room-1").config.recent_window == 800
+
+
+# -- defect 5: stored notes over lowered limits; overrides given on a resume --------------------
+
+
+def notes(count: int, what: str) -> list[Note]:
+    return [Note(f"{what} {i}", T0 + i) for i in range(count)]
+
+
+@pytest.mark.asyncio
+async def test_a_session_holding_more_pending_notes_than_allowed_opens_and_the_store_is_trimmed() -> None:
+    store = MemoryStore()
+    await store.create(SessionRecord("room-1"))
+    await store.save_notes("room-1", notes(12, "live"), notes(100, "pending"))  # limits since lowered
+    async with running(store=store) as server, wire(server) as bot:
+        opened = await bot.open("room-1")
+        assert (opened["type"], opened["resumed"]) == ("session.opened", True), opened
+        state = await bot.request("session.state", session="room-1")
+        assert (state["live_notes"], state["pending_notes"]) == (8, 64)
+        record = await store.load("room-1")
+        assert record is not None
+        assert [n.text for n in record.live_notes] == [f"live {i}" for i in range(4, 12)]
+        # the oldest go first: 100 pending and 4 evicted live notes, the newest 64 of them kept
+        kept = [f"pending {i}" for i in range(40, 100)] + [f"live {i}" for i in range(4)]
+        assert [n.text for n in record.pending_notes] == kept
+
+
+@pytest.mark.asyncio
+async def test_limits_given_again_on_a_resume_are_stored_and_applied_to_the_stored_notes() -> None:
+    store = MemoryStore()
+    async with running(store=store) as server:
+        async with wire(server) as bot:
+            await bot.open("room-1")
+            for i in range(6):
+                note = {"text": f"screen {i}", "at": T0 + i}
+                assert (await bot.request("note.append", session="room-1", note=note))["live"] == i + 1
+        async with wire(server) as bot:
+            await bot.open("room-1", config={"live_note_entries": 2, "max_pending_notes": 3})
+            state = await bot.request("session.state", session="room-1")
+            assert (state["live_notes"], state["pending_notes"]) == (2, 3)
+        record = await store.load("room-1")
+        assert record is not None
+        assert record.config == {"live_note_entries": 2, "max_pending_notes": 3}
+        assert (len(record.live_notes), len(record.pending_notes)) == (2, 3)
+        async with wire(server) as bot:
+            await bot.open("room-1")  # no config: the stored one holds
+            noted = await bot.request("note.append", session="room-1", note={"text": "new", "at": T0 + 9})
+            assert (noted["live"], noted["pending"]) == (2, 3)

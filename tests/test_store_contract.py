@@ -203,6 +203,19 @@ async def test_notes_are_replaced_as_a_whole(store: Store) -> None:
     assert record.pending_notes == (note(1),)
 
 
+@pytest.mark.asyncio
+async def test_config_overrides_are_replaced_as_a_whole(store: Store) -> None:
+    await store.create(SessionRecord("room-1", config={"recent_window": 20}, owner="bot-1"))
+
+    await store.save_config("room-1", {"batch_size": 5, "live_note_entries": 2})
+
+    record = await store.load("room-1")
+    assert record is not None
+    assert (record.config, record.owner) == ({"batch_size": 5, "live_note_entries": 2}, "bot-1")
+    with pytest.raises(SessionNotStored):
+        await store.save_config("ghost", {})
+
+
 # -- compaction commits ---------------------------------------------------------
 
 

@@ -90,6 +90,8 @@ class _Live:
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     scope: anyio.CancelScope | None = None
     listeners: list[Listener] = field(default_factory=list)
+    #: the config overrides the store keeps for the session
+    overrides: dict[str, Any] = field(default_factory=dict)
 
 
 class SessionManager:
@@ -196,9 +198,16 @@ class SessionManager:
         if live is not None:
             if live.owner != owner:
                 raise UnknownSession(name)
-            await self._catch_up(live)
-            if overrides:
-                live.session.reconfigure(live.session.config.with_overrides(overrides))
+            async with live.lock:
+                await self._catch_up_locked(live)
+                if overrides:
+                    merged = {**live.overrides, **overrides}
+                    config = self.config.with_overrides(merged)
+                    await self.store.save_config(name, merged)
+                    live.overrides = merged
+                    before = (live.session.live_notes, live.session.pending_notes)
+                    live.session.reconfigure(config)
+                    await self._save_notes_if_changed(live.session, before)
             return Opened(name, True, live.session.stats())
         record = await self.store.load(name)
         if record is not None:
@@ -206,15 +215,27 @@ class SessionManager:
                 raise UnknownSession(name)
             merged = {**record.config, **(overrides or {})}
             session = _restore(record, self.config.with_overrides(merged))
+            if overrides:
+                await self.store.save_config(name, merged)
+            await self._save_notes_if_changed(session, (record.live_notes, record.pending_notes))
             resumed = True
         else:
-            config = self.config.with_overrides(overrides)
-            await self.store.create(SessionRecord(name, config=dict(overrides or {}), owner=owner))
+            merged = dict(overrides or {})
+            config = self.config.with_overrides(merged)
+            await self.store.create(SessionRecord(name, config=merged, owner=owner))
             session = Session(name, config)
             resumed = False
         # another open may have raced us through the awaits above
-        live = self._live.setdefault(name, _Live(session, owner))
+        live = self._live.setdefault(name, _Live(session, owner, overrides=merged))
         return Opened(name, resumed, live.session.stats())
+
+    async def _save_notes_if_changed(
+        self, session: Session, before: tuple[Sequence[Note], Sequence[Note]]
+    ) -> None:
+        """Persist the note buffers when lowered limits evicted or dropped some of them."""
+        after = (session.live_notes, session.pending_notes)
+        if (tuple(before[0]), tuple(before[1])) != after:
+            await self.store.save_notes(session.name, *after)
 
     async def append_turn(self, name: str, turn: Turn, *, owner: str | None = None) -> int:
         """Store the turn durably, then add it to the session; returns its index."""
@@ -281,10 +302,6 @@ class SessionManager:
         self._live.pop(name, None)
 
     # -- internals -------------------------------------------------------------
-
-    async def _catch_up(self, live: _Live) -> None:
-        async with live.lock:
-            await self._catch_up_locked(live)
 
     async def _catch_up_locked(self, live: _Live) -> None:
         """Adopt the store's copy of the session if another replica moved it on.

@@ -181,14 +181,19 @@ class Session:
         self._live: deque[Note] = deque(live_notes)
         self._pending: deque[tuple[int, Note]] = deque()
         self._note_seq = 0
+        self._notes_dropped = 0
+        # restored buffers may be over limits lowered since they were stored: the overflow
+        # goes as a note appended now would (the oldest live notes to pending, the oldest
+        # pending notes dropped)
         for note in pending_notes:
             self._queue_pending(note)
+        while len(self._live) > self.config.live_note_entries:
+            self._queue_pending(self._live.popleft())
         self._in_flight: CompactionPlan | None = None
         self._next_plan_id = 1
         self._failures = failures
         self._compactions = compactions
         self._retry_at: float | None = None
-        self._notes_dropped = 0
         self._ending = False
 
     # -- reading ---------------------------------------------------------------

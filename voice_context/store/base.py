@@ -59,6 +59,10 @@ class Store(Protocol):
         """Replace the session's live and pending notes."""
         ...
 
+    async def save_config(self, name: str, config: dict[str, Any]) -> None:
+        """Replace the session's config overrides (given again when it was resumed)."""
+        ...
+
     async def commit_compaction(
         self,
         name: str,

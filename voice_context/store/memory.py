@@ -62,6 +62,10 @@ class MemoryStore:
         entry = self._entry(name)
         entry.record = replace(entry.record, live_notes=tuple(live), pending_notes=tuple(pending))
 
+    async def save_config(self, name: str, config: dict[str, Any]) -> None:
+        entry = self._entry(name)
+        entry.record = replace(entry.record, config=dict(config))
+
     async def commit_compaction(
         self,
         name: str,

@@ -125,6 +125,12 @@ redis.call('HSET', KEYS[2], 'live', ARGV[1], 'pending', ARGV[2])
 return 1
 """
 
+_SAVE_CONFIG = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'config', ARGV[1])
+return 1
+"""
+
 _COMMIT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local cursor = tonumber(redis.call('HGET', KEYS[1], 'cursor'))
@@ -234,6 +240,7 @@ class RedisStore:
         self._load = self._redis.register_script(_LOAD)
         self._append = self._redis.register_script(_APPEND)
         self._save_notes = self._redis.register_script(_SAVE_NOTES)
+        self._save_config = self._redis.register_script(_SAVE_CONFIG)
         self._commit = self._redis.register_script(_COMMIT)
         self._read = self._redis.register_script(_READ)
         self._acquire = self._redis.register_script(_ACQUIRE)
@@ -309,6 +316,13 @@ class RedisStore:
             saved = await self._save_notes(
                 keys=[k.meta, k.notes], args=[encode_notes(live), encode_notes(pending)]
             )
+        if not saved:
+            raise SessionNotStored(name)
+
+    async def save_config(self, name: str, config: dict[str, Any]) -> None:
+        k = self.keys(name)
+        with self._errors("save_config"):
+            saved = await self._save_config(keys=[k.meta], args=[encode_config(config)])
         if not saved:
             raise SessionNotStored(name)
 

@@ -40,7 +40,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -228,6 +228,20 @@ class SQLiteStore:
                     raise SessionNotStored(name)
 
         await self._run("save_notes", op)
+
+    async def save_config(self, name: str, config: dict[str, Any]) -> None:
+        encoded = encode_config(config)
+
+        def op(conn: sqlite3.Connection) -> None:
+            with _write(conn):
+                changed = conn.execute(
+                    "UPDATE sessions SET config = ?, updated_at = ? WHERE name = ?",
+                    (encoded, self._clock(), name),
+                ).rowcount
+                if changed == 0:
+                    raise SessionNotStored(name)
+
+        await self._run("save_config", op)
 
     async def commit_compaction(
         self,
