@@ -8,19 +8,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import orjson
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
-from serving import T0, Wire, running, settings, turn_body, wire
+from serving import T0, TIMEOUT, Wire, running, settings, turn_body, wire
 from structlog.testing import capture_logs
 from test_codec import message_like, pinned
 
 from voice_context import codec
+from voice_context.core.config import SessionConfig
 from voice_context.core.turns import Note, Turn
-from voice_context.server import Server
+from voice_context.manager import SessionManager
+from voice_context.server import Server, owner_of
 from voice_context.store.base import SessionRecord
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import SummaryRequest
@@ -351,3 +354,87 @@ async def test_a_summary_that_obeyed_an_injection_comes_back_fenced_and_labelled
         assert "SUMMARY>>>" not in body and "<<<SUMMARY" not in body
     assert summary.startswith("Session conversation summary (a record")
     assert summary.endswith("\nSUMMARY>>>")
+
+
+# -- defect 4: open/close races ----------------------------------------------------------------
+
+
+class GatedLoadStore(MemoryStore):
+    """Holds the next ``load`` of a session until the test opens the gate (a slow store read)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.entered = anyio.Event()
+        self.gate = anyio.Event()
+
+    async def load(self, name: str) -> SessionRecord | None:
+        if self.armed:
+            self.armed = False
+            self.entered.set()
+            await self.gate.wait()
+        return await super().load(name)
+
+
+@pytest.mark.asyncio
+async def test_an_open_racing_a_close_of_the_same_session_leaves_it_fully_usable() -> None:
+    store = GatedLoadStore()
+    async with running(store=store) as server, wire(server) as old, wire(server) as new:
+        await old.open("room-1", config=SMALL)
+        store.armed = True  # the reconnected bot's open reads the store slowly...
+        await new.send({"type": "session.open", "id": "resume", "session": "room-1"})
+        with anyio.fail_after(TIMEOUT):
+            await store.entered.wait()
+        assert (await old.request("session.close", session="room-1"))["type"] == "session.closed"
+        store.gate.set()  # ...and finishes after the old connection let the session go
+        opened = await new.reply()
+        assert (opened["id"], opened["type"], opened["resumed"]) == ("resume", "session.opened", True)
+        for i in range(4):
+            assert (await new.append("room-1", i))["index"] == i, "limits and listener are in place"
+        await new.request("context.get", session="room-1")
+        assert (await new.push())["type"] == "compaction.completed"
+
+
+@pytest.mark.asyncio
+async def test_two_tokens_opening_the_same_new_name_at_once_exactly_one_gets_it() -> None:
+    store = GatedLoadStore()
+    tokens = ("alpha-token", "beta-token")
+    async with (
+        running(settings(auth_tokens=tokens), store=store) as server,
+        wire(server, token="alpha-token") as alpha,
+        wire(server, token="beta-token") as beta,
+    ):
+        store.armed = True
+        await alpha.send({"type": "session.open", "id": "a", "session": "room-1"})
+        with anyio.fail_after(TIMEOUT):
+            await store.entered.wait()
+        await beta.send({"type": "session.open", "id": "b", "session": "room-1"})
+        await anyio.sleep(TIMEOUT / 25)  # beta's open is under way too
+        store.gate.set()
+        answers = {(await alpha.reply())["type"], (await beta.reply())["type"]}
+        assert answers == {"session.opened", "error"}
+        state = await alpha.request("session.state", session="room-1")
+        assert state["type"] == "session.state", "alpha opened it first"
+        refused = await beta.request("session.state", session="room-1")
+        assert refused["code"] == "unknown_session", "beta holds nothing, and gets none of alpha's events"
+        record = await store.load("room-1")
+        assert record is not None and record.owner == owner_of("alpha-token")
+
+
+@pytest.mark.asyncio
+async def test_a_close_right_after_a_context_request_cancels_the_compaction_it_started() -> None:
+    summarizer = ScriptedSummarizer()
+    store = MemoryStore()
+    config = SessionConfig(**SMALL)
+    async with SessionManager(summarizer, config=config, store=store) as manager:
+        await manager.open("room-1")
+        for i in range(4):
+            await manager.append_turn("room-1", Turn("Alice", "user", f"turn {i}", T0 + i))
+        await manager.context("room-1")  # starts a compaction: its task has not run yet
+        await manager.close("room-1")
+        with anyio.fail_after(TIMEOUT):
+            while manager.in_flight:  # noqa: ASYNC110 - a counter owned by the manager
+                await anyio.sleep(0.001)
+    assert summarizer.requests == [], "the compaction was cancelled before it called the summarizer"
+    record = await store.load("room-1")
+    assert record is not None and record.cursor == 0

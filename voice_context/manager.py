@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -116,6 +116,7 @@ class SessionManager:
         self.clock = clock
         self.replica = replica or uuid.uuid4().hex[:12]
         self._live: dict[str, _Live] = {}
+        self._open_locks: dict[str, tuple[anyio.Lock, list[int]]] = {}
         self._tg: TaskGroup | None = None
         self._closing = False
         self._in_flight = 0
@@ -191,24 +192,53 @@ class SessionManager:
         raises ``ConfigError`` for an unknown or invalid one, ``UnknownSession``
         when the session belongs to another owner, ``StoreError`` when the store
         cannot be read.
+
+        Opens of one name run one at a time, so of two owners racing for a new
+        name exactly one gets it; a ``close`` during an open's awaits makes it
+        decide again (from the store).
         """
-        if self._closing:
-            raise SessionClosed("the server is shutting down")
-        live = self._live.get(name)
-        if live is not None:
-            if live.owner != owner:
-                raise UnknownSession(name)
-            async with live.lock:
-                await self._catch_up_locked(live)
-                if overrides:
-                    merged = {**live.overrides, **overrides}
-                    config = self.config.with_overrides(merged)
-                    await self.store.save_config(name, merged)
-                    live.overrides = merged
-                    before = (live.session.live_notes, live.session.pending_notes)
-                    live.session.reconfigure(config)
-                    await self._save_notes_if_changed(live.session, before)
-            return Opened(name, True, live.session.stats())
+        async with self._opening(name):
+            while True:
+                if self._closing:
+                    raise SessionClosed("the server is shutting down")
+                live = self._live.get(name)
+                if live is None:
+                    return await self._open_from_store(name, overrides, owner)
+                if live.owner != owner:
+                    raise UnknownSession(name)
+                async with live.lock:
+                    if self._live.get(name) is not live:
+                        continue  # closed while this open waited for the lock
+                    await self._catch_up_locked(live)
+                    if overrides:
+                        merged = {**live.overrides, **overrides}
+                        config = self.config.with_overrides(merged)
+                        await self.store.save_config(name, merged)
+                        live.overrides = merged
+                        before = (live.session.live_notes, live.session.pending_notes)
+                        live.session.reconfigure(config)
+                        await self._save_notes_if_changed(live.session, before)
+                    if self._live.get(name) is live:
+                        return Opened(name, True, live.session.stats())
+                # closed during the awaits above: decide again
+
+    @contextlib.asynccontextmanager
+    async def _opening(self, name: str) -> AsyncIterator[None]:
+        """Hold the open lock of one session name (dropped once nobody waits on it)."""
+        entry = self._open_locks.setdefault(name, (anyio.Lock(), [0]))
+        lock, waiting = entry
+        waiting[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            waiting[0] -= 1
+            if waiting[0] == 0 and self._open_locks.get(name) is entry:
+                del self._open_locks[name]
+
+    async def _open_from_store(
+        self, name: str, overrides: dict[str, Any] | None, owner: str | None
+    ) -> Opened:
         record = await self.store.load(name)
         if record is not None:
             if record.owner != owner:
@@ -225,7 +255,9 @@ class SessionManager:
             await self.store.create(SessionRecord(name, config=merged, owner=owner))
             session = Session(name, config)
             resumed = False
-        # another open may have raced us through the awaits above
+        if self._closing:  # the shutdown began during the awaits above
+            raise SessionClosed("the server is shutting down")
+        # only opens insert sessions, and they hold this name's open lock
         live = self._live.setdefault(name, _Live(session, owner, overrides=merged))
         return Opened(name, resumed, live.session.stats())
 
@@ -358,16 +390,17 @@ class SessionManager:
             raise RuntimeError("SessionManager must be used as 'async with SessionManager(...)'")
         self._in_flight += 1
         self._idle = anyio.Event() if self._in_flight == 1 else self._idle
-        self._tg.start_soon(self._compact, live, decision)
+        live.scope = anyio.CancelScope()  # a close before the task runs must cancel it too
+        self._tg.start_soon(self._compact, live, decision, live.scope)
 
-    async def _compact(self, live: _Live, plan: CompactionPlan) -> None:
+    async def _compact(self, live: _Live, plan: CompactionPlan, scope: anyio.CancelScope) -> None:
         session = live.session
-        scope = anyio.CancelScope()
-        live.scope = scope
         fence: int | None = None
         running = plan
         try:
             with scope, structlog.contextvars.bound_contextvars(session=session.name):
+                if scope.cancel_called:  # closed before this task ran: not even a lease
+                    return
                 fence = await self._lease(live, session, plan)
                 if fence is None:
                     return

@@ -586,10 +586,12 @@ class Server:
         if config:
             check_client_overrides(config, self.manager.config)
         opened = await self.manager.open(name, config, owner=conn.owner)
+        # nothing below awaits, and the manager's open returns only while the session is
+        # live: the attach cannot half-happen (listener first, the one step that can raise)
         if name not in conn.sessions:
+            self.manager.add_listener(conn.push, session=name)
             conn.sessions.add(name)
             self._holders.setdefault(name, set()).add(conn)
-            self.manager.add_listener(conn.push, session=name)
             if name not in self._limits:
                 cfg = self.settings.server
                 bucket = TokenBucket(cfg.turns_per_second, cfg.turn_burst, self._monotonic())
