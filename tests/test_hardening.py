@@ -15,13 +15,16 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
-from serving import T0, TIMEOUT, Wire, running, settings, turn_body, wire
+from serving import T0, TIMEOUT, GatedStore, Wire, running, settings, turn_body, wire
 from structlog.testing import capture_logs
 from test_codec import message_like, pinned
 
-from voice_context import codec
+import voice_context
+from voice_context import codec, errors
+from voice_context.client import Client
 from voice_context.core.config import SessionConfig
 from voice_context.core.turns import Note, Turn
+from voice_context.errors import ClientError, RequestTimeout, VoiceContextError
 from voice_context.manager import SessionManager
 from voice_context.server import Server, owner_of
 from voice_context.store.base import SessionRecord
@@ -438,3 +441,32 @@ async def test_a_close_right_after_a_context_request_cancels_the_compaction_it_s
     assert summarizer.requests == [], "the compaction was cancelled before it called the summarizer"
     record = await store.load("room-1")
     assert record is not None and record.cursor == 0
+
+
+# -- defect 13: the error tree, the client's own timeout ---------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_request_without_a_reply_raises_the_clients_own_timeout_error() -> None:
+    store = GatedStore()
+    async with running(store=store) as server:
+        client = Client(server.url, open_timeout=TIMEOUT, request_timeout=TIMEOUT / 20)
+        async with client:
+            room = await client.open("room-1")
+            with pytest.raises(RequestTimeout) as waited:
+                await room.append_turn("Alice", "user", "the store is slow today", at=T0)
+            assert isinstance(waited.value, TimeoutError) and isinstance(waited.value, ClientError)
+            assert isinstance(waited.value, VoiceContextError)
+            assert waited.value.code == "timeout"
+            store.gate.set()
+
+
+def test_every_error_voice_context_raises_on_purpose_is_in_the_tree() -> None:
+    documented = errors.__doc__ or ""
+    for name in dir(errors):
+        value = getattr(errors, name)
+        if isinstance(value, type) and issubclass(value, errors.VoiceContextError):
+            assert name in documented, name
+            assert getattr(voice_context, name) is value, f"{name} is public"
+    assert codec.DecodeError is errors.DecodeError
+    assert issubclass(errors.TurnConflict, errors.StoreError)

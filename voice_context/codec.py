@@ -30,7 +30,7 @@ import orjson
 
 from voice_context.core.budget import FORMATS, Format
 from voice_context.core.turns import ROLES, Note, Role, Turn
-from voice_context.errors import ProtocolError
+from voice_context.errors import DecodeError
 
 if TYPE_CHECKING:
     from voice_context.core.budget import Context
@@ -62,14 +62,6 @@ ERROR_CODES: Final = frozenset(
 )
 
 MessageId = str | int | None
-
-
-class DecodeError(ProtocolError):
-    """A client frame that is not a valid message. ``id`` and ``session`` are set when readable."""
-
-    def __init__(self, code: str, message: str, *, id: MessageId = None, session: str | None = None) -> None:
-        super().__init__(code, message, id=id)
-        self.session = session
 
 
 # -- client messages -------------------------------------------------------------

@@ -45,9 +45,8 @@ from voice_context.core.session import (
 )
 from voice_context.core.turns import Note, Turn
 from voice_context.core.window import Skip, SkipReason
-from voice_context.errors import SessionClosed, StoreError, SummarizerError, UnknownSession
+from voice_context.errors import SessionClosed, StoreError, SummarizerError, TurnConflict, UnknownSession
 from voice_context.store.base import SessionRecord, Store
-from voice_context.store.common import TurnConflict
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 

@@ -8,9 +8,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from voice_context.core.turns import Note, Turn
-from voice_context.errors import SessionNotStored
+from voice_context.errors import SessionNotStored, TurnConflict
 from voice_context.store.base import SessionRecord
-from voice_context.store.common import TurnConflict
 
 
 @dataclass

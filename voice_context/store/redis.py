@@ -53,10 +53,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from voice_context.core.turns import Note, Turn
-from voice_context.errors import SessionNotStored, StoreError
+from voice_context.errors import SessionNotStored, StoreError, TurnConflict
 from voice_context.store.base import SessionRecord
 from voice_context.store.common import (
-    TurnConflict,
     decode_config,
     decode_notes,
     decode_turn,

@@ -46,10 +46,9 @@ import anyio
 import anyio.to_thread
 
 from voice_context.core.turns import Note, Turn
-from voice_context.errors import SessionNotStored, StoreError
+from voice_context.errors import SessionNotStored, StoreError, TurnConflict
 from voice_context.store.base import SessionRecord
 from voice_context.store.common import (
-    TurnConflict,
     decode_config,
     decode_notes,
     encode_config,
