@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,9 @@ from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.deterministic import DeterministicSummarizer, resolve_dates
 from voice_context.summarizers.fakes import FailingSummarizer, ScriptedSummarizer
+from voice_context.summarizers.openai_compat import OpenAISummarizer, retry_after
 from voice_context.summarizers.prompt import build_messages
+from voice_context.testing.openai_server import OpenAIServer, Reply, Status
 
 SMALL = {"recent_window": 2, "batch_size": 1}
 
@@ -470,3 +473,101 @@ def test_every_error_voice_context_raises_on_purpose_is_in_the_tree() -> None:
             assert getattr(voice_context, name) is value, f"{name} is public"
     assert codec.DecodeError is errors.DecodeError
     assert issubclass(errors.TurnConflict, errors.StoreError)
+
+
+# -- defect 13: a slow model does not flood the log --------------------------------------------
+
+
+class GatedSummarizer(ScriptedSummarizer):
+    """Answers from its script once the test opens the gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = anyio.Event()
+
+    async def summarize(self, request: SummaryRequest) -> str:
+        await self.gate.wait()
+        return await super().summarize(request)
+
+
+@pytest.mark.asyncio
+async def test_a_compaction_in_flight_is_reported_skipped_once_per_plan_not_once_per_request() -> None:
+    slow = GatedSummarizer()
+    async with running(summarizer=slow) as server, wire(server) as bot:
+        await bot.open("room-1", config=SMALL)
+        for i in range(4):
+            await bot.append("room-1", i)
+        with capture_logs() as logs:
+            for _ in range(20):
+                assert (await bot.request("context.get", session="room-1"))["in_flight"] is True
+            slow.gate.set()
+            assert (await bot.push())["type"] == "compaction.completed"
+            await bot.append("room-1", 4)
+            slow.gate = anyio.Event()
+            for _ in range(20):
+                await bot.request("context.get", session="room-1")
+            slow.gate.set()
+            assert (await bot.push())["type"] == "compaction.completed"
+    told = [
+        e
+        for e in logs
+        if e["event"] == "voice_context_compaction_skipped"
+        and e["reason"] == "already_in_flight"
+        and e["log_level"] == "info"
+    ]
+    assert len(told) == 2, "once for each of the two plans"
+
+
+# -- defect 13: an overlong reply is cut before it is condensed ---------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_megabyte_reply_is_cut_before_it_is_sent_back_to_be_condensed() -> None:
+    huge = " ".join(f"Sentence number {i} says something." for i in range(30_000))  # about 1 MB
+    summarizer = ScriptedSummarizer([huge])
+    async with running(summarizer=summarizer) as server, wire(server) as bot:
+        await bot.open("room-1", config=SMALL)
+        for i in range(4):
+            await bot.append("room-1", i)
+        await bot.request("context.get", session="room-1")
+        landed = await bot.push()
+        assert (landed["type"], landed["cursor"]) == ("compaction.completed", 1)
+        assert landed["summary_chars"] <= 1200
+    fold, condense = summarizer.requests
+    assert not fold.recompact
+    assert condense.recompact
+    assert len(condense.previous_summary) <= 4 * 1200 < len(huge)
+    assert condense.previous_summary.startswith("Sentence number 0 says something.")
+
+
+# -- defect 13: the provider's Retry-After is honoured -----------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_providers_retry_after_holds_the_next_attempt_back_that_long() -> None:
+    async with OpenAIServer(default=Reply("Alice booked Lisbon.")) as provider:
+        provider.script(Status(429, headers={"Retry-After": "45"}))
+        async with (
+            OpenAISummarizer(base_url=provider.base_url, model="m", max_retries=0) as model,
+            running(summarizer=model) as server,
+            wire(server) as bot,
+        ):
+            await bot.open("room-1", config=SMALL)
+            for i in range(4):
+                await bot.append("room-1", i)
+            asked = time.time()
+            await bot.request("context.get", session="room-1")
+            failed = await bot.push()
+            assert (failed["type"], failed["error"]) == ("compaction.failed", "rate_limited")
+            assert failed["retry_at"] >= asked + 45, "not the 2 s of the first backoff step"
+            await bot.request("context.get", session="room-1")
+            assert len(provider.completions) == 1, "no second call before the provider said"
+
+
+def test_retry_after_is_read_as_seconds_an_http_date_or_milliseconds() -> None:
+    now = 1_714_572_187.0
+    assert retry_after({"retry-after": "30"}, now) == 30.0
+    assert retry_after({"retry-after-ms": "1500", "retry-after": "9"}, now) == 1.5
+    assert retry_after({"retry-after": "Wed, 01 May 2024 14:03:37 GMT"}, now) == pytest.approx(30.0)
+    for unreadable in ({}, {"retry-after": "soon"}, {"retry-after": "-3"}, {"retry-after": "nan"}):
+        assert retry_after(unreadable, now) is None

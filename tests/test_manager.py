@@ -232,7 +232,9 @@ async def test_overlong_summary_gets_one_recompaction_then_is_clamped(logs: Logs
         assert manager.session("room").summary == "Sentence number 0 is here. Sentence number 1 is here."
     first, second = scripted.requests
     assert not first.recompact and len(first.turns) == 10
-    assert second.recompact and second.turns == () and second.previous_summary == long
+    # only the first 4 x 60 chars of a reply are read, up to their last full sentence
+    read = " ".join(f"Sentence number {i} is here." for i in range(8))
+    assert second.recompact and second.turns == () and second.previous_summary == read
     started = [e for e in logs if e["event"] == "voice_context_compaction_started"]
     assert [(e["batch_size"], e["recompact"]) for e in started] == [(10, False), (0, True)]
     [completed] = [e for e in logs if e["event"] == "voice_context_compaction_completed"]

@@ -68,12 +68,16 @@ class RateLimited(VoiceContextError):
 
 
 class SummarizerError(VoiceContextError):
-    """A summarizer call failed. ``retryable`` says whether trying later may help."""
+    """A summarizer call failed. ``retryable`` says whether trying later may help, and
+    ``retry_after`` (seconds) how long the provider asked us to wait, when it said."""
 
-    def __init__(self, message: str, *, retryable: bool = True, kind: str = "error") -> None:
+    def __init__(
+        self, message: str, *, retryable: bool = True, kind: str = "error", retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.kind = kind
+        self.retry_after = retry_after
 
 
 class StoreError(VoiceContextError):

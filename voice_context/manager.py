@@ -91,6 +91,8 @@ class _Live:
     listeners: list[Listener] = field(default_factory=list)
     #: the config overrides the store keeps for the session
     overrides: dict[str, Any] = field(default_factory=dict)
+    #: the last compaction skip logged at INFO (its reason, and the plan or backoff it was about)
+    last_skip: tuple[SkipReason, object] | None = None
 
 
 class SessionManager:
@@ -373,7 +375,17 @@ class SessionManager:
         session = live.session
         decision = session.plan_compaction(self.clock())
         if isinstance(decision, Skip):
-            level = log.debug if decision.reason is SkipReason.BELOW_THRESHOLD else log.info
+            # a skip worth telling is told once: per plan in flight, per backoff
+            repeat = {
+                SkipReason.ALREADY_IN_FLIGHT: session.in_flight.plan_id if session.in_flight else None,
+                SkipReason.BACKING_OFF: decision.retry_at,
+            }.get(decision.reason)
+            told = (decision.reason, repeat)
+            quiet = decision.reason is SkipReason.BELOW_THRESHOLD or (
+                repeat is not None and live.last_skip == told
+            )
+            live.last_skip = told
+            level = log.debug if quiet else log.info
             level(
                 "voice_context_compaction_skipped",
                 session=session.name,
@@ -474,7 +486,7 @@ class SessionManager:
             with anyio.fail_after(self.compaction_timeout):
                 text = await self.summarizer.summarize(request)
         except SummarizerError as exc:
-            self._record_failure(live, session, plan, exc.kind, exc.retryable, str(exc))
+            self._record_failure(live, session, plan, exc.kind, exc.retryable, str(exc), exc.retry_after)
             return None
         except TimeoutError:
             self._record_failure(
@@ -563,9 +575,16 @@ class SessionManager:
         return None
 
     def _record_failure(
-        self, live: _Live, session: Session, plan: CompactionPlan, kind: str, retryable: bool, message: str
+        self,
+        live: _Live,
+        session: Session,
+        plan: CompactionPlan,
+        kind: str,
+        retryable: bool,
+        message: str,
+        retry_after: float | None = None,
     ) -> None:
-        outcome = session.compaction_failed(plan.plan_id, kind, retryable, self.clock())
+        outcome = session.compaction_failed(plan.plan_id, kind, retryable, self.clock(), retry_after)
         if isinstance(outcome, Stale):
             self.counters["stale"] += 1
             log.info("voice_context_compaction_stale", session=session.name, plan=plan.plan_id)
