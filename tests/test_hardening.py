@@ -30,6 +30,7 @@ from voice_context.manager import SessionManager
 from voice_context.server import Server, owner_of
 from voice_context.store.base import SessionRecord
 from voice_context.store.memory import MemoryStore
+from voice_context.summarizers import deterministic
 from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.deterministic import DeterministicSummarizer, resolve_dates
 from voice_context.summarizers.fakes import FailingSummarizer, ScriptedSummarizer
@@ -571,3 +572,21 @@ def test_retry_after_is_read_as_seconds_an_http_date_or_milliseconds() -> None:
     assert retry_after({"retry-after": "Wed, 01 May 2024 14:03:37 GMT"}, now) == pytest.approx(30.0)
     for unreadable in ({}, {"retry-after": "soon"}, {"retry-after": "-3"}, {"retry-after": "nan"}):
         assert retry_after(unreadable, now) is None
+
+
+# -- defect 13: the deterministic summarizer's caches are bounded by size ------------------------
+
+
+def test_the_deterministic_summarizers_caches_hold_at_most_their_budget_of_text() -> None:
+    summarizer, summary = DeterministicSummarizer(), ""
+    for batch in range(3):  # the caches fill through the summarizer...
+        turns = tuple(Turn("Alice", "user", f"Item {batch}-{k} costs {k} euros.", T0) for k in range(10))
+        summary = summarizer.summarize_now(
+            SummaryRequest(turns=turns, previous_summary=summary, max_chars=1200)
+        )
+    for cache in (deterministic._weight_items, deterministic._parse_line):
+        assert cache.chars > 0
+        for n in range(200):  # ...and past their budget: 1.6 M chars of distinct 8,000-char lines
+            cache(f"[1 May 2024, 14:03] Alice: line {n}. " + "Lisbon costs 420 euros. " * 330)
+        assert cache.chars <= deterministic.CACHE_CHARS
+        assert len(cache) < 200

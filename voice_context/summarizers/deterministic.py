@@ -39,8 +39,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import lru_cache
 
+from voice_context.core.cache import char_bounded_cache
 from voice_context.core.text import clip, normalize, sentences
 from voice_context.core.times import utc
 from voice_context.core.turns import Note, Turn
@@ -121,6 +121,9 @@ _NUMBER_WORDS = {word: value for value, word in enumerate(_UNITS)} | {
 #: Each sentence costs this many chars more than its length when ranking, so that a
 #: short exclamation ("Bon voyage!") does not outrank a fact for being short.
 COST_PAD = 20
+#: How many characters of sentences and summary lines each of the two parse caches keeps
+#: (with their parsed forms, about 7 bytes a character: some 7 MB each at most).
+CACHE_CHARS = 1_000_000
 #: A line's last sentence is worth this much more, so windows grow coarser before they go.
 LAST_SENTENCE = 2.0
 _NUMBER_RUN = re.compile(
@@ -155,7 +158,7 @@ def _fold(word: str) -> str:
     return word
 
 
-@lru_cache(maxsize=16384)
+@char_bounded_cache(CACHE_CHARS)
 def _weight_items(text: str) -> tuple[tuple[str, float], ...]:
     """The informative words of a sentence (folded) and what each is worth."""
     out: dict[str, float] = {}
@@ -428,7 +431,7 @@ def _small_talk_line(turns: Sequence[Turn]) -> _Line:
 # -- the whole summary ----------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=16384)
+@char_bounded_cache(CACHE_CHARS)
 def _parse_line(
     raw: str,
 ) -> tuple[str | None, str | None, bool, tuple[tuple[str, str, tuple[tuple[str, float], ...]], ...]]:
