@@ -27,7 +27,7 @@ from voice_context.core.config import SessionConfig
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import ClientError, RequestTimeout, VoiceContextError
 from voice_context.manager import SessionManager
-from voice_context.server import Server, owner_of
+from voice_context.server import Server, TokenBucket, owner_of
 from voice_context.store.base import SessionRecord
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers import deterministic
@@ -590,3 +590,42 @@ def test_the_deterministic_summarizers_caches_hold_at_most_their_budget_of_text(
             cache(f"[1 May 2024, 14:03] Alice: line {n}. " + "Lisbon costs 420 euros. " * 330)
         assert cache.chars <= deterministic.CACHE_CHARS
         assert len(cache) < 200
+
+
+# -- defect 8: a close and an open do not refill the rate limit; notes count too ---------------
+
+
+@pytest.mark.asyncio
+async def test_closing_and_reopening_a_session_does_not_refill_its_rate_limit() -> None:
+    async with running(settings(turns_per_second=0.5, turn_burst=3)) as server, wire(server) as bot:
+        await bot.open("room-1")
+        for i in range(3):
+            assert (await bot.append("room-1", i))["type"] == "turn.appended"
+        for _ in range(3):
+            assert (await bot.request("session.close", session="room-1"))["type"] == "session.closed"
+            await bot.open("room-1")
+            refused = await bot.append("room-1", 3)
+            assert (refused["code"], refused["limit"]) == ("rate_limited", "turns_per_second"), refused
+        async with wire(server) as other:  # nor does another connection
+            await other.open("room-1")
+            assert (await other.append("room-1", 3))["code"] == "rate_limited"
+
+
+@pytest.mark.asyncio
+async def test_notes_spend_the_same_rate_limit_as_turns() -> None:
+    async with running(settings(turns_per_second=0.5, turn_burst=3)) as server, wire(server) as bot:
+        await bot.open("room-1")
+        for i in range(3):
+            noted = await bot.request("note.append", session="room-1", note={"text": f"screen {i}", "at": T0})
+            assert noted["type"] == "note.appended"
+        refused = await bot.request("note.append", session="room-1", note={"text": "one more", "at": T0})
+        assert (refused["code"], refused["limit"]) == ("rate_limited", "turns_per_second")
+        assert (await bot.append("room-1", 0))["code"] == "rate_limited"
+
+
+def test_a_bucket_is_full_again_once_it_has_had_time_to_refill() -> None:
+    bucket = TokenBucket(rate=2.0, burst=3, now=100.0)
+    assert bucket.full(100.0)
+    assert bucket.take(100.0) == 0.0
+    assert not bucket.full(100.4)
+    assert bucket.full(100.5)

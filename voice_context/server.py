@@ -87,6 +87,8 @@ PATH = "/v1"
 OUTBOX_FRAMES = 256
 DUPLICATE_LOOKBACK = 32
 SHUTDOWN_GRACE = 5.0
+#: Past this many remembered rate limits, those of idle sessions whose buckets are full are forgotten.
+LIMITS_KEPT = 4096
 
 
 # -- pure decisions ----------------------------------------------------------------
@@ -106,6 +108,10 @@ class TokenBucket:
         self.burst = float(burst)
         self.tokens = float(burst)
         self.updated = now
+
+    def full(self, now: float) -> bool:
+        """Whether the bucket has refilled to ``burst`` by ``now``: then it remembers nothing."""
+        return self.tokens + max(0.0, now - self.updated) * self.rate >= self.burst
 
     def take(self, now: float) -> float:
         elapsed = max(0.0, now - self.updated)
@@ -551,7 +557,10 @@ class Server:
         if isinstance(message, TurnAppend):
             return await self._append_turn(conn, message)
         if isinstance(message, NoteAppend):
-            changed = await manager.append_note(name, message.note, owner=owner)
+            limits = self._limits[name]
+            async with limits.lock:
+                self._take(limits)
+                changed = await manager.append_note(name, message.note, owner=owner)
             self.metrics.notes.inc()
             return codec.encode_note_appended(name, changed, message.id), True
         if isinstance(message, ContextGet):
@@ -593,6 +602,7 @@ class Server:
             conn.sessions.add(name)
             self._holders.setdefault(name, set()).add(conn)
             if name not in self._limits:
+                self._forget_idle_limits()
                 cfg = self.settings.server
                 bucket = TokenBucket(cfg.turns_per_second, cfg.turn_burst, self._monotonic())
                 self._limits[name] = _SessionLimits(bucket)
@@ -607,18 +617,32 @@ class Server:
             duplicate = find_duplicate(session, message.turn)
             if duplicate is not None:
                 return codec.encode_turn_appended(name, duplicate, message.id, duplicate=True), False
-            wait = limits.bucket.take(self._monotonic())
-            if wait > 0:
-                rate = self.settings.server.turns_per_second
-                raise _Reject(
-                    RATE_LIMITED,
-                    f"too many turns for this session (limit {rate:g} per second)",
-                    limit="turns_per_second",
-                    retry_after=math.ceil(wait * 1000) / 1000,
-                )
+            self._take(limits)
             index = await self.manager.append_turn(name, message.turn, owner=conn.owner)
         self.metrics.turns.inc()
         return codec.encode_turn_appended(name, index, message.id), True
+
+    def _forget_idle_limits(self) -> None:
+        """Drop the rate limits of sessions nobody holds whose buckets have refilled anyway
+        (forgetting them changes nothing), once there are many."""
+        if len(self._limits) < LIMITS_KEPT:
+            return
+        now = self._monotonic()
+        for name, limits in list(self._limits.items()):
+            if name not in self._holders and limits.bucket.full(now):
+                del self._limits[name]
+
+    def _take(self, limits: _SessionLimits) -> None:
+        """Spend one of the session's tokens for a turn or a note, or refuse the request."""
+        wait = limits.bucket.take(self._monotonic())
+        if wait > 0:
+            rate = self.settings.server.turns_per_second
+            raise _Reject(
+                RATE_LIMITED,
+                f"too many turns and notes for this session (limit {rate:g} per second)",
+                limit="turns_per_second",
+                retry_after=math.ceil(wait * 1000) / 1000,
+            )
 
     async def _detach(self, conn: _Connection, name: str) -> None:
         """This connection is done with a session; the last one to leave closes it here."""
@@ -630,7 +654,7 @@ class Server:
             if holders:
                 return
             del self._holders[name]
-        self._limits.pop(name, None)
+        # the session's rate limit outlives this close: a close and an open must not refill it
         if self._stopping:
             return  # the manager lands compactions in flight as it closes
         try:
