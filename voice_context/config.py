@@ -3,7 +3,7 @@
 Groups, each a frozen value with named defaults::
 
     [server]      host, port, max_frame_bytes, max_text_chars, max_sessions_per_connection,
-                  turns_per_second, turn_burst, auth_tokens, record_dir, shutdown_timeout
+                  turns_per_second, turn_burst, auth_tokens, record_dir, shutdown_timeout, replica
     [summarizer]  kind ("deterministic" | "openai"), base_url, model, api_key, timeout,
                   max_retries, compaction_timeout
     [store]       url ("sqlite" default, "memory", "sqlite:///path/to.db", "redis://host:port/0"),
@@ -44,6 +44,10 @@ class ServerSettings:
     auth_tokens: tuple[str, ...] = ()
     record_dir: str | None = None
     shutdown_timeout: float = 10.0
+    #: who holds compaction leases in the store: the same after a restart, so a restarted
+    #: server takes its own leases back at once. By default ``<hostname>:<port>`` (random
+    #: when the port is 0); set it when several servers share a host name and a port.
+    replica: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

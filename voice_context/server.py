@@ -29,6 +29,7 @@ import hashlib
 import hmac
 import itertools
 import math
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -152,6 +153,14 @@ def recording_name(session: str) -> str:
         digest = hashlib.sha256(session.encode()).hexdigest()[:16]
         safe = f"{safe[:140].rstrip('%')}~{digest}"
     return safe + ".jsonl"
+
+
+def replica_name(configured: str | None, port: int) -> str | None:
+    """Who this server is to the store's leases: the configured name, else ``host:port``
+    when the port is fixed (so a restart is the same replica), else ``None`` (random)."""
+    if configured:
+        return configured
+    return f"{socket.gethostname()}:{port}" if port else None
 
 
 def bearer_token(headers: Headers) -> str | None:
@@ -310,6 +319,7 @@ class Server:
                 store=store,
                 compaction_timeout=self.settings.summarizer.compaction_timeout,
                 close_timeout=cfg.shutdown_timeout,
+                replica=replica_name(cfg.replica, cfg.port),
             )
             self._manager = await stack.enter_async_context(manager)
             self.metrics.watch_manager(
@@ -713,5 +723,6 @@ __all__ = [
     "find_duplicate",
     "owner_of",
     "recording_name",
+    "replica_name",
     "token_matches",
 ]
