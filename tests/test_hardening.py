@@ -10,15 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import orjson
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
-from serving import T0, TIMEOUT, GatedStore, Wire, running, settings, turn_body, wire
+from serving import T0, TIMEOUT, GatedStore, Wire, running, settings, turn_body, wait_until, wire
 from structlog.testing import capture_logs
 from test_codec import message_like, pinned
+from websockets.exceptions import InvalidStatus
 
 import voice_context
 from voice_context import codec, errors
@@ -629,3 +631,54 @@ def test_a_bucket_is_full_again_once_it_has_had_time_to_refill() -> None:
     assert bucket.take(100.0) == 0.0
     assert not bucket.full(100.4)
     assert bucket.full(100.5)
+
+
+# -- defect 6: a client that does not read cannot exhaust memory --------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_client_that_does_not_read_holds_at_most_its_outbox_limit_in_the_server() -> None:
+    limit = 64 * 1024
+    big = "You are Nova. " * 4000  # each reply carries these 56,000 chars back
+
+    async def ask_without_reading(greedy: Wire) -> None:
+        for n in range(120):  # 6.7 M chars of replies asked for, none read
+            await greedy.send({"type": "context.get", "id": n, "session": "room-1", "base_instructions": big})
+
+    async with (
+        running(settings(max_outbox_chars=limit)) as server,
+        wire(server, max_queue=1) as greedy,
+        anyio.create_task_group() as tg,
+    ):
+        await greedy.open("room-1")
+        [conn] = server._connections
+        tg.start_soon(ask_without_reading, greedy)
+        most = 0
+        for _ in range(50):
+            await anyio.sleep(0.01)
+            most = max(most, conn.queued)
+        assert limit <= most <= limit + len(big) + 1000, most
+        async with wire(server) as other:  # the server serves everyone else meanwhile
+            assert (await other.request("ping"))["type"] == "pong"
+        tg.cancel_scope.cancel()
+        greedy.ws.transport.abort()  # it never reads: no closing handshake to wait for
+
+
+@pytest.mark.asyncio
+async def test_past_max_connections_a_handshake_is_refused_with_503_and_a_reason() -> None:
+    async with running(settings(max_connections=2)) as server, wire(server), wire(server) as second:
+        with pytest.raises(InvalidStatus) as refused:
+            async with wire(server):
+                pass
+        response = refused.value.response
+        assert response.status_code == 503
+        assert orjson.loads(response.body) == {
+            "type": "error",
+            "code": "rate_limited",
+            "message": "the server serves 2 connections at most: try again later",
+            "limit": "connections",
+        }
+        await second.ws.close()
+        await wait_until(lambda: server.connections == 1)
+        async with wire(server) as third:
+            assert (await third.request("ping"))["type"] == "pong"

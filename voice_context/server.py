@@ -219,13 +219,21 @@ class _Connection:
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     recv_scope: anyio.CancelScope | None = None
     on_drop: Callable[[], None] = lambda: None
+    #: characters queued and not yet sent, and the most allowed before reading stops
+    queued: int = 0
+    max_queued: int = 1 << 20
+    drained: anyio.Event = field(default_factory=anyio.Event)
 
     def push(self, event: CompactionEvent) -> None:
         """A manager listener: queue the event, never wait."""
         if event.session not in self.sessions:
             return
+        frame = codec.encode_event(event)
         try:
-            self.outbox.send_nowait(codec.encode_event(event))
+            if self.queued + len(frame) > self.max_queued:
+                raise anyio.WouldBlock
+            self.outbox.send_nowait(frame)
+            self.queued += len(frame)
         except anyio.WouldBlock:
             self.on_drop()
             log.warning("voice_context_push_dropped", connection=self.id, session=event.session)
@@ -233,10 +241,22 @@ class _Connection:
             pass
 
     async def reply(self, frame: str) -> None:
+        self.queued += len(frame)
         try:
             self.outbox.send_nowait(frame)  # no checkpoint: queued before any event it caused
         except anyio.WouldBlock:
             await self.outbox.send(frame)
+
+    def sent(self, frame: str) -> None:
+        self.queued -= len(frame)
+        self.drained.set()
+
+    async def room_to_reply(self) -> None:
+        """Wait until what is queued for this client is under the limit: a client that does
+        not read its replies gets its requests read no faster than it reads."""
+        while self.queued >= self.max_queued:
+            self.drained = anyio.Event()
+            await self.drained.wait()
 
     def stop_reading(self) -> None:
         if self.recv_scope is not None:
@@ -412,6 +432,16 @@ class Server:
         if path != PATH:
             missing = {"type": "error", "code": "not_found", "message": f"no such path: {path}"}
             return _response(HTTPStatus.NOT_FOUND, orjson.dumps(missing), "application/json")
+        limit = self.settings.server.max_connections
+        if len(self._connections) >= limit:
+            self.metrics.errors.labels(code=RATE_LIMITED).inc()
+            log.warning("voice_context_connection_refused", connections=len(self._connections))
+            full = codec.encode_error(
+                RATE_LIMITED,
+                f"the server serves {limit} connections at most: try again later",
+                limit="connections",
+            )
+            return _response(HTTPStatus.SERVICE_UNAVAILABLE, full.encode(), "application/json")
         tokens = self.settings.server.auth_tokens
         if tokens and not token_matches(bearer_token(request.headers), tokens):
             self.metrics.errors.labels(code=UNAUTHORIZED).inc()
@@ -436,6 +466,7 @@ class Server:
         outbox, inbox = anyio.create_memory_object_stream[str](OUTBOX_FRAMES)
         conn = _Connection(f"c{next(self._ids)}-{uuid.uuid4().hex[:6]}", ws, owner, outbox, inbox)
         conn.on_drop = self.metrics.pushes_dropped.inc
+        conn.max_queued = self.settings.server.max_outbox_chars
         self._connections.add(conn)
         self.metrics.connections.inc()
         close: tuple[int, str] | None = None
@@ -468,6 +499,7 @@ class Server:
             async for frame in conn.inbox:
                 with contextlib.suppress(ConnectionClosed):  # keep draining; the reader sees it too
                     await conn.ws.send(frame)
+                conn.sent(frame)
 
     async def _read_loop(self, conn: _Connection) -> tuple[int, str] | None:
         """Answer frames one at a time; returns the close code to send, if any."""
@@ -475,6 +507,7 @@ class Server:
             with anyio.CancelScope() as scope:
                 conn.recv_scope = scope
                 try:
+                    await conn.room_to_reply()
                     frame = await conn.ws.recv()
                 except ConnectionClosed:
                     return None
