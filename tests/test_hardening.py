@@ -682,3 +682,27 @@ async def test_past_max_connections_a_handshake_is_refused_with_503_and_a_reason
         await wait_until(lambda: server.connections == 1)
         async with wire(server) as third:
             assert (await third.request("ping"))["type"] == "pong"
+
+
+# -- defect 10: a session served by two replicas at once ---------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_turn_appended_after_another_replica_appended_lands_after_its_turns() -> None:
+    shared = MemoryStore()  # one store, two server processes' worth of replicas
+    async with (
+        running(store=shared) as east,
+        running(store=shared) as west,
+        wire(east) as moving,
+        wire(west) as other,
+    ):
+        await moving.open("room-1")
+        assert (await moving.append("room-1", 0))["index"] == 0
+        await other.open("room-1")
+        assert (await other.append("room-1", 1))["index"] == 1
+        assert (await other.append("room-1", 2))["index"] == 2
+        appended = await moving.append("room-1", 3)  # east has not seen turns 1 and 2
+        assert (appended["type"], appended["index"]) == ("turn.appended", 3), appended
+        state = await moving.request("session.state", session="room-1")
+        assert state["turns"] == 4
+    assert [t.text for t in await shared.read_turns("room-1", 0, 10)] == [f"turn {i}" for i in range(4)]

@@ -277,9 +277,18 @@ class SessionManager:
             index = live.session.total_turns
             try:
                 await self.store.append_turn(name, index, turn)
-            except TurnConflict:
-                await self._catch_up_locked(live)  # the next request starts from the store's view
-                raise
+            except TurnConflict as conflict:
+                # another replica appended meanwhile: adopt the store's view, append after it
+                await self._catch_up_locked(live)
+                if live.session.total_turns == index:
+                    raise
+                index = live.session.total_turns
+                try:
+                    await self.store.append_turn(name, index, turn)
+                except TurnConflict:
+                    await self._catch_up_locked(live)
+                    text = f"session {name!r} is being appended to elsewhere at the same time: try again"
+                    raise StoreError(text, retryable=True) from conflict
             return live.session.append_turn(turn)
 
     async def append_note(self, name: str, note: Note, *, owner: str | None = None) -> NotesChanged:
