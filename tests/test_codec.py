@@ -400,6 +400,7 @@ SERVER_TYPES = {
     "context",
     "session.state",
     "session.closed",
+    "session.deleted",
     "pong",
     "compaction.completed",
     "compaction.failed",

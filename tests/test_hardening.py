@@ -29,7 +29,7 @@ from voice_context.core.config import SessionConfig
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import ClientError, RequestTimeout, VoiceContextError
 from voice_context.manager import SessionManager
-from voice_context.server import Server, TokenBucket, owner_of
+from voice_context.server import Server, TokenBucket, owner_of, recording_name
 from voice_context.store.base import SessionRecord
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers import deterministic
@@ -706,3 +706,46 @@ async def test_a_turn_appended_after_another_replica_appended_lands_after_its_tu
         state = await moving.request("session.state", session="room-1")
         assert state["turns"] == 4
     assert [t.text for t in await shared.read_turns("room-1", 0, 10)] == [f"turn {i}" for i in range(4)]
+
+
+# -- defect 14: a session can be deleted -------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_deleted_session_is_gone_from_every_connection_the_store_and_the_recordings(
+    tmp_path: Path,
+) -> None:
+    store = MemoryStore()
+    record_dir = tmp_path / "rec"
+    async with (
+        running(settings(record_dir=str(record_dir)), store=store) as server,
+        wire(server) as bot,
+        wire(server) as watcher,
+    ):
+        await bot.open("room-1", config=SMALL)
+        await watcher.open("room-1")
+        for i in range(4):
+            await bot.append("room-1", i)
+        assert (record_dir / recording_name("room-1")).exists()
+
+        deleted = await bot.request("session.delete", session="room-1")
+        assert deleted == {"type": "session.deleted", "id": bot.ids, "session": "room-1"}
+        assert await store.load("room-1") is None
+        assert not (record_dir / recording_name("room-1")).exists()
+        for holder in (bot, watcher):
+            assert (await holder.request("session.state", session="room-1"))["code"] == "unknown_session"
+        reopened = await bot.open("room-1")
+        assert (reopened["resumed"], reopened["turns"]) == (False, 0)
+
+
+@pytest.mark.asyncio
+async def test_only_a_session_open_here_for_this_token_can_be_deleted() -> None:
+    async with (
+        running(settings(auth_tokens=("alpha-token", "beta-token"))) as server,
+        wire(server, token="alpha-token") as alpha,
+        wire(server, token="beta-token") as beta,
+    ):
+        await alpha.open("room-1")
+        refused = await beta.request("session.delete", session="room-1")
+        assert refused["code"] == "unknown_session"
+        assert (await alpha.request("session.state", session="room-1"))["type"] == "session.state"

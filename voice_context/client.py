@@ -49,6 +49,7 @@ from voice_context.codec import (
     NoteAppend,
     Ping,
     SessionClose,
+    SessionDelete,
     SessionOpen,
     SessionStateGet,
     TurnAppend,
@@ -402,6 +403,11 @@ class SessionHandle:
     async def close(self) -> None:
         """Stop using the session on this client (its state stays on the server's store)."""
         await self.client.request(SessionClose(self.name))
+        self.client._sessions.pop(self.name, None)
+
+    async def delete(self) -> None:
+        """Forget the session on the server: its turns, summary, notes and recording."""
+        await self.client.request(SessionDelete(self.name))
         self.client._sessions.pop(self.name, None)
 
 

@@ -117,6 +117,15 @@ class SessionClose:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionDelete:
+    """Forget the session: its turns, summary, notes and recording, on every connection."""
+
+    session: str
+    id: MessageId = None
+    type: str = field(default="session.delete", init=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class Ping:
     """Answered with ``pong``; needs no session. Not recorded."""
 
@@ -125,8 +134,12 @@ class Ping:
     type: str = field(default="ping", init=False, repr=False)
 
 
-ClientMessage = SessionOpen | TurnAppend | NoteAppend | ContextGet | SessionStateGet | SessionClose | Ping
-SessionMessage = SessionOpen | TurnAppend | NoteAppend | ContextGet | SessionStateGet | SessionClose
+ClientMessage = (
+    SessionOpen | TurnAppend | NoteAppend | ContextGet | SessionStateGet | SessionClose | SessionDelete | Ping
+)
+SessionMessage = (
+    SessionOpen | TurnAppend | NoteAppend | ContextGet | SessionStateGet | SessionClose | SessionDelete
+)
 
 CLIENT_TYPES: Final = (
     "session.open",
@@ -135,6 +148,7 @@ CLIENT_TYPES: Final = (
     "context.get",
     "session.state",
     "session.close",
+    "session.delete",
     "ping",
 )
 
@@ -334,6 +348,8 @@ def _message(obj: dict[str, Any], max_text_chars: int) -> ClientMessage:
         return ContextGet(session, cast(Format, fmt), budget, base or "", facts, msg_id)
     if kind == "session.state":
         return SessionStateGet(session, msg_id)
+    if kind == "session.delete":
+        return SessionDelete(session, msg_id)
     assert kind == "session.close"
     return SessionClose(session, msg_id)
 
@@ -486,6 +502,10 @@ def encode_closed(session: str, msg_id: MessageId = None) -> str:
     return _dumps(_with_id({"type": "session.closed", "session": session}, msg_id))
 
 
+def encode_deleted(session: str, msg_id: MessageId = None) -> str:
+    return _dumps(_with_id({"type": "session.deleted", "session": session}, msg_id))
+
+
 def encode_pong(msg_id: MessageId = None) -> str:
     return _dumps(_with_id({"type": "pong", "protocol": PROTOCOL_VERSION}, msg_id))
 
@@ -554,6 +574,7 @@ __all__ = [
     "NoteAppend",
     "Ping",
     "SessionClose",
+    "SessionDelete",
     "SessionMessage",
     "SessionOpen",
     "SessionStateGet",
@@ -563,6 +584,7 @@ __all__ = [
     "encode",
     "encode_closed",
     "encode_context",
+    "encode_deleted",
     "encode_error",
     "encode_event",
     "encode_note_appended",

@@ -343,6 +343,16 @@ class SessionManager:
             live.scope.cancel()
         self._live.pop(name, None)
 
+    async def delete(self, name: str, *, owner: str | None = None) -> None:
+        """Forget a session: close it here and delete everything the store keeps of it.
+
+        Raises ``UnknownSession`` when it is not open here for ``owner``; an open of the
+        same name waits for the delete, and then creates a new session.
+        """
+        async with self._opening(name):
+            await self.close(name, owner=owner)
+            await self.store.delete(name)
+
     # -- internals -------------------------------------------------------------
 
     async def _catch_up_locked(self, live: _Live) -> None:

@@ -67,6 +67,7 @@ from voice_context.codec import (
     NoteAppend,
     Ping,
     SessionClose,
+    SessionDelete,
     SessionOpen,
     SessionStateGet,
     TurnAppend,
@@ -621,9 +622,26 @@ class Server:
             return codec.encode_context(name, ctx, in_flight=in_flight, msg_id=message.id), True
         if isinstance(message, SessionStateGet):
             return codec.encode_state(name, manager.state(name, owner=owner), message.id), True
+        if isinstance(message, SessionDelete):
+            await self._delete(conn, name)
+            return codec.encode_deleted(name, message.id), False
         assert isinstance(message, SessionClose)
         await self._detach(conn, name)
         return codec.encode_closed(name, message.id), True
+
+    async def _delete(self, conn: _Connection, name: str) -> None:
+        """Forget a session everywhere: every connection holding it lets it go (it gets no
+        more events), the manager and the store forget it, and so does its recording."""
+        self.manager.session(name, owner=conn.owner)  # UnknownSession unless this owner's
+        for holder in self._holders.pop(name, set()):
+            holder.sessions.discard(name)
+            self.manager.remove_listener(holder.push, session=name)
+        conn.sessions.discard(name)
+        await self.manager.delete(name, owner=conn.owner)
+        if self._record_dir is not None:
+            with contextlib.suppress(FileNotFoundError):
+                (self._record_dir / recording_name(name)).unlink()
+        log.info("voice_context_session_deleted")
 
     async def _open(self, conn: _Connection, message: SessionOpen) -> str:
         name = message.session
