@@ -749,3 +749,21 @@ async def test_only_a_session_open_here_for_this_token_can_be_deleted() -> None:
         refused = await beta.request("session.delete", session="room-1")
         assert refused["code"] == "unknown_session"
         assert (await alpha.request("session.state", session="room-1"))["type"] == "session.state"
+
+
+# -- defect 11: a large backlog folds in fewer compactions ---------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_large_backlog_folds_several_batches_per_compaction() -> None:
+    async with running() as server, wire(server) as bot:
+        await bot.open("room-1", config={"recent_window": 4, "batch_size": 2})
+        for i in range(100):  # nobody asked for a context while these arrived
+            await bot.append("room-1", i)
+        cursors = []
+        while not cursors or cursors[-1] < 90:
+            await bot.request("context.get", session="room-1")
+            landed = await bot.push()
+            assert landed["type"] == "compaction.completed"
+            cursors.append(landed["cursor"])
+        assert cursors == [16, 32, 48, 64, 80, 96], "eight batches of two at once (one at a time: 48 folds)"

@@ -29,6 +29,9 @@ from voice_context.core.window import Batch, Skip, SkipReason, choose_batch
 
 #: Past this many failures in a row the backoff stops doubling (it is long at its ceiling by then).
 MAX_BACKOFF_DOUBLINGS = 32
+#: When a backlog is folded several batches at once, their turns' text stays under this
+#: (about 4,000 tokens of a summarizer's input); a single batch is folded whatever its size.
+MAX_FOLD_CHARS = 16_000
 #: The longest wait a provider's ``Retry-After`` can impose on a session (one hour).
 MAX_RETRY_AFTER = 3600.0
 #: A summarizer's reply is read up to this many times the summary ceiling: the rest of an
@@ -437,6 +440,11 @@ class Session:
         return tuple(taken), last_seq
 
     def _start(self, batch: Batch, now: float) -> CompactionPlan:
+        # several batches at once only as far as their text stays under MAX_FOLD_CHARS
+        count, size = batch.size, self.config.batch_size
+        while count > size and sum(len(t.text) for t in self._turns[:count]) > MAX_FOLD_CHARS:
+            count -= size
+        batch = replace(batch, end=batch.start + count)
         notes, last_seq = self._notes_for_batch()
         plan = CompactionPlan(
             plan_id=self._take_plan_id(),
