@@ -360,9 +360,11 @@ class SessionManager:
 
         Turns reach the store before they reach a session, so a store holding
         more turns, a later cursor or other notes than this replica knows means
-        another replica served the session meanwhile: rebuild it from the store
-        (a compaction in flight here is cancelled; its commit would be refused).
-        A store that is behind this replica is left alone.
+        another replica served the session meanwhile. When it only appended turns,
+        they are appended here too and a compaction in flight goes on (its commit
+        still holds); otherwise the session is rebuilt from the store (a compaction
+        in flight here is cancelled: its commit would be refused). A store that is
+        behind this replica is left alone.
         """
         session = live.session
         record = await self.store.load(session.name)
@@ -370,6 +372,25 @@ class SessionManager:
             return
         seen = (session.total_turns, session.cursor, session.live_notes, session.pending_notes)
         if (record.total_turns, record.cursor, record.live_notes, record.pending_notes) == seen:
+            return
+        held = session.verbatim_turns
+        if (record.cursor, record.summary, record.live_notes, record.pending_notes) == (
+            session.cursor,
+            session.summary,
+            session.live_notes,
+            session.pending_notes,
+        ) and record.turns[: len(held)] == held:
+            # only turns were added elsewhere: take them, and let a fold in flight land
+            for turn in record.turns[len(held) :]:
+                session.append_turn(turn)
+            log.info(
+                "voice_context_session_caught_up",
+                session=session.name,
+                turns=record.total_turns,
+                cursor=record.cursor,
+                was_turns=seen[0],
+                was_cursor=seen[1],
+            )
             return
         if session.in_flight is not None and live.scope is not None:
             live.scope.cancel()
