@@ -708,6 +708,30 @@ async def test_a_turn_appended_after_another_replica_appended_lands_after_its_tu
     assert [t.text for t in await shared.read_turns("room-1", 0, 10)] == [f"turn {i}" for i in range(4)]
 
 
+@pytest.mark.asyncio
+async def test_turns_appended_on_another_replica_do_not_cancel_a_fold_in_flight_here() -> None:
+    shared = MemoryStore()
+    slow = GatedSummarizer()
+    async with (
+        running(store=shared, summarizer=slow) as east,
+        running(store=shared) as west,
+        wire(east) as moving,
+        wire(west) as other,
+    ):
+        await moving.open("room-1", config=SMALL)
+        for i in range(4):
+            await moving.append("room-1", i)
+        await moving.request("context.get", session="room-1")  # east folds turn 0, slowly
+        await other.open("room-1")
+        assert (await other.append("room-1", 4))["index"] == 4
+        assert (await moving.append("room-1", 5))["index"] == 5  # east catches up meanwhile
+        slow.gate.set()
+        landed = await moving.push()
+        assert (landed["type"], landed["cursor"]) == ("compaction.completed", 1), landed
+    record = await shared.load("room-1")
+    assert record is not None and (record.cursor, record.total_turns) == (1, 6)
+
+
 # -- defect 14: a session can be deleted -------------------------------------------------------
 
 
@@ -767,27 +791,3 @@ async def test_a_large_backlog_folds_several_batches_per_compaction() -> None:
             assert landed["type"] == "compaction.completed"
             cursors.append(landed["cursor"])
         assert cursors == [16, 32, 48, 64, 80, 96], "eight batches of two at once (one at a time: 48 folds)"
-
-
-@pytest.mark.asyncio
-async def test_turns_appended_on_another_replica_do_not_cancel_a_fold_in_flight_here() -> None:
-    shared = MemoryStore()
-    slow = GatedSummarizer()
-    async with (
-        running(store=shared, summarizer=slow) as east,
-        running(store=shared) as west,
-        wire(east) as moving,
-        wire(west) as other,
-    ):
-        await moving.open("room-1", config=SMALL)
-        for i in range(4):
-            await moving.append("room-1", i)
-        await moving.request("context.get", session="room-1")  # east folds turn 0, slowly
-        await other.open("room-1")
-        assert (await other.append("room-1", 4))["index"] == 4
-        assert (await moving.append("room-1", 5))["index"] == 5  # east catches up meanwhile
-        slow.gate.set()
-        landed = await moving.push()
-        assert (landed["type"], landed["cursor"]) == ("compaction.completed", 1), landed
-    record = await shared.load("room-1")
-    assert record is not None and (record.cursor, record.total_turns) == (1, 6)
