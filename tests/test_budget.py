@@ -9,6 +9,7 @@ from voice_context.core.budget import (
     FACTS_HEADER,
     MIN_SUMMARY_CUT,
     RECENT_HEADER,
+    SUMMARY_FOOTER,
     SUMMARY_HEADER,
     SUMMARY_PREFIX,
     Context,
@@ -97,7 +98,7 @@ def test_messages_layout() -> None:
     assert list(ctx.messages) == [
         {"role": "system", "content": "Be brief."},
         {"role": "system", "content": "Durable facts:\n- Alice is vegetarian.\n- Bob lives in Porto."},
-        {"role": "system", "content": "Earlier in this session: " + SUMMARY},
+        {"role": "system", "content": SUMMARY_HEADER + SUMMARY + SUMMARY_FOOTER},
         {
             "role": "system",
             "content": "Screen notes:\n- Alice's screen (sheets): a spreadsheet of costs\n- Screen: a map",
@@ -128,7 +129,7 @@ def test_instructions_sections() -> None:
     assert ctx.instructions == (
         "You are Nova.\n\n"
         "Durable facts:\n- Alice is vegetarian.\n- Bob lives in Porto.\n\n"
-        f"Session conversation summary:\n{SUMMARY}\n\n"
+        f"{SUMMARY_HEADER}{SUMMARY}{SUMMARY_FOOTER}\n\n"
         "Screen notes:\n- Alice's screen (sheets): a spreadsheet of costs\n- Screen: a map\n\n"
         "Recent conversation:\nAlice: Shall we book the trip?\nNova: I can help with that.\n"
         "Calc: total = 420\nBob: Yes, Friday works."
@@ -219,6 +220,9 @@ def test_base_instructions_come_first() -> None:
 
 # -- priority --------------------------------------------------------------------------
 
+#: what the label and the fence around a summary cost in the messages shape
+FENCE = len(SUMMARY_PREFIX) + len(SUMMARY_FOOTER)
+
 
 def test_summary_cut_keeps_the_newest_sentences() -> None:
     view = view_of([Turn("Alice", "user", "hi", 0.0)], summary=SUMMARY, live_notes=())
@@ -226,7 +230,7 @@ def test_summary_cut_keeps_the_newest_sentences() -> None:
     budget = full.chars - len("Alpha happened first. ")
     ctx = build_context(view, "messages", budget_chars=budget)
     assert ctx.summary == "Beta came second. Gamma was third. Delta is newest."
-    assert ctx.messages[0]["content"] == SUMMARY_PREFIX + ctx.summary
+    assert ctx.messages[0]["content"] == SUMMARY_PREFIX + ctx.summary + SUMMARY_FOOTER
     assert ctx.chars == budget
     assert "summary_head" in ctx.dropped
 
@@ -234,7 +238,7 @@ def test_summary_cut_keeps_the_newest_sentences() -> None:
     budget = full.chars - len("Alpha happened first. Beta came second. ")
     ctx = build_context(view, "instructions", budget_chars=budget)
     assert ctx.summary == "Gamma was third. Delta is newest."
-    assert f"{SUMMARY_HEADER}\nGamma was third. Delta is newest.\n\n" in ctx.instructions
+    assert f"{SUMMARY_HEADER}Gamma was third. Delta is newest.{SUMMARY_FOOTER}\n\n" in ctx.instructions
     assert ctx.chars == budget
 
 
@@ -243,12 +247,10 @@ def test_a_summary_with_no_real_room_is_left_out_rather_than_sent_as_a_stub() ->
     bare = build_context(view, "messages", budget_chars=0 + len("Alice: hi"))
     assert bare.summary == "" and "summary" in bare.dropped
     for room in range(1, MIN_SUMMARY_CUT):
-        ctx = build_context(view, "messages", budget_chars=len("Alice: hi") + len(SUMMARY_PREFIX) + room)
+        ctx = build_context(view, "messages", budget_chars=len("Alice: hi") + FENCE + room)
         assert ctx.summary == "", room
         assert "summary" in ctx.dropped
-    ctx = build_context(
-        view, "messages", budget_chars=len("Alice: hi") + len(SUMMARY_PREFIX) + MIN_SUMMARY_CUT
-    )
+    ctx = build_context(view, "messages", budget_chars=len("Alice: hi") + FENCE + MIN_SUMMARY_CUT)
     assert len(ctx.summary) == MIN_SUMMARY_CUT and ctx.summary.startswith("…")
 
 
@@ -275,7 +277,7 @@ def test_newest_turns_outrank_facts_which_outrank_the_summary_which_outranks_old
     assert (ctx.turns_shown, ctx.summary) == (2, "")
     assert ctx.messages[0]["content"] == FACTS_HEADER + "\n- Alice is vegetarian.\n- Bob lives in Porto."
 
-    with_summary = two_newest.chars + facts_only + len(SUMMARY_PREFIX + SUMMARY)
+    with_summary = two_newest.chars + facts_only + FENCE + len(SUMMARY)
     ctx = build_context(view, "messages", budget_chars=with_summary + len("Bob: turn 13") - 1, facts=FACTS)
     assert (ctx.turns_shown, ctx.summary) == (2, SUMMARY)
     assert ctx.dropped == ("older_turns",)

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import example as pin
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -33,6 +34,7 @@ from voice_context.codec import (
     encode_opened,
     encode_state,
     encode_turn_appended,
+    parse,
 )
 from voice_context.core.budget import build_context
 from voice_context.core.session import NotesChanged, Session
@@ -162,6 +164,10 @@ def test_encode_is_the_inverse_of_decode(message: Any) -> None:
         (turn_frame(at="yesterday"), "bad_request", "turn.at must be a number"),
         (turn_frame(at=None), "bad_request", "turn.at is required"),
         (turn_frame(at=False), "bad_request", "turn.at must be a number"),
+        (turn_frame(at=1714572187000), "bad_request", "looks like milliseconds"),
+        (turn_frame(at=1e20), "bad_request", "turn.at is 1e+20"),
+        (turn_frame(at=-1e18), "bad_request", "between 0 and"),
+        (frame(type="note.append", session="s", note={"text": "x", "at": -1}), "bad_request", "note.at"),
         (turn_frame(id=12), "bad_request", "turn.id must be a string"),
         (frame(type="note.append", session="s", note={"at": T0}), "bad_request", "note.text is required"),
         (frame(type="note.append", session="s", note={"text": "x"}), "bad_request", "note.at is required"),
@@ -207,14 +213,43 @@ def test_decode_errors_are_protocol_errors_with_documented_codes() -> None:
 
 def check_decodes_or_rejects(raw: str | bytes) -> None:
     try:
-        message = decode(raw, max_text_chars=50)
+        message, sent = parse(raw, max_text_chars=50)
     except DecodeError as error:
         assert error.code in DECODE_CODES
         assert isinstance(error.message, str) and error.message
         assert error.id is None or isinstance(error.id, str | int)
     else:
-        # whatever decodes re-encodes, and round-trips
+        # whatever decodes re-encodes, and round-trips; and can be recorded as it was sent
         assert decode(encode(message), max_text_chars=50) == message
+        assert orjson.loads(orjson.dumps(sent)) == sent
+
+
+def nested(depth: int) -> Any:
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+#: Inputs that once got past the decoder's checks; each stays pinned.
+PINNED: list[dict[str, Any]] = [
+    {"type": "context.get", "session": "room-1", "format": []},
+    {"type": "context.get", "session": "room-1", "format": {}},
+    {"type": "ping", "x": nested(300)},
+    {
+        "type": "turn.append",
+        "session": "room-1",
+        "turn": {"speaker": "A", "role": "user", "text": "t", "at": 1.7e12},
+    },
+    {"type": "note.append", "session": "room-1", "note": {"text": "t", "at": 1e20}},
+    {"type": "note.append", "session": "room-1", "note": {"text": "t", "at": -1e18}},
+]
+
+
+def pinned(test: Any) -> Any:
+    for obj in PINNED:
+        test = pin(obj)(test)
+    return test
 
 
 json_values = st.recursive(
@@ -269,6 +304,7 @@ def test_any_json_value_decodes_or_is_rejected(value: Any) -> None:
 
 @settings(max_examples=600, deadline=None)
 @given(message_like())
+@pinned
 def test_any_message_shaped_object_decodes_or_is_rejected(obj: dict[str, Any]) -> None:
     check_decodes_or_rejects(json.dumps(obj, ensure_ascii=False))
 
@@ -364,6 +400,7 @@ SERVER_TYPES = {
     "context",
     "session.state",
     "session.closed",
+    "session.deleted",
     "pong",
     "compaction.completed",
     "compaction.failed",

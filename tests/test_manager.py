@@ -9,7 +9,7 @@ import anyio
 import pytest
 from helpers import TIMEOUT, ManualClock, notes, turn, turns, wait_until
 
-from voice_context.core.budget import SUMMARY_PREFIX
+from voice_context.core.budget import SUMMARY_FOOTER, SUMMARY_PREFIX
 from voice_context.core.turns import Note
 from voice_context.errors import SessionClosed, StoreError, SummarizerError, UnknownSession
 from voice_context.manager import CompactionEvent, SessionManager
@@ -102,7 +102,10 @@ async def test_context_never_waits_for_a_slow_compaction() -> None:
             after = await manager.context("room")
             assert after.cursor == 10
             assert after.summary == "Turns 0-9: Alice, Bob spoke."
-            assert after.messages[0] == {"role": "system", "content": SUMMARY_PREFIX + after.summary}
+            assert after.messages[0] == {
+                "role": "system",
+                "content": SUMMARY_PREFIX + after.summary + SUMMARY_FOOTER,
+            }
             # the window stretched while in flight, then snapped forward: 10..63 verbatim
             assert (after.first_turn, after.turns_shown) == (10, 54)
             assert after.messages[1]["content"] == "Alice: turn 10"
@@ -229,7 +232,9 @@ async def test_overlong_summary_gets_one_recompaction_then_is_clamped(logs: Logs
         assert manager.session("room").summary == "Sentence number 0 is here. Sentence number 1 is here."
     first, second = scripted.requests
     assert not first.recompact and len(first.turns) == 10
-    assert second.recompact and second.turns == () and second.previous_summary == long
+    # only the first 4 x 60 chars of a reply are read, up to their last full sentence
+    read = " ".join(f"Sentence number {i} is here." for i in range(8))
+    assert second.recompact and second.turns == () and second.previous_summary == read
     started = [e for e in logs if e["event"] == "voice_context_compaction_started"]
     assert [(e["batch_size"], e["recompact"]) for e in started] == [(10, False), (0, True)]
     [completed] = [e for e in logs if e["event"] == "voice_context_compaction_completed"]

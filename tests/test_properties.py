@@ -10,10 +10,18 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from voice_context.core.budget import Context, Format, build_context
 from voice_context.core.config import SessionConfig
-from voice_context.core.session import Applied, CompactionPlan, Failed, Session, SkipReason, Stale
+from voice_context.core.session import (
+    MAX_FOLD_CHARS,
+    Applied,
+    CompactionPlan,
+    Failed,
+    Session,
+    SkipReason,
+    Stale,
+)
 from voice_context.core.text import clip, normalize
 from voice_context.core.turns import Note, Role, Turn
-from voice_context.core.window import recent_start
+from voice_context.core.window import BACKLOG_BATCHES, MAX_FOLD_BATCHES, recent_start
 from voice_context.recall.index import RecallIndex, recall_candidates
 from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.deterministic import DeterministicSummarizer
@@ -146,7 +154,12 @@ class SessionMachine(RuleBasedStateMachine):
         if isinstance(decision, CompactionPlan):
             assert was_in_flight is None
             assert decision.start == cursor
-            assert decision.end - decision.start == session.config.batch_size
+            folded, batch = decision.end - decision.start, session.config.batch_size
+            if (window - cursor) // batch < BACKLOG_BATCHES:
+                assert folded == batch
+            else:  # a backlog folds several whole batches, within the characters allowed
+                assert folded % batch == 0 and batch <= folded <= batch * MAX_FOLD_BATCHES
+                assert folded == batch or sum(len(t.text) for t in decision.turns) <= MAX_FOLD_CHARS
             assert decision.end <= decision.recent_start == window  # never inside the recent window
             assert decision.turns == tuple(self.appended[decision.start : decision.end])
             assert decision.previous_summary == session.summary

@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -27,6 +29,7 @@ from voice_context.core.turns import Turn
 from voice_context.store.base import Store
 from voice_context.store.redis import RedisStore
 from voice_context.store.sqlite import SQLiteStore
+from voice_context.testing.openai_server import OpenAIServer, Reply, Stall
 from voice_context.testing.redis_server import RedisServer
 
 #: Guards against a hang, never a measurement; slow machines raise the scale.
@@ -51,13 +54,15 @@ class Serve:
         self.log = log
         self.process: subprocess.Popen[str] | None = None
         self.url = ""
+        #: settings given to the process as ``VOICE_CONTEXT_*`` variables
+        self.env: dict[str, str] = {}
 
     def __repr__(self) -> str:
         pid = self.process.pid if self.process else None
         return f"<Serve {self.url or 'not listening'} pid={pid}>"
 
     def spawn(self) -> subprocess.Popen[str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("VOICE_CONTEXT_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VOICE_CONTEXT_")} | self.env
         with self.log.open("a") as log:
             self.process = subprocess.Popen(
                 self.args, stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True
@@ -222,3 +227,46 @@ async def test_two_server_processes_on_one_redis_with_a_bot_moving_between_them(
 
     assert await transcript(RedisStore(redis_server.url), name) == [spoken(i) for i in range(12)]
     assert a.stop() == 0 and b.stop() == 0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@pytest.mark.asyncio
+async def test_a_server_killed_during_a_compaction_folds_again_within_seconds_of_its_restart(
+    tmp_path: Path, servers: list[Serve]
+) -> None:
+    async with OpenAIServer(default=Reply("Alice and Bob agreed to meet on day 1.")) as provider:
+        provider.script(Stall())  # the compaction under way when the process dies never returns
+        port = str(free_port())  # a restarted server listens where it did: the same replica
+        first, second = (Serve("sqlite", tmp_path / "data", tmp_path / "serve.log") for _ in range(2))
+        for serve in (first, second):
+            serve.args[serve.args.index("--port") + 1] = port
+            serve.env = {
+                "VOICE_CONTEXT_SUMMARIZER_KIND": "openai",
+                "VOICE_CONTEXT_SUMMARIZER_BASE_URL": provider.base_url,
+                "VOICE_CONTEXT_SUMMARIZER_MAX_RETRIES": "0",
+            }
+            servers.append(serve)
+        async with bot(await first.start()) as client:
+            room = await client.open("room-1", SMALL)
+            await speak(room, range(8))
+            assert (await room.context())["in_flight"] is True
+            with anyio.fail_after(TIMEOUT):
+                while not provider.completions:  # noqa: ASYNC110 - the provider's own record
+                    await anyio.sleep(0.01)
+            first.kill()  # holding the session's compaction lease
+
+        async with bot(await second.start()) as client:
+            room = await client.open("room-1")
+            restarted = time.monotonic()
+            with anyio.fail_after(10.0):  # the lease ran for 125 s: it must not be waited out
+                ctx = await compacted(room, 2)
+            waited = time.monotonic() - restarted
+        assert ctx["summary"] == "Alice and Bob agreed to meet on day 1."
+        assert waited < 5.0, waited
+        assert second.stop() == 0

@@ -13,6 +13,7 @@ from structlog.testing import capture_logs
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from voice_context.core.budget import SUMMARY_FOOTER, SUMMARY_HEADER
 from voice_context.core.session import Session
 from voice_context.core.turns import Turn
 from voice_context.errors import StoreError, SummarizerError
@@ -95,7 +96,7 @@ async def test_the_timeline_over_the_wire_compacts_turns_0_to_9_and_moves_the_cu
         assert second["summary"]
         assert second["messages"][0] == {
             "role": "system",
-            "content": "Earlier in this session: " + second["summary"],
+            "content": SUMMARY_HEADER + second["summary"] + SUMMARY_FOOTER,
         }
         verbatim = [m["content"] for m in second["messages"][1:]]
         assert verbatim[0] == "Alice: turn 10"

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from voice_context.core.turns import Note, Turn
-from voice_context.errors import ConfigError, StoreError
+from voice_context.errors import ConfigError, SessionNotStored, StoreError
 from voice_context.store import MemoryStore, SessionRecord, Store, open_store
 from voice_context.store.common import TurnConflict
 from voice_context.store.redis import RedisStore
@@ -175,15 +175,15 @@ async def test_an_index_out_of_order_is_rejected_and_changes_nothing(store: Stor
 
 @pytest.mark.asyncio
 async def test_a_session_it_does_not_know_is_an_unknown_session(store: Store) -> None:
-    with pytest.raises(KeyError):
+    with pytest.raises(SessionNotStored):
         await store.append_turn("ghost", 0, turn(0))
-    with pytest.raises(KeyError):
+    with pytest.raises(SessionNotStored):
         await store.save_notes("ghost", [note(1)], [])
-    with pytest.raises(KeyError):
+    with pytest.raises(SessionNotStored):
         await store.commit_compaction("ghost", expected_cursor=0, new_cursor=0, summary="", pending_notes=())
-    with pytest.raises(KeyError):
+    with pytest.raises(SessionNotStored):
         await store.read_turns("ghost", 0, 1)
-    with pytest.raises(KeyError):
+    with pytest.raises(SessionNotStored):
         await store.acquire_lease("ghost", "replica-a", 10)
     await store.release_lease("ghost", "replica-a")
     await store.delete("ghost")
@@ -201,6 +201,19 @@ async def test_notes_are_replaced_as_a_whole(store: Store) -> None:
     assert record is not None
     assert record.live_notes == (note(2), note(3))
     assert record.pending_notes == (note(1),)
+
+
+@pytest.mark.asyncio
+async def test_config_overrides_are_replaced_as_a_whole(store: Store) -> None:
+    await store.create(SessionRecord("room-1", config={"recent_window": 20}, owner="bot-1"))
+
+    await store.save_config("room-1", {"batch_size": 5, "live_note_entries": 2})
+
+    record = await store.load("room-1")
+    assert record is not None
+    assert (record.config, record.owner) == ({"batch_size": 5, "live_note_entries": 2}, "bot-1")
+    with pytest.raises(SessionNotStored):
+        await store.save_config("ghost", {})
 
 
 # -- compaction commits ---------------------------------------------------------
@@ -325,7 +338,7 @@ async def test_a_deleted_session_is_forgotten_entirely(store: Store) -> None:
     await store.delete("room-1")
 
     assert await store.load("room-1") is None
-    with pytest.raises(KeyError):
+    with pytest.raises(SessionNotStored):
         await store.append_turn("room-1", 3, turn(3))
     await store.create(SessionRecord("room-1"))
     fresh = await store.load("room-1")

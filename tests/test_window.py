@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from voice_context.core.config import SessionConfig
-from voice_context.core.window import Batch, Skip, SkipReason, choose_batch, recent_start
+from voice_context.core.window import (
+    BACKLOG_BATCHES,
+    MAX_FOLD_BATCHES,
+    Batch,
+    Skip,
+    SkipReason,
+    choose_batch,
+    recent_start,
+)
 
 DEFAULT = SessionConfig()
 
@@ -56,7 +64,11 @@ def test_batch_never_reaches_into_the_recent_window(recent: int, batch: int) -> 
             assert isinstance(decision, Batch) is fires
             if isinstance(decision, Batch):
                 assert decision.start == cursor
-                assert decision.size == batch
+                backlog = (decision.recent_start - cursor) // batch
+                if backlog < BACKLOG_BATCHES:
+                    assert decision.size == batch
+                else:  # a large backlog folds several whole batches at once
+                    assert decision.size == batch * min(backlog, MAX_FOLD_BATCHES)
                 assert decision.end <= decision.recent_start == recent_start(total, cursor, recent)
 
 

@@ -19,11 +19,18 @@ from voice_context.core.session import Session, SessionStats
 from voice_context.core.turns import Note, Turn
 from voice_context.core.window import SkipReason
 from voice_context.errors import (
+    ClientError,
     ConfigError,
+    ConnectionLost,
+    DecodeError,
     ProtocolError,
+    RateLimited,
+    RequestTimeout,
     SessionClosed,
+    SessionNotStored,
     StoreError,
     SummarizerError,
+    TurnConflict,
     UnknownSession,
     VoiceContextError,
 )
@@ -45,18 +52,24 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "ClientError",
     "CompactionEvent",
     "ConfigError",
+    "ConnectionLost",
     "Context",
+    "DecodeError",
     "DeterministicSummarizer",
     "Note",
     "OpenAISummarizer",
     "Opened",
     "ProtocolError",
+    "RateLimited",
+    "RequestTimeout",
     "Session",
     "SessionClosed",
     "SessionConfig",
     "SessionManager",
+    "SessionNotStored",
     "SessionStats",
     "SkipReason",
     "StoreError",
@@ -64,6 +77,7 @@ __all__ = [
     "SummarizerError",
     "SummaryRequest",
     "Turn",
+    "TurnConflict",
     "UnknownSession",
     "VoiceContextError",
     "__version__",

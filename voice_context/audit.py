@@ -32,10 +32,11 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import date
 from typing import Any
 
 from voice_context.core.text import normalize, sentences
+from voice_context.core.times import utc
 from voice_context.replay import Recording, note_from, turn_from
 from voice_context.scoring import content_terms
 
@@ -195,7 +196,7 @@ def _note_label(speaker: str | None, source: str | None) -> str:
 
 
 def _source(speaker: str, text: str, at: float) -> Source:
-    return Source(speaker, datetime.fromtimestamp(at, tz=UTC).date(), frozenset(content_terms(text)), text)
+    return Source(speaker, utc(at).date(), frozenset(content_terms(text)), text)
 
 
 def _head_date(head: re.Match[str]) -> date | None:

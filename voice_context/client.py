@@ -49,12 +49,14 @@ from voice_context.codec import (
     NoteAppend,
     Ping,
     SessionClose,
+    SessionDelete,
     SessionOpen,
     SessionStateGet,
     TurnAppend,
 )
 from voice_context.core.budget import Format
 from voice_context.core.turns import Note, Role, Turn
+from voice_context.errors import ClientError, ConnectionLost, RequestTimeout
 
 log = structlog.get_logger("voice_context.client")
 
@@ -62,23 +64,6 @@ EVENT_BUFFER = 256
 MAX_REPLY_BYTES = 16 * 1024 * 1024
 Event = dict[str, Any]
 EventCallback = Callable[[Event], None]
-
-
-class ClientError(Exception):
-    """The server answered with an ``error`` (``code`` is its code), or the client could not ask."""
-
-    def __init__(self, code: str, message: str, *, reply: Mapping[str, Any] | None = None) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.reply = dict(reply) if reply is not None else None
-
-
-class ConnectionLost(ClientError):
-    """The connection dropped with this request unanswered, or could not be made again."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__("connection_lost", message)
 
 
 @dataclass(eq=False)
@@ -308,8 +293,10 @@ class Client:
                 await link.ws.send(codec.encode(replace(message, id=msg_id)))
             except ConnectionClosed:
                 link.fail_all("the connection dropped")
-            with anyio.fail_after(self.request_timeout):
+            with anyio.move_on_after(self.request_timeout):
                 await waiter.done.wait()
+            if not waiter.done.is_set():
+                raise RequestTimeout(f"no reply to {message.type} in {self.request_timeout:g}s")
         finally:
             link.pending.pop(msg_id, None)
         if waiter.error is not None:
@@ -422,6 +409,11 @@ class SessionHandle:
         await self.client.request(SessionClose(self.name))
         self.client._sessions.pop(self.name, None)
 
+    async def delete(self) -> None:
+        """Forget the session on the server: its turns, summary, notes and recording."""
+        await self.client.request(SessionDelete(self.name))
+        self.client._sessions.pop(self.name, None)
+
 
 def _retry_safe(message: ClientMessage) -> bool:
     if isinstance(message, TurnAppend):
@@ -435,4 +427,4 @@ def _check(reply: Event) -> Event:
     return reply
 
 
-__all__ = ["Client", "ClientError", "ConnectionLost", "EventCallback", "SessionHandle"]
+__all__ = ["Client", "ClientError", "ConnectionLost", "EventCallback", "RequestTimeout", "SessionHandle"]

@@ -30,7 +30,7 @@ import orjson
 
 from voice_context.core.budget import FORMATS, Format
 from voice_context.core.turns import ROLES, Note, Role, Turn
-from voice_context.errors import ProtocolError
+from voice_context.errors import DecodeError
 
 if TYPE_CHECKING:
     from voice_context.core.budget import Context
@@ -42,6 +42,12 @@ MAX_SESSION_CHARS: Final = 200
 MAX_ID_CHARS: Final = 200
 MAX_SPEAKER_CHARS: Final = 200
 DEFAULT_MAX_TEXT_CHARS: Final = 8000
+#: Times are unix seconds from 0 up to (not including) 1e11, the year 5138: a larger
+#: value is a mistake, most often milliseconds (JavaScript's ``Date.now()``, about 1.7e12).
+MAX_AT: Final = 1e11
+#: Objects and arrays inside a message nest at most this deep (unknown fields included):
+#: a recording must be able to write any accepted message back as JSON.
+MAX_DEPTH: Final = 32
 
 # error codes (the contract: never renamed)
 BAD_REQUEST: Final = "bad_request"
@@ -56,14 +62,6 @@ ERROR_CODES: Final = frozenset(
 )
 
 MessageId = str | int | None
-
-
-class DecodeError(ProtocolError):
-    """A client frame that is not a valid message. ``id`` and ``session`` are set when readable."""
-
-    def __init__(self, code: str, message: str, *, id: MessageId = None, session: str | None = None) -> None:
-        super().__init__(code, message, id=id)
-        self.session = session
 
 
 # -- client messages -------------------------------------------------------------
@@ -120,6 +118,15 @@ class SessionClose:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionDelete:
+    """Forget the session: its turns, summary, notes and recording, on every connection."""
+
+    session: str
+    id: MessageId = None
+    type: str = field(default="session.delete", init=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class Ping:
     """Answered with ``pong``; needs no session. Not recorded."""
 
@@ -128,8 +135,12 @@ class Ping:
     type: str = field(default="ping", init=False, repr=False)
 
 
-ClientMessage = SessionOpen | TurnAppend | NoteAppend | ContextGet | SessionStateGet | SessionClose | Ping
-SessionMessage = SessionOpen | TurnAppend | NoteAppend | ContextGet | SessionStateGet | SessionClose
+ClientMessage = (
+    SessionOpen | TurnAppend | NoteAppend | ContextGet | SessionStateGet | SessionClose | SessionDelete | Ping
+)
+SessionMessage = (
+    SessionOpen | TurnAppend | NoteAppend | ContextGet | SessionStateGet | SessionClose | SessionDelete
+)
 
 CLIENT_TYPES: Final = (
     "session.open",
@@ -138,6 +149,7 @@ CLIENT_TYPES: Final = (
     "context.get",
     "session.state",
     "session.close",
+    "session.delete",
     "ping",
 )
 
@@ -154,6 +166,20 @@ def _loads(frame: str | bytes | bytearray | memoryview) -> object:
         raise DecodeError(BAD_REQUEST, f"not valid JSON: {exc}") from None
     except (TypeError, ValueError, RecursionError):  # pragma: no cover - orjson raises JSONDecodeError
         raise DecodeError(BAD_REQUEST, "not valid JSON") from None
+
+
+def _nested_deeper(value: object, limit: int) -> bool:
+    """Whether objects and arrays in ``value`` nest more than ``limit`` levels deep."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
 
 
 def _read_id(obj: Mapping[str, object]) -> MessageId:
@@ -217,6 +243,13 @@ class _Reader:
         value = float(raw)
         if not math.isfinite(value):  # pragma: no cover - JSON has no infinities
             raise self.fail(f"{where}{key} must be finite")
+        if not 0 <= value < MAX_AT:
+            if MAX_AT * 10 <= value < MAX_AT * 1000:
+                raise self.fail(
+                    f"{where}{key} is {raw!r}: it looks like milliseconds; send unix seconds"
+                    f" ({value / 1000:.3f})"
+                )
+            raise self.fail(f"{where}{key} is {raw!r}: unix seconds must be between 0 and {MAX_AT:.0e}")
         return value
 
     def object(self, key: str, *, required: bool = True) -> Mapping[str, object] | None:
@@ -263,6 +296,8 @@ def _message(obj: dict[str, Any], max_text_chars: int) -> ClientMessage:
             UNKNOWN_TYPE, f"unknown message type {shown!r}", id=msg_id, session=readable_session
         )
     r = _Reader(obj, msg_id, readable_session)
+    if _nested_deeper(obj, MAX_DEPTH):
+        raise r.fail(f"a message must not nest objects or arrays more than {MAX_DEPTH} levels deep")
     if kind == "ping":
         if raw_session is not None and readable_session is None:
             raise r.fail("session must be a non-empty string of at most 200 printable characters")
@@ -298,7 +333,7 @@ def _message(obj: dict[str, Any], max_text_chars: int) -> ClientMessage:
         return NoteAppend(session, Note(text, at, speaker, source), msg_id)
     if kind == "context.get":
         fmt = obj.get("format", "messages")
-        if fmt not in FORMATS:
+        if not isinstance(fmt, str) or fmt not in FORMATS:
             raise r.fail(f"format must be one of {', '.join(sorted(FORMATS))}")
         budget = obj.get("budget_chars")
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
@@ -315,6 +350,8 @@ def _message(obj: dict[str, Any], max_text_chars: int) -> ClientMessage:
         return ContextGet(session, cast(Format, fmt), budget, base or "", facts, msg_id, query)
     if kind == "session.state":
         return SessionStateGet(session, msg_id)
+    if kind == "session.delete":
+        return SessionDelete(session, msg_id)
     assert kind == "session.close"
     return SessionClose(session, msg_id)
 
@@ -471,6 +508,10 @@ def encode_closed(session: str, msg_id: MessageId = None) -> str:
     return _dumps(_with_id({"type": "session.closed", "session": session}, msg_id))
 
 
+def encode_deleted(session: str, msg_id: MessageId = None) -> str:
+    return _dumps(_with_id({"type": "session.deleted", "session": session}, msg_id))
+
+
 def encode_pong(msg_id: MessageId = None) -> str:
     return _dumps(_with_id({"type": "pong", "protocol": PROTOCOL_VERSION}, msg_id))
 
@@ -539,6 +580,7 @@ __all__ = [
     "NoteAppend",
     "Ping",
     "SessionClose",
+    "SessionDelete",
     "SessionMessage",
     "SessionOpen",
     "SessionStateGet",
@@ -548,6 +590,7 @@ __all__ = [
     "encode",
     "encode_closed",
     "encode_context",
+    "encode_deleted",
     "encode_error",
     "encode_event",
     "encode_note_appended",

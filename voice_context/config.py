@@ -3,7 +3,8 @@
 Groups, each a frozen value with named defaults::
 
     [server]      host, port, max_frame_bytes, max_text_chars, max_sessions_per_connection,
-                  turns_per_second, turn_burst, auth_tokens, record_dir, shutdown_timeout
+                  turns_per_second, turn_burst, auth_tokens, record_dir, shutdown_timeout,
+                  max_connections, max_outbox_chars, replica
     [summarizer]  kind ("deterministic" | "openai"), base_url, model, api_key, timeout (per
                   attempt; derived from compaction_timeout when unset), max_retries,
                   compaction_timeout
@@ -45,11 +46,28 @@ class ServerSettings:
     auth_tokens: tuple[str, ...] = ()
     record_dir: str | None = None
     shutdown_timeout: float = 10.0
+    #: connections served at once; the next handshake gets HTTP 503
+    max_connections: int = 1000
+    #: characters of replies and events waiting to be sent on one connection: past this the
+    #: server reads no more of that connection's requests, and drops its events
+    max_outbox_chars: int = 1 << 20
+    #: who holds compaction leases in the store: the same after a restart, so a restarted
+    #: server takes its own leases back at once. By default ``<hostname>:<port>`` (random
+    #: when the port is 0); set it when several servers share a host name and a port.
+    replica: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"server.port must be 0..65535, got {self.port}")
-        for name in ("max_frame_bytes", "max_text_chars", "max_sessions_per_connection", "turn_burst"):
+        positive = (
+            "max_frame_bytes",
+            "max_text_chars",
+            "max_sessions_per_connection",
+            "turn_burst",
+            "max_connections",
+            "max_outbox_chars",
+        )
+        for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"server.{name} must be positive")
         if self.turns_per_second <= 0:

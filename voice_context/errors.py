@@ -3,13 +3,19 @@
 ::
 
     VoiceContextError
-    ├── ConfigError            a configuration value is out of range or unknown
+    ├── ConfigError            a configuration value is out of range or unknown (a ``ValueError``)
     ├── ProtocolError          a wire message cannot be accepted (carries ``code``)
-    ├── UnknownSession         no open session by that name
+    │   └── DecodeError        a client frame is not a valid message (carries ``id``, ``session``)
+    ├── UnknownSession         no open session by that name (a ``KeyError``)
     ├── SessionClosed          the session is ending; nothing more is accepted
     ├── RateLimited            too many turns per second for one session
-    ├── SummarizerError        a summarizer call failed (carries ``retryable``)
-    └── StoreError             the store could not read or write (carries ``retryable``)
+    ├── SummarizerError        a summarizer call failed (carries ``retryable``, ``kind``)
+    ├── StoreError             the store could not read or write (carries ``retryable``)
+    │   ├── TurnConflict       another turn is stored at that index, or it would leave a gap
+    │   └── SessionNotStored   the store holds no session by that name (a ``KeyError``)
+    └── ClientError            the Python client: an ``error`` reply, or it could not ask (``code``)
+        ├── ConnectionLost     the connection dropped with the request unanswered
+        └── RequestTimeout     no reply within ``request_timeout`` (a ``TimeoutError``)
 
 The pure core raises only ``ConfigError`` and ``ValueError`` for arguments
 that break its contract. Third-party exceptions (``openai``, ``redis``,
@@ -18,6 +24,9 @@ they are caught, at the edge.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 
 class VoiceContextError(Exception):
@@ -59,12 +68,16 @@ class RateLimited(VoiceContextError):
 
 
 class SummarizerError(VoiceContextError):
-    """A summarizer call failed. ``retryable`` says whether trying later may help."""
+    """A summarizer call failed. ``retryable`` says whether trying later may help, and
+    ``retry_after`` (seconds) how long the provider asked us to wait, when it said."""
 
-    def __init__(self, message: str, *, retryable: bool = True, kind: str = "error") -> None:
+    def __init__(
+        self, message: str, *, retryable: bool = True, kind: str = "error", retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.kind = kind
+        self.retry_after = retry_after
 
 
 class StoreError(VoiceContextError):
@@ -73,3 +86,71 @@ class StoreError(VoiceContextError):
     def __init__(self, message: str, *, retryable: bool = True) -> None:
         super().__init__(message)
         self.retryable = retryable
+
+
+class SessionNotStored(StoreError, KeyError):
+    """The store holds no session by that name: never created, or deleted meanwhile.
+
+    Never retryable. It is a ``KeyError`` too, as a missing key in a mapping is.
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"the store holds no session {name!r}", retryable=False)
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"the store holds no session {self.name!r}"
+
+
+class DecodeError(ProtocolError):
+    """A client frame that is not a valid message. ``id`` and ``session`` are set when readable."""
+
+    def __init__(
+        self, code: str, message: str, *, id: str | int | None = None, session: str | None = None
+    ) -> None:
+        super().__init__(code, message, id=id)
+        self.session = session
+
+
+class TurnConflict(StoreError, ValueError):
+    """The store holds a different turn at that index, or the index would leave a gap.
+
+    Never retryable: the caller's idea of the transcript is behind (or ahead of)
+    the store's. Appending the *identical* turn at an index the store already
+    holds is not a conflict: a durable store treats it as a retry of a write
+    whose answer was lost, and succeeds without storing it twice.
+    """
+
+    def __init__(self, name: str, index: int, stored: int, *, differs: bool = False) -> None:
+        if differs:
+            message = f"session {name!r}: a different turn is already stored at index {index}"
+        else:
+            message = f"session {name!r}: turn index {index} out of order (the store has {stored})"
+        super().__init__(message, retryable=False)
+        self.name = name
+        self.index = index
+        self.stored = stored
+
+
+class ClientError(VoiceContextError):
+    """The server answered with an ``error`` (``code`` is its code), or the client could not ask."""
+
+    def __init__(self, code: str, message: str, *, reply: Mapping[str, Any] | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.reply = dict(reply) if reply is not None else None
+
+
+class ConnectionLost(ClientError):
+    """The connection dropped with this request unanswered, or could not be made again."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("connection_lost", message)
+
+
+class RequestTimeout(ClientError, TimeoutError):
+    """No reply came within the client's ``request_timeout``; the request may have been applied."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("timeout", message)

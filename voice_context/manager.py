@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -45,10 +45,9 @@ from voice_context.core.session import (
 )
 from voice_context.core.turns import Note, Turn
 from voice_context.core.window import Skip, SkipReason
-from voice_context.errors import SessionClosed, StoreError, SummarizerError, UnknownSession
+from voice_context.errors import SessionClosed, StoreError, SummarizerError, TurnConflict, UnknownSession
 from voice_context.recall.index import RecallIndex, recall_candidates
 from voice_context.store.base import SessionRecord, Store
-from voice_context.store.common import TurnConflict
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 
@@ -92,6 +91,10 @@ class _Live:
     scope: anyio.CancelScope | None = None
     listeners: list[Listener] = field(default_factory=list)
     recall: RecallIndex = field(default_factory=RecallIndex)
+    #: the config overrides the store keeps for the session
+    overrides: dict[str, Any] = field(default_factory=dict)
+    #: the last compaction skip logged at INFO (its reason, and the plan or backoff it was about)
+    last_skip: tuple[SkipReason, object] | None = None
 
 
 class SessionManager:
@@ -116,6 +119,7 @@ class SessionManager:
         self.clock = clock
         self.replica = replica or uuid.uuid4().hex[:12]
         self._live: dict[str, _Live] = {}
+        self._open_locks: dict[str, tuple[anyio.Lock, list[int]]] = {}
         self._tg: TaskGroup | None = None
         self._closing = False
         self._in_flight = 0
@@ -191,34 +195,84 @@ class SessionManager:
         raises ``ConfigError`` for an unknown or invalid one, ``UnknownSession``
         when the session belongs to another owner, ``StoreError`` when the store
         cannot be read.
+
+        Opens of one name run one at a time, so of two owners racing for a new
+        name exactly one gets it; a ``close`` during an open's awaits makes it
+        decide again (from the store).
         """
-        if self._closing:
-            raise SessionClosed("the server is shutting down")
-        live = self._live.get(name)
-        if live is not None:
-            if live.owner != owner:
-                raise UnknownSession(name)
-            await self._catch_up(live)
-            if overrides:
-                live.session.reconfigure(live.session.config.with_overrides(overrides))
-            return Opened(name, True, live.session.stats())
+        async with self._opening(name):
+            while True:
+                if self._closing:
+                    raise SessionClosed("the server is shutting down")
+                live = self._live.get(name)
+                if live is None:
+                    return await self._open_from_store(name, overrides, owner)
+                if live.owner != owner:
+                    raise UnknownSession(name)
+                async with live.lock:
+                    if self._live.get(name) is not live:
+                        continue  # closed while this open waited for the lock
+                    await self._catch_up_locked(live)
+                    if overrides:
+                        merged = {**live.overrides, **overrides}
+                        config = self.config.with_overrides(merged)
+                        await self.store.save_config(name, merged)
+                        live.overrides = merged
+                        before = (live.session.live_notes, live.session.pending_notes)
+                        live.session.reconfigure(config)
+                        await self._save_notes_if_changed(live.session, before)
+                    if self._live.get(name) is live:
+                        return Opened(name, True, live.session.stats())
+                # closed during the awaits above: decide again
+
+    @contextlib.asynccontextmanager
+    async def _opening(self, name: str) -> AsyncIterator[None]:
+        """Hold the open lock of one session name (dropped once nobody waits on it)."""
+        entry = self._open_locks.setdefault(name, (anyio.Lock(), [0]))
+        lock, waiting = entry
+        waiting[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            waiting[0] -= 1
+            if waiting[0] == 0 and self._open_locks.get(name) is entry:
+                del self._open_locks[name]
+
+    async def _open_from_store(
+        self, name: str, overrides: dict[str, Any] | None, owner: str | None
+    ) -> Opened:
         record = await self.store.load(name)
         if record is not None:
             if record.owner != owner:
                 raise UnknownSession(name)
             merged = {**record.config, **(overrides or {})}
             session = _restore(record, self.config.with_overrides(merged))
+            if overrides:
+                await self.store.save_config(name, merged)
+            await self._save_notes_if_changed(session, (record.live_notes, record.pending_notes))
             recall = await self._recall_index(record)
             resumed = True
         else:
-            config = self.config.with_overrides(overrides)
-            await self.store.create(SessionRecord(name, config=dict(overrides or {}), owner=owner))
+            merged = dict(overrides or {})
+            config = self.config.with_overrides(merged)
+            await self.store.create(SessionRecord(name, config=merged, owner=owner))
             session = Session(name, config)
             recall = RecallIndex()
             resumed = False
-        # another open may have raced us through the awaits above
-        live = self._live.setdefault(name, _Live(session, owner, recall=recall))
+        if self._closing:  # the shutdown began during the awaits above
+            raise SessionClosed("the server is shutting down")
+        # only opens insert sessions, and they hold this name's open lock
+        live = self._live.setdefault(name, _Live(session, owner, overrides=merged, recall=recall))
         return Opened(name, resumed, live.session.stats())
+
+    async def _save_notes_if_changed(
+        self, session: Session, before: tuple[Sequence[Note], Sequence[Note]]
+    ) -> None:
+        """Persist the note buffers when lowered limits evicted or dropped some of them."""
+        after = (session.live_notes, session.pending_notes)
+        if (tuple(before[0]), tuple(before[1])) != after:
+            await self.store.save_notes(session.name, *after)
 
     async def append_turn(self, name: str, turn: Turn, *, owner: str | None = None) -> int:
         """Store the turn durably, then add it to the session; returns its index."""
@@ -227,9 +281,18 @@ class SessionManager:
             index = live.session.total_turns
             try:
                 await self.store.append_turn(name, index, turn)
-            except TurnConflict:
-                await self._catch_up_locked(live)  # the next request starts from the store's view
-                raise
+            except TurnConflict as conflict:
+                # another replica appended meanwhile: adopt the store's view, append after it
+                await self._catch_up_locked(live)
+                if live.session.total_turns == index:
+                    raise
+                index = live.session.total_turns
+                try:
+                    await self.store.append_turn(name, index, turn)
+                except TurnConflict:
+                    await self._catch_up_locked(live)
+                    text = f"session {name!r} is being appended to elsewhere at the same time: try again"
+                    raise StoreError(text, retryable=True) from conflict
             live.recall.add_turn(index, turn)
             return live.session.append_turn(turn)
 
@@ -295,20 +358,28 @@ class SessionManager:
             live.scope.cancel()
         self._live.pop(name, None)
 
-    # -- internals -------------------------------------------------------------
+    async def delete(self, name: str, *, owner: str | None = None) -> None:
+        """Forget a session: close it here and delete everything the store keeps of it.
 
-    async def _catch_up(self, live: _Live) -> None:
-        async with live.lock:
-            await self._catch_up_locked(live)
+        Raises ``UnknownSession`` when it is not open here for ``owner``; an open of the
+        same name waits for the delete, and then creates a new session.
+        """
+        async with self._opening(name):
+            await self.close(name, owner=owner)
+            await self.store.delete(name)
+
+    # -- internals -------------------------------------------------------------
 
     async def _catch_up_locked(self, live: _Live) -> None:
         """Adopt the store's copy of the session if another replica moved it on.
 
         Turns reach the store before they reach a session, so a store holding
         more turns, a later cursor or other notes than this replica knows means
-        another replica served the session meanwhile: rebuild it from the store
-        (a compaction in flight here is cancelled; its commit would be refused).
-        A store that is behind this replica is left alone.
+        another replica served the session meanwhile. When it only appended turns,
+        they are appended here too and a compaction in flight goes on (its commit
+        still holds); otherwise the session is rebuilt from the store (a compaction
+        in flight here is cancelled: its commit would be refused). A store that is
+        behind this replica is left alone.
         """
         session = live.session
         record = await self.store.load(session.name)
@@ -316,6 +387,25 @@ class SessionManager:
             return
         seen = (session.total_turns, session.cursor, session.live_notes, session.pending_notes)
         if (record.total_turns, record.cursor, record.live_notes, record.pending_notes) == seen:
+            return
+        held = session.verbatim_turns
+        if (record.cursor, record.summary, record.live_notes, record.pending_notes) == (
+            session.cursor,
+            session.summary,
+            session.live_notes,
+            session.pending_notes,
+        ) and record.turns[: len(held)] == held:
+            # only turns were added elsewhere: take them, and let a fold in flight land
+            for turn in record.turns[len(held) :]:
+                session.append_turn(turn)
+            log.info(
+                "voice_context_session_caught_up",
+                session=session.name,
+                turns=record.total_turns,
+                cursor=record.cursor,
+                was_turns=seen[0],
+                was_cursor=seen[1],
+            )
             return
         if session.in_flight is not None and live.scope is not None:
             live.scope.cancel()
@@ -355,7 +445,17 @@ class SessionManager:
         session = live.session
         decision = session.plan_compaction(self.clock())
         if isinstance(decision, Skip):
-            level = log.debug if decision.reason is SkipReason.BELOW_THRESHOLD else log.info
+            # a skip worth telling is told once: per plan in flight, per backoff
+            repeat = {
+                SkipReason.ALREADY_IN_FLIGHT: session.in_flight.plan_id if session.in_flight else None,
+                SkipReason.BACKING_OFF: decision.retry_at,
+            }.get(decision.reason)
+            told = (decision.reason, repeat)
+            quiet = decision.reason is SkipReason.BELOW_THRESHOLD or (
+                repeat is not None and live.last_skip == told
+            )
+            live.last_skip = told
+            level = log.debug if quiet else log.info
             level(
                 "voice_context_compaction_skipped",
                 session=session.name,
@@ -371,16 +471,17 @@ class SessionManager:
             raise RuntimeError("SessionManager must be used as 'async with SessionManager(...)'")
         self._in_flight += 1
         self._idle = anyio.Event() if self._in_flight == 1 else self._idle
-        self._tg.start_soon(self._compact, live, decision)
+        live.scope = anyio.CancelScope()  # a close before the task runs must cancel it too
+        self._tg.start_soon(self._compact, live, decision, live.scope)
 
-    async def _compact(self, live: _Live, plan: CompactionPlan) -> None:
+    async def _compact(self, live: _Live, plan: CompactionPlan, scope: anyio.CancelScope) -> None:
         session = live.session
-        scope = anyio.CancelScope()
-        live.scope = scope
         fence: int | None = None
         running = plan
         try:
             with scope, structlog.contextvars.bound_contextvars(session=session.name):
+                if scope.cancel_called:  # closed before this task ran: not even a lease
+                    return
                 fence = await self._lease(live, session, plan)
                 if fence is None:
                     return
@@ -388,6 +489,12 @@ class SessionManager:
                 while current is not None:
                     running = current
                     current = await self._run_plan(live, session, current, fence)
+        except Exception as exc:  # a bug, here or in a backend, must not escape into the task group
+            log.exception("voice_context_compaction_crashed", session=session.name, plan=running.plan_id)
+            if session.in_flight is not None and session.in_flight.plan_id == running.plan_id:
+                self._record_failure(
+                    live, session, running, "internal", False, f"{type(exc).__name__}: {exc}"
+                )
         finally:
             # cancelled (the session closed, the manager shut down) with this task's plan
             # still in flight: nothing else will land it
@@ -399,8 +506,14 @@ class SessionManager:
             if self._in_flight == 0:
                 self._idle.set()
             if fence is not None:
-                with anyio.move_on_after(2, shield=True), contextlib.suppress(StoreError):
-                    await self.store.release_lease(session.name, self.replica)
+                await self._release_lease(session.name)
+
+    async def _release_lease(self, name: str) -> None:
+        with anyio.move_on_after(2, shield=True):
+            try:
+                await self.store.release_lease(name, self.replica)
+            except Exception as exc:  # the lease expires on its own; never fail a task over it
+                log.warning("voice_context_lease_release_failed", session=name, error=str(exc)[:300])
 
     async def _lease(self, live: _Live, session: Session, plan: CompactionPlan) -> int | None:
         """Take the store's compaction lease (its fencing token); ``None`` when the plan
@@ -443,7 +556,7 @@ class SessionManager:
             with anyio.fail_after(self.compaction_timeout):
                 text = await self.summarizer.summarize(request)
         except SummarizerError as exc:
-            self._record_failure(live, session, plan, exc.kind, exc.retryable, str(exc))
+            self._record_failure(live, session, plan, exc.kind, exc.retryable, str(exc), exc.retry_after)
             return None
         except TimeoutError:
             self._record_failure(
@@ -532,9 +645,16 @@ class SessionManager:
         return None
 
     def _record_failure(
-        self, live: _Live, session: Session, plan: CompactionPlan, kind: str, retryable: bool, message: str
+        self,
+        live: _Live,
+        session: Session,
+        plan: CompactionPlan,
+        kind: str,
+        retryable: bool,
+        message: str,
+        retry_after: float | None = None,
     ) -> None:
-        outcome = session.compaction_failed(plan.plan_id, kind, retryable, self.clock())
+        outcome = session.compaction_failed(plan.plan_id, kind, retryable, self.clock(), retry_after)
         if isinstance(outcome, Stale):
             self.counters["stale"] += 1
             log.info("voice_context_compaction_stale", session=session.name, plan=plan.plan_id)

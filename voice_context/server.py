@@ -29,6 +29,7 @@ import hashlib
 import hmac
 import itertools
 import math
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -66,11 +67,13 @@ from voice_context.codec import (
     NoteAppend,
     Ping,
     SessionClose,
+    SessionDelete,
     SessionOpen,
     SessionStateGet,
     TurnAppend,
 )
 from voice_context.config import Settings, make_summarizer
+from voice_context.core.config import check_client_overrides
 from voice_context.core.session import Session
 from voice_context.core.turns import Turn
 from voice_context.errors import ConfigError, RateLimited, SessionClosed, StoreError, UnknownSession
@@ -86,6 +89,8 @@ PATH = "/v1"
 OUTBOX_FRAMES = 256
 DUPLICATE_LOOKBACK = 32
 SHUTDOWN_GRACE = 5.0
+#: Past this many remembered rate limits, those of idle sessions whose buckets are full are forgotten.
+LIMITS_KEPT = 4096
 
 
 # -- pure decisions ----------------------------------------------------------------
@@ -105,6 +110,10 @@ class TokenBucket:
         self.burst = float(burst)
         self.tokens = float(burst)
         self.updated = now
+
+    def full(self, now: float) -> bool:
+        """Whether the bucket has refilled to ``burst`` by ``now``: then it remembers nothing."""
+        return self.tokens + max(0.0, now - self.updated) * self.rate >= self.burst
 
     def take(self, now: float) -> float:
         elapsed = max(0.0, now - self.updated)
@@ -145,6 +154,14 @@ def recording_name(session: str) -> str:
         digest = hashlib.sha256(session.encode()).hexdigest()[:16]
         safe = f"{safe[:140].rstrip('%')}~{digest}"
     return safe + ".jsonl"
+
+
+def replica_name(configured: str | None, port: int) -> str | None:
+    """Who this server is to the store's leases: the configured name, else ``host:port``
+    when the port is fixed (so a restart is the same replica), else ``None`` (random)."""
+    if configured:
+        return configured
+    return f"{socket.gethostname()}:{port}" if port else None
 
 
 def bearer_token(headers: Headers) -> str | None:
@@ -203,13 +220,21 @@ class _Connection:
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     recv_scope: anyio.CancelScope | None = None
     on_drop: Callable[[], None] = lambda: None
+    #: characters queued and not yet sent, and the most allowed before reading stops
+    queued: int = 0
+    max_queued: int = 1 << 20
+    drained: anyio.Event = field(default_factory=anyio.Event)
 
     def push(self, event: CompactionEvent) -> None:
         """A manager listener: queue the event, never wait."""
         if event.session not in self.sessions:
             return
+        frame = codec.encode_event(event)
         try:
-            self.outbox.send_nowait(codec.encode_event(event))
+            if self.queued + len(frame) > self.max_queued:
+                raise anyio.WouldBlock
+            self.outbox.send_nowait(frame)
+            self.queued += len(frame)
         except anyio.WouldBlock:
             self.on_drop()
             log.warning("voice_context_push_dropped", connection=self.id, session=event.session)
@@ -217,10 +242,22 @@ class _Connection:
             pass
 
     async def reply(self, frame: str) -> None:
+        self.queued += len(frame)
         try:
             self.outbox.send_nowait(frame)  # no checkpoint: queued before any event it caused
         except anyio.WouldBlock:
             await self.outbox.send(frame)
+
+    def sent(self, frame: str) -> None:
+        self.queued -= len(frame)
+        self.drained.set()
+
+    async def room_to_reply(self) -> None:
+        """Wait until what is queued for this client is under the limit: a client that does
+        not read its replies gets its requests read no faster than it reads."""
+        while self.queued >= self.max_queued:
+            self.drained = anyio.Event()
+            await self.drained.wait()
 
     def stop_reading(self) -> None:
         if self.recv_scope is not None:
@@ -303,6 +340,7 @@ class Server:
                 store=store,
                 compaction_timeout=self.settings.summarizer.compaction_timeout,
                 close_timeout=cfg.shutdown_timeout,
+                replica=replica_name(cfg.replica, cfg.port),
             )
             self._manager = await stack.enter_async_context(manager)
             self.metrics.watch_manager(
@@ -395,6 +433,16 @@ class Server:
         if path != PATH:
             missing = {"type": "error", "code": "not_found", "message": f"no such path: {path}"}
             return _response(HTTPStatus.NOT_FOUND, orjson.dumps(missing), "application/json")
+        limit = self.settings.server.max_connections
+        if len(self._connections) >= limit:
+            self.metrics.errors.labels(code=RATE_LIMITED).inc()
+            log.warning("voice_context_connection_refused", connections=len(self._connections))
+            full = codec.encode_error(
+                RATE_LIMITED,
+                f"the server serves {limit} connections at most: try again later",
+                limit="connections",
+            )
+            return _response(HTTPStatus.SERVICE_UNAVAILABLE, full.encode(), "application/json")
         tokens = self.settings.server.auth_tokens
         if tokens and not token_matches(bearer_token(request.headers), tokens):
             self.metrics.errors.labels(code=UNAUTHORIZED).inc()
@@ -419,6 +467,7 @@ class Server:
         outbox, inbox = anyio.create_memory_object_stream[str](OUTBOX_FRAMES)
         conn = _Connection(f"c{next(self._ids)}-{uuid.uuid4().hex[:6]}", ws, owner, outbox, inbox)
         conn.on_drop = self.metrics.pushes_dropped.inc
+        conn.max_queued = self.settings.server.max_outbox_chars
         self._connections.add(conn)
         self.metrics.connections.inc()
         close: tuple[int, str] | None = None
@@ -451,6 +500,7 @@ class Server:
             async for frame in conn.inbox:
                 with contextlib.suppress(ConnectionClosed):  # keep draining; the reader sees it too
                     await conn.ws.send(frame)
+                conn.sent(frame)
 
     async def _read_loop(self, conn: _Connection) -> tuple[int, str] | None:
         """Answer frames one at a time; returns the close code to send, if any."""
@@ -458,6 +508,7 @@ class Server:
             with anyio.CancelScope() as scope:
                 conn.recv_scope = scope
                 try:
+                    await conn.room_to_reply()
                     frame = await conn.ws.recv()
                 except ConnectionClosed:
                     return None
@@ -477,6 +528,10 @@ class Server:
             message, sent = codec.parse(frame, max_text_chars=self.settings.server.max_text_chars)
         except DecodeError as exc:
             await self._error(conn, exc.code, exc.message, msg_id=exc.id, session=exc.session)
+            return
+        except Exception:  # the last guard: a bug answers `internal` and the connection carries on
+            log.exception("voice_context_request_failed", type=None)
+            await self._error(conn, INTERNAL, "internal error", retryable=False)
             return
         session = message.session
         with structlog.contextvars.bound_contextvars(session=session):
@@ -546,7 +601,10 @@ class Server:
         if isinstance(message, TurnAppend):
             return await self._append_turn(conn, message)
         if isinstance(message, NoteAppend):
-            changed = await manager.append_note(name, message.note, owner=owner)
+            limits = self._limits[name]
+            async with limits.lock:
+                self._take(limits)
+                changed = await manager.append_note(name, message.note, owner=owner)
             self.metrics.notes.inc()
             return codec.encode_note_appended(name, changed, message.id), True
         if isinstance(message, ContextGet):
@@ -565,9 +623,26 @@ class Server:
             return codec.encode_context(name, ctx, in_flight=in_flight, msg_id=message.id), True
         if isinstance(message, SessionStateGet):
             return codec.encode_state(name, manager.state(name, owner=owner), message.id), True
+        if isinstance(message, SessionDelete):
+            await self._delete(conn, name)
+            return codec.encode_deleted(name, message.id), False
         assert isinstance(message, SessionClose)
         await self._detach(conn, name)
         return codec.encode_closed(name, message.id), True
+
+    async def _delete(self, conn: _Connection, name: str) -> None:
+        """Forget a session everywhere: every connection holding it lets it go (it gets no
+        more events), the manager and the store forget it, and so does its recording."""
+        self.manager.session(name, owner=conn.owner)  # UnknownSession unless this owner's
+        for holder in self._holders.pop(name, set()):
+            holder.sessions.discard(name)
+            self.manager.remove_listener(holder.push, session=name)
+        conn.sessions.discard(name)
+        await self.manager.delete(name, owner=conn.owner)
+        if self._record_dir is not None:
+            with contextlib.suppress(FileNotFoundError):
+                (self._record_dir / recording_name(name)).unlink()
+        log.info("voice_context_session_deleted")
 
     async def _open(self, conn: _Connection, message: SessionOpen) -> str:
         name = message.session
@@ -579,12 +654,17 @@ class Server:
                 limit="sessions_per_connection",
             )
         config = dict(message.config) if message.config is not None else None
+        if config:
+            check_client_overrides(config, self.manager.config)
         opened = await self.manager.open(name, config, owner=conn.owner)
+        # nothing below awaits, and the manager's open returns only while the session is
+        # live: the attach cannot half-happen (listener first, the one step that can raise)
         if name not in conn.sessions:
+            self.manager.add_listener(conn.push, session=name)
             conn.sessions.add(name)
             self._holders.setdefault(name, set()).add(conn)
-            self.manager.add_listener(conn.push, session=name)
             if name not in self._limits:
+                self._forget_idle_limits()
                 cfg = self.settings.server
                 bucket = TokenBucket(cfg.turns_per_second, cfg.turn_burst, self._monotonic())
                 self._limits[name] = _SessionLimits(bucket)
@@ -599,18 +679,32 @@ class Server:
             duplicate = find_duplicate(session, message.turn)
             if duplicate is not None:
                 return codec.encode_turn_appended(name, duplicate, message.id, duplicate=True), False
-            wait = limits.bucket.take(self._monotonic())
-            if wait > 0:
-                rate = self.settings.server.turns_per_second
-                raise _Reject(
-                    RATE_LIMITED,
-                    f"too many turns for this session (limit {rate:g} per second)",
-                    limit="turns_per_second",
-                    retry_after=math.ceil(wait * 1000) / 1000,
-                )
+            self._take(limits)
             index = await self.manager.append_turn(name, message.turn, owner=conn.owner)
         self.metrics.turns.inc()
         return codec.encode_turn_appended(name, index, message.id), True
+
+    def _forget_idle_limits(self) -> None:
+        """Drop the rate limits of sessions nobody holds whose buckets have refilled anyway
+        (forgetting them changes nothing), once there are many."""
+        if len(self._limits) < LIMITS_KEPT:
+            return
+        now = self._monotonic()
+        for name, limits in list(self._limits.items()):
+            if name not in self._holders and limits.bucket.full(now):
+                del self._limits[name]
+
+    def _take(self, limits: _SessionLimits) -> None:
+        """Spend one of the session's tokens for a turn or a note, or refuse the request."""
+        wait = limits.bucket.take(self._monotonic())
+        if wait > 0:
+            rate = self.settings.server.turns_per_second
+            raise _Reject(
+                RATE_LIMITED,
+                f"too many turns and notes for this session (limit {rate:g} per second)",
+                limit="turns_per_second",
+                retry_after=math.ceil(wait * 1000) / 1000,
+            )
 
     async def _detach(self, conn: _Connection, name: str) -> None:
         """This connection is done with a session; the last one to leave closes it here."""
@@ -622,7 +716,7 @@ class Server:
             if holders:
                 return
             del self._holders[name]
-        self._limits.pop(name, None)
+        # the session's rate limit outlives this close: a close and an open must not refill it
         if self._stopping:
             return  # the manager lands compactions in flight as it closes
         try:
@@ -646,11 +740,11 @@ class Server:
         if self._record_dir is None or session is None:
             return
         path = self._record_dir / recording_name(session)
-        line = orjson.dumps(sent) + b"\n"
         try:
+            line = orjson.dumps(sent) + b"\n"
             with path.open("ab") as out:  # one write, flushed on close
                 out.write(line)
-        except OSError as exc:
+        except (OSError, orjson.JSONEncodeError) as exc:  # the request was applied: answer it anyway
             log.warning("voice_context_record_failed", path=str(path), error=str(exc))
 
 
@@ -681,5 +775,6 @@ __all__ = [
     "find_duplicate",
     "owner_of",
     "recording_name",
+    "replica_name",
     "token_matches",
 ]

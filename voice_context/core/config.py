@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -129,3 +130,35 @@ class SessionConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+#: The fields a client may change when it opens a session, and the most it may ask for
+#: (or the server's own default, when that is higher). The retry policy is the server's:
+#: it protects the summarizer, so no client may shorten it.
+CLIENT_MAXIMA: Mapping[str, int | float] = {
+    "recent_window": 500,
+    "batch_size": 100,
+    "max_summary_chars": 20_000,
+    "summary_priority_chars": 20_000,
+    "max_note_chars": 4_000,
+    "live_note_entries": 64,
+    "live_note_chars": 2_000,
+    "max_pending_notes": 256,
+    "instructions_budget_chars": 100_000,
+    "max_turn_chars": 8_000,
+    "priority_turns": 100,
+    "min_age_seconds": 3_600,
+}
+
+
+def check_client_overrides(overrides: Mapping[str, Any], defaults: SessionConfig) -> None:
+    """Refuse what a client may not ask of a session (``ConfigError``): a field outside
+    :data:`CLIENT_MAXIMA`, or a number above its maximum."""
+    refused = sorted(set(overrides) - set(CLIENT_MAXIMA))
+    if refused:
+        allowed = ", ".join(CLIENT_MAXIMA)
+        raise ConfigError(f"session config cannot set {', '.join(refused)} (a client may set: {allowed})")
+    for name, value in overrides.items():
+        limit = max(CLIENT_MAXIMA[name], getattr(defaults, name))
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > limit:
+            raise ConfigError(f"{name} may be at most {limit:g} (asked for {value:g})")

@@ -27,6 +27,17 @@ from voice_context.core.text import clamp_sentences, clip, normalize
 from voice_context.core.turns import Note, Turn
 from voice_context.core.window import Batch, Skip, SkipReason, choose_batch
 
+#: Past this many failures in a row the backoff stops doubling (it is long at its ceiling by then).
+MAX_BACKOFF_DOUBLINGS = 32
+#: When a backlog is folded several batches at once, their turns' text stays under this
+#: (about 4,000 tokens of a summarizer's input); a single batch is folded whatever its size.
+MAX_FOLD_CHARS = 16_000
+#: The longest wait a provider's ``Retry-After`` can impose on a session (one hour).
+MAX_RETRY_AFTER = 3600.0
+#: A summarizer's reply is read up to this many times the summary ceiling: the rest of an
+#: overlong reply is never normalised, nor sent back to be condensed.
+MAX_REPLY_FACTOR = 4
+
 
 @dataclass(frozen=True, slots=True)
 class CompactionPlan:
@@ -178,14 +189,19 @@ class Session:
         self._live: deque[Note] = deque(live_notes)
         self._pending: deque[tuple[int, Note]] = deque()
         self._note_seq = 0
+        self._notes_dropped = 0
+        # restored buffers may be over limits lowered since they were stored: the overflow
+        # goes as a note appended now would (the oldest live notes to pending, the oldest
+        # pending notes dropped)
         for note in pending_notes:
             self._queue_pending(note)
+        while len(self._live) > self.config.live_note_entries:
+            self._queue_pending(self._live.popleft())
         self._in_flight: CompactionPlan | None = None
         self._next_plan_id = 1
         self._failures = failures
         self._compactions = compactions
         self._retry_at: float | None = None
-        self._notes_dropped = 0
         self._ending = False
 
     # -- reading ---------------------------------------------------------------
@@ -333,10 +349,13 @@ class Session:
         plan = self._in_flight
         if plan is None or plan.plan_id != plan_id:
             return self._stale(plan_id)
-        text = normalize(text)
+        limit = self.config.max_summary_chars
+        readable = MAX_REPLY_FACTOR * limit
+        text = normalize(text[: readable + 1])
+        if len(text) > readable:
+            text = clamp_sentences(text, readable)
         if not text:
             return Rejected(plan, "empty")
-        limit = self.config.max_summary_chars
         if len(text) <= limit:
             return Accepted(plan, text, False)
         if not plan.recompact:
@@ -381,12 +400,15 @@ class Session:
         self._compactions += 1
         return Applied(plan, old, plan.end, verdict.summary, verdict.clamped, max(0.0, now - plan.started_at))
 
-    def compaction_failed(self, plan_id: int, kind: str, retryable: bool, now: float) -> Failed | Stale:
-        """The summarizer failed for ``plan_id``: nothing moves, a later request retries."""
+    def compaction_failed(
+        self, plan_id: int, kind: str, retryable: bool, now: float, retry_after: float | None = None
+    ) -> Failed | Stale:
+        """The summarizer failed for ``plan_id``: nothing moves, a later request retries
+        (not before ``retry_after`` seconds when the provider asked for that, up to an hour)."""
         plan = self._in_flight
         if plan is None or plan.plan_id != plan_id:
             return self._stale(plan_id)
-        return self._fail(plan, kind, retryable, now)
+        return self._fail(plan, kind, retryable, now, retry_after)
 
     def abandon(self) -> CompactionPlan | None:
         """Forget the plan in flight (its task was cancelled); returns it."""
@@ -418,6 +440,11 @@ class Session:
         return tuple(taken), last_seq
 
     def _start(self, batch: Batch, now: float) -> CompactionPlan:
+        # several batches at once only as far as their text stays under MAX_FOLD_CHARS
+        count, size = batch.size, self.config.batch_size
+        while count > size and sum(len(t.text) for t in self._turns[:count]) > MAX_FOLD_CHARS:
+            count -= size
+        batch = replace(batch, end=batch.start + count)
         notes, last_seq = self._notes_for_batch()
         plan = CompactionPlan(
             plan_id=self._take_plan_id(),
@@ -444,11 +471,16 @@ class Session:
         current = self._in_flight.plan_id if self._in_flight else None
         return Stale(plan_id, current)
 
-    def _fail(self, plan: CompactionPlan, kind: str, retryable: bool, now: float) -> Failed:
+    def _fail(
+        self, plan: CompactionPlan, kind: str, retryable: bool, now: float, retry_after: float | None = None
+    ) -> Failed:
         self._in_flight = None
         self._failures += 1
         base, ceiling = self.config.retry_base_seconds, self.config.retry_max_seconds
-        delay = min(ceiling, base * 2 ** (self._failures - 1)) if retryable else ceiling
+        doublings = min(self._failures - 1, MAX_BACKOFF_DOUBLINGS)  # 2.0**1024 overflows a float
+        delay = min(ceiling, base * 2**doublings) if retryable else ceiling
+        if retry_after is not None and retry_after > 0:
+            delay = max(delay, min(retry_after, MAX_RETRY_AFTER))
         self._retry_at = now + delay
         return Failed(plan, kind, retryable, self._failures, self._retry_at, max(0.0, now - plan.started_at))
 

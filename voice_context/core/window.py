@@ -54,6 +54,13 @@ class Skip:
     retry_at: float | None = None
 
 
+#: A backlog of at least this many whole batches before the recent window is folded several
+#: batches at a time (a session that fell behind catches up in fewer summarizer calls)...
+BACKLOG_BATCHES = 4
+#: ...at most this many in one compaction (the session also bounds their characters).
+MAX_FOLD_BATCHES = 8
+
+
 def recent_start(total_turns: int, cursor: int, recent_window: int) -> int:
     """The first index of the protected recent window (never before the cursor)."""
     return max(cursor, total_turns - recent_window)
@@ -88,11 +95,14 @@ def choose_batch(
         return Skip(SkipReason.BELOW_THRESHOLD, start)
     if retry_at is not None and now is not None and now < retry_at:
         return Skip(SkipReason.BACKING_OFF, start, retry_at=retry_at)
-    end = cursor + config.batch_size
     if start - cursor < config.batch_size:  # pragma: no cover - implied by the threshold above
         return Skip(SkipReason.NO_ELIGIBLE_BATCH, start)
+    backlog = (start - cursor) // config.batch_size
+    batches = min(backlog, MAX_FOLD_BATCHES) if backlog >= BACKLOG_BATCHES else 1
     if config.min_age_seconds and now is not None and turn_times:
-        last_of_batch = turn_times[end - cursor - 1]
-        if now - last_of_batch < config.min_age_seconds:
+        # as many of those batches as are old enough (the first one must be)
+        while batches and now - turn_times[batches * config.batch_size - 1] < config.min_age_seconds:
+            batches -= 1
+        if not batches:
             return Skip(SkipReason.NO_ELIGIBLE_BATCH, start)
-    return Batch(cursor, end, start)
+    return Batch(cursor, cursor + batches * config.batch_size, start)

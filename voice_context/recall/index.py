@@ -27,7 +27,6 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Literal
 
 import Stemmer
@@ -35,6 +34,7 @@ import Stemmer
 from voice_context.core.recalled import PassageKind, Recalled
 from voice_context.core.session import Session
 from voice_context.core.text import ELLIPSIS, clip, normalize, sentences
+from voice_context.core.times import utc
 from voice_context.core.turns import Note, Turn
 from voice_context.summarizers.deterministic import _RELATIVE as RELATIVE_DATE
 from voice_context.summarizers.deterministic import resolve_dates, spoken_numbers
@@ -84,11 +84,8 @@ def index_terms(text: str) -> list[str]:
 
 
 def stamp(at: float) -> str:
-    """``8 May 2023, 13:56`` (UTC); empty for a time no calendar can show."""
-    try:
-        when = datetime.fromtimestamp(at, tz=UTC)
-    except (OverflowError, OSError, ValueError):
-        return ""
+    """``8 May 2023, 13:56`` (UTC); a time no calendar can show is shown as the nearest one that can."""
+    when = utc(at)
     return f"{when.day} {_MONTHS[when.month - 1]} {when.year}, {when.hour:02d}:{when.minute:02d}"
 
 

@@ -40,7 +40,8 @@ class SessionRecord:
 
 @runtime_checkable
 class Store(Protocol):
-    """Durable session state. Every method raises ``StoreError`` on failure."""
+    """Durable session state. Every method raises ``StoreError`` on failure, and
+    ``SessionNotStored`` (a ``StoreError``) when it needs a session the store does not hold."""
 
     async def load(self, name: str) -> SessionRecord | None:
         """The session's record, or ``None`` if the store has never seen it."""
@@ -56,6 +57,10 @@ class Store(Protocol):
 
     async def save_notes(self, name: str, live: Sequence[Note], pending: Sequence[Note]) -> None:
         """Replace the session's live and pending notes."""
+        ...
+
+    async def save_config(self, name: str, config: dict[str, Any]) -> None:
+        """Replace the session's config overrides (given again when it was resumed)."""
         ...
 
     async def commit_compaction(

@@ -1,4 +1,4 @@
-"""What the durable stores share: how turns and notes are written down, and the conflict error."""
+"""What the durable stores share: how turns and notes are written down; ``TurnConflict`` is re-exported."""
 
 from __future__ import annotations
 
@@ -8,27 +8,7 @@ from typing import Any, cast
 import orjson
 
 from voice_context.core.turns import ROLES, Note, Role, Turn
-from voice_context.errors import StoreError
-
-
-class TurnConflict(StoreError, ValueError):
-    """The store holds a different turn at that index, or the index would leave a gap.
-
-    Never retryable: the caller's idea of the transcript is behind (or ahead of)
-    the store's. Appending the *identical* turn at an index the store already
-    holds is not a conflict: a durable store treats it as a retry of a write
-    whose answer was lost, and succeeds without storing it twice.
-    """
-
-    def __init__(self, name: str, index: int, stored: int, *, differs: bool = False) -> None:
-        if differs:
-            message = f"session {name!r}: a different turn is already stored at index {index}"
-        else:
-            message = f"session {name!r}: turn index {index} out of order (the store has {stored})"
-        super().__init__(message, retryable=False)
-        self.name = name
-        self.index = index
-        self.stored = stored
+from voice_context.errors import StoreError, TurnConflict
 
 
 def turn_fields(turn: Turn) -> tuple[str, str, str, float, str | None]:
@@ -87,3 +67,16 @@ def decode_config(raw: str | bytes | None) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise StoreError("stored session config is not an object", retryable=False)
     return value
+
+
+__all__ = [
+    "TurnConflict",
+    "decode_config",
+    "decode_notes",
+    "decode_turn",
+    "encode_config",
+    "encode_notes",
+    "encode_turn",
+    "make_turn",
+    "turn_fields",
+]

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from voice_context.core.turns import Note, Turn
+from voice_context.errors import SessionNotStored, TurnConflict
 from voice_context.store.base import SessionRecord
-from voice_context.store.common import TurnConflict
 
 
 @dataclass
@@ -31,6 +31,12 @@ class MemoryStore:
     def __repr__(self) -> str:
         return f"<MemoryStore sessions={len(self._sessions)}>"
 
+    def _entry(self, name: str) -> _Entry:
+        entry = self._sessions.get(name)
+        if entry is None:
+            raise SessionNotStored(name)
+        return entry
+
     async def load(self, name: str) -> SessionRecord | None:
         entry = self._sessions.get(name)
         if entry is None:
@@ -43,7 +49,7 @@ class MemoryStore:
             self._sessions[record.name] = _Entry(replace(record, turns=(), total_turns=0))
 
     async def append_turn(self, name: str, index: int, turn: Turn) -> None:
-        entry = self._sessions[name]
+        entry = self._entry(name)
         stored = len(entry.turns)
         if index < stored and entry.turns[index] == turn:
             return  # a retry of a write whose answer was lost: stored once
@@ -52,8 +58,12 @@ class MemoryStore:
         entry.turns.append(turn)
 
     async def save_notes(self, name: str, live: Sequence[Note], pending: Sequence[Note]) -> None:
-        entry = self._sessions[name]
+        entry = self._entry(name)
         entry.record = replace(entry.record, live_notes=tuple(live), pending_notes=tuple(pending))
+
+    async def save_config(self, name: str, config: dict[str, Any]) -> None:
+        entry = self._entry(name)
+        entry.record = replace(entry.record, config=dict(config))
 
     async def commit_compaction(
         self,
@@ -65,7 +75,7 @@ class MemoryStore:
         pending_notes: Sequence[Note],
         fence: int | None = None,
     ) -> bool:
-        entry = self._sessions[name]
+        entry = self._entry(name)
         if fence is not None and fence != entry.fence:
             return False
         if entry.record.cursor == new_cursor and entry.record.summary == summary:
@@ -82,10 +92,10 @@ class MemoryStore:
         return True
 
     async def read_turns(self, name: str, start: int, end: int) -> list[Turn]:
-        return list(self._sessions[name].turns[start:end])
+        return list(self._entry(name).turns[start:end])
 
     async def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
-        entry = self._sessions[name]
+        entry = self._entry(name)
         now = self._clock()
         if entry.lease_holder not in (None, holder) and entry.lease_until > now:
             return None

@@ -53,10 +53,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from voice_context.core.turns import Note, Turn
-from voice_context.errors import StoreError, UnknownSession
+from voice_context.errors import SessionNotStored, StoreError, TurnConflict
 from voice_context.store.base import SessionRecord
 from voice_context.store.common import (
-    TurnConflict,
     decode_config,
     decode_notes,
     decode_turn,
@@ -122,6 +121,12 @@ return {-3, n}
 _SAVE_NOTES = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[2], 'live', ARGV[1], 'pending', ARGV[2])
+return 1
+"""
+
+_SAVE_CONFIG = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'config', ARGV[1])
 return 1
 """
 
@@ -234,6 +239,7 @@ class RedisStore:
         self._load = self._redis.register_script(_LOAD)
         self._append = self._redis.register_script(_APPEND)
         self._save_notes = self._redis.register_script(_SAVE_NOTES)
+        self._save_config = self._redis.register_script(_SAVE_CONFIG)
         self._commit = self._redis.register_script(_COMMIT)
         self._read = self._redis.register_script(_READ)
         self._acquire = self._redis.register_script(_ACQUIRE)
@@ -299,7 +305,7 @@ class RedisStore:
         with self._errors("append_turn"):
             status, stored = await self._append(keys=[k.meta, k.turns], args=[index, encode_turn(turn)])
         if status == -1:
-            raise UnknownSession(name)
+            raise SessionNotStored(name)
         if status < 0:
             raise TurnConflict(name, index, int(stored), differs=status == -2)
 
@@ -310,7 +316,14 @@ class RedisStore:
                 keys=[k.meta, k.notes], args=[encode_notes(live), encode_notes(pending)]
             )
         if not saved:
-            raise UnknownSession(name)
+            raise SessionNotStored(name)
+
+    async def save_config(self, name: str, config: dict[str, Any]) -> None:
+        k = self.keys(name)
+        with self._errors("save_config"):
+            saved = await self._save_config(keys=[k.meta], args=[encode_config(config)])
+        if not saved:
+            raise SessionNotStored(name)
 
     async def commit_compaction(
         self,
@@ -331,7 +344,7 @@ class RedisStore:
         with self._errors("commit_compaction"):
             status = await self._commit(keys=[k.meta, k.notes, k.turns], args=args)
         if status == -1:
-            raise UnknownSession(name)
+            raise SessionNotStored(name)
         return bool(status > 0)
 
     async def read_turns(self, name: str, start: int, end: int) -> list[Turn]:
@@ -340,7 +353,7 @@ class RedisStore:
         with self._errors("read_turns"):
             reply = await self._read(keys=[k.meta, k.turns], args=[first, end - 1])
         if reply is None:
-            raise UnknownSession(name)
+            raise SessionNotStored(name)
         return [decode_turn(raw) for raw in reply]
 
     async def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
@@ -350,7 +363,7 @@ class RedisStore:
         with self._errors("acquire_lease"):
             token = await self._acquire(keys=[k.meta, k.lease], args=[holder, max(1, round(ttl * 1000))])
         if token == -1:
-            raise UnknownSession(name)
+            raise SessionNotStored(name)
         return int(token) if token > 0 else None
 
     async def release_lease(self, name: str, holder: str) -> None:

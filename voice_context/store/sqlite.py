@@ -40,16 +40,15 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
 
 from voice_context.core.turns import Note, Turn
-from voice_context.errors import StoreError, UnknownSession
+from voice_context.errors import SessionNotStored, StoreError, TurnConflict
 from voice_context.store.base import SessionRecord
 from voice_context.store.common import (
-    TurnConflict,
     decode_config,
     decode_notes,
     encode_config,
@@ -202,7 +201,7 @@ class SQLiteStore:
                     return
                 stored = _total_turns(conn, name)
                 if stored < 0:
-                    raise UnknownSession(name)
+                    raise SessionNotStored(name)
                 if 0 <= index < stored:
                     row = conn.execute(
                         "SELECT speaker, role, text, at, id FROM turns WHERE session = ? AND idx = ?",
@@ -225,9 +224,23 @@ class SQLiteStore:
                     (*encoded, self._clock(), name),
                 ).rowcount
                 if changed == 0:
-                    raise UnknownSession(name)
+                    raise SessionNotStored(name)
 
         await self._run("save_notes", op)
+
+    async def save_config(self, name: str, config: dict[str, Any]) -> None:
+        encoded = encode_config(config)
+
+        def op(conn: sqlite3.Connection) -> None:
+            with _write(conn):
+                changed = conn.execute(
+                    "UPDATE sessions SET config = ?, updated_at = ? WHERE name = ?",
+                    (encoded, self._clock(), name),
+                ).rowcount
+                if changed == 0:
+                    raise SessionNotStored(name)
+
+        await self._run("save_config", op)
 
     async def commit_compaction(
         self,
@@ -250,7 +263,7 @@ class SQLiteStore:
                     (name,),
                 ).fetchone()
                 if row is None:
-                    raise UnknownSession(name)
+                    raise SessionNotStored(name)
                 cursor, stored_summary, stored_pending, total, current_fence = row
                 if fence is not None and fence != current_fence:
                     return False
@@ -272,7 +285,7 @@ class SQLiteStore:
         def op(conn: sqlite3.Connection) -> list[Turn]:
             with _read(conn):
                 if _total_turns(conn, name) < 0:
-                    raise UnknownSession(name)
+                    raise SessionNotStored(name)
                 return _select_turns(conn, name, max(start, 0), end)
 
         return await self._run("read_turns", op)
@@ -287,7 +300,7 @@ class SQLiteStore:
                     "SELECT lease_holder, lease_until, fence FROM sessions WHERE name = ?", (name,)
                 ).fetchone()
                 if row is None:
-                    raise UnknownSession(name)
+                    raise SessionNotStored(name)
                 current, until, fence = row
                 now = self._clock()
                 if current is not None and current != holder and until > now:

@@ -55,10 +55,12 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from functools import lru_cache
 
+from voice_context.core.cache import char_bounded_cache
 from voice_context.core.text import clip, normalize, sentences
+from voice_context.core.times import utc
 from voice_context.core.turns import Note, Turn
 from voice_context.summarizers.base import SummaryRequest
 
@@ -156,6 +158,9 @@ SESSION_GAP = 2 * 60 * 60.0
 #: every line carries its full date, and fewer, fuller lines spend less of a summary on heads. No more
 #: than recall quotes of a summary line (600 chars), so that a recalled line is the line shown.
 LINE_CHARS = 600
+#: How many characters of sentences and summary lines each of the two parse caches keeps
+#: (with their parsed forms, about 7 bytes a character: some 7 MB each at most).
+CACHE_CHARS = 1_000_000
 #: A line's last sentence is worth this much more, so windows grow coarser before they go.
 LAST_SENTENCE = 2.0
 _NUMBER_RUN = re.compile(
@@ -190,7 +195,7 @@ def _fold(word: str) -> str:
     return word
 
 
-@lru_cache(maxsize=16384)
+@char_bounded_cache(CACHE_CHARS)
 def _weight_items(text: str) -> tuple[tuple[str, float], ...]:
     """The informative words of a sentence (folded) and what each is worth."""
     out: dict[str, float] = {}
@@ -365,7 +370,7 @@ def resolve_dates(text: str, at: float) -> str:
     The sentence stays whole: see :func:`_resolve` for when the words are kept and
     the date added in parentheses.
     """
-    when = datetime.fromtimestamp(at, tz=UTC)
+    when = utc(at)
     return _RELATIVE.sub(lambda m: _resolve(m, when), text)
 
 
@@ -513,11 +518,11 @@ def _new_lines(turns: Sequence[Turn], notes: Sequence[Note], note_chars: int, ga
 
     def close() -> None:
         if kept and start is not None:
-            until = datetime.fromtimestamp(last, tz=UTC).replace(tzinfo=None)
+            until = utc(last).replace(tzinfo=None)
             lines.append(_Line(_day(start), f"{start:%H:%M}", list(kept), notes_only=not spoken, until=until))
 
     for at, _, item in items:
-        when = datetime.fromtimestamp(at, tz=UTC)
+        when = utc(at)
         if start is None or at - last > gap or when.date() != start.date():
             close()
             kept, seen, start, spoken = [], set(), when, False
@@ -549,7 +554,7 @@ _SCREEN = re.compile(r"(?:^|'s )[Ss]creen\b")
 def _small_talk_line(turns: Sequence[Turn]) -> _Line:
     """A batch of pure small talk, first in a session: one honest line, so the summary is not empty
     (an empty summary is a failed compaction, and the same batch would fail again)."""
-    when = datetime.fromtimestamp(turns[0].at, tz=UTC)
+    when = utc(turns[0].at)
     names = sorted({t.speaker or t.role.capitalize() for t in turns})
     who = " and ".join(names) if len(names) <= 3 else ", ".join(names[:3]) + " and others"
     return _Line(_day(when), f"{when:%H:%M}", [_Sentence.of("", f"{who} made small talk.")])
@@ -637,7 +642,7 @@ def _insert(lines: list[_Line], line: _Line, gap: float) -> None:
 # -- the whole summary ----------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=16384)
+@char_bounded_cache(CACHE_CHARS)
 def _parse_line(
     raw: str,
 ) -> tuple[str | None, str | None, bool, tuple[tuple[str, str, tuple[tuple[str, float], ...]], ...]]:

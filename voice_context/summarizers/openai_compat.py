@@ -18,8 +18,11 @@ connections, are left to the ``openai`` client
 
 from __future__ import annotations
 
+import email.utils
+import math
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Literal, Self
 
@@ -42,7 +45,14 @@ _log = structlog.get_logger("voice_context.summarizer")
 DIGEST_CHARS = 4000
 """The most a batch's digest may take in the prompt."""
 
-__all__ = ["CHARS_PER_TOKEN", "MIN_OUTPUT_TOKENS", "OpenAISummarizer", "clean_summary", "output_token_cap"]
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "MIN_OUTPUT_TOKENS",
+    "OpenAISummarizer",
+    "clean_summary",
+    "output_token_cap",
+    "retry_after",
+]
 
 CHARS_PER_TOKEN = 4
 """Characters per token of English prose, the usual rule of thumb."""
@@ -124,25 +134,57 @@ def _content(completion: object) -> str:
     return summary
 
 
+def retry_after(headers: Mapping[str, str] | None, now: float) -> float | None:
+    """The wait a response asks for, in seconds: ``retry-after-ms``, or ``Retry-After``
+    as seconds or as an HTTP date; ``None`` when it asks for none we can read."""
+    if headers is None:
+        return None
+    millis = headers.get("retry-after-ms")
+    raw = headers.get("retry-after")
+    try:
+        if millis is not None:
+            seconds = float(millis) / 1000
+        elif raw is None:
+            return None
+        else:
+            try:
+                seconds = float(raw)
+            except ValueError:
+                seconds = email.utils.parsedate_to_datetime(raw).timestamp() - now
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
+
+
 def _translate(exc: openai.OpenAIError) -> SummarizerError:
     """One ``openai`` failure as a :class:`SummarizerError` (kind and retryable set)."""
+    if isinstance(exc, openai.APIStatusError):
+        translated = _translate_status(exc)
+        translated.retry_after = retry_after(exc.response.headers, time.time())
+        return translated
+    return _translate_other(exc)
+
+
+def _translate_status(exc: openai.APIStatusError) -> SummarizerError:
+    if isinstance(exc, openai.RateLimitError):
+        return SummarizerError(f"summarizer rate limited: {exc}", retryable=True, kind="rate_limited")
+    status = exc.status_code
+    if status == 408:  # the server gave up waiting: a timeout, whoever noticed it
+        return SummarizerError(f"summarizer timed out (408): {exc}", retryable=True, kind="timeout")
+    if status >= 500:
+        return SummarizerError(
+            f"summarizer server error {status}: {exc}", retryable=True, kind="server_error"
+        )
+    return SummarizerError(
+        f"summarizer refused the request ({status}): {exc}", retryable=False, kind="bad_request"
+    )
+
+
+def _translate_other(exc: openai.OpenAIError) -> SummarizerError:
     if isinstance(exc, openai.APITimeoutError):
         return SummarizerError(f"summarizer timed out: {exc}", retryable=True, kind="timeout")
     if isinstance(exc, openai.APIConnectionError):
         return SummarizerError(f"cannot reach summarizer: {exc}", retryable=True, kind="connection")
-    if isinstance(exc, openai.RateLimitError):
-        return SummarizerError(f"summarizer rate limited: {exc}", retryable=True, kind="rate_limited")
-    if isinstance(exc, openai.APIStatusError):
-        status = exc.status_code
-        if status == 408:  # the server gave up waiting: a timeout, whoever noticed it
-            return SummarizerError(f"summarizer timed out (408): {exc}", retryable=True, kind="timeout")
-        if status >= 500:
-            return SummarizerError(
-                f"summarizer server error {status}: {exc}", retryable=True, kind="server_error"
-            )
-        return SummarizerError(
-            f"summarizer refused the request ({status}): {exc}", retryable=False, kind="bad_request"
-        )
     if isinstance(exc, openai.APIResponseValidationError):
         return _malformed(str(exc))
     return SummarizerError(f"summarizer failed: {exc}", retryable=False, kind="error")

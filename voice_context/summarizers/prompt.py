@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
 
+from voice_context.core.times import utc
 from voice_context.core.turns import Note, Turn
 from voice_context.summarizers.base import SummaryRequest
 
@@ -104,7 +104,7 @@ def fence(name: str, lines: Iterable[str]) -> str:
 
 
 def _clock(at: float) -> str:
-    return datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return utc(at).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def render_turn(turn: Turn, index: int) -> str:
