@@ -9,14 +9,20 @@
 4. Over the wire: ``context.get`` round trips through a real server on
    127.0.0.1 with the client, against ``ping`` round trips (the transport's
    floor) and against ``context.get`` while a slow fold is in flight.
+5. Recall on the reply path, in process: a 5,000-turn session (the text of the
+   project's own recordings, each turn numbered), a context with a query
+   (recall over the whole history, then the budget) against the same context
+   with recall off; and what indexing one turn costs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import anyio
 import structlog
@@ -24,6 +30,7 @@ import structlog
 from voice_context import DeterministicSummarizer, SessionConfig, SessionManager, Turn
 from voice_context.core.budget import build_context
 from voice_context.core.session import Session
+from voice_context.recall.index import RecallIndex, recall_candidates
 from voice_context.summarizers.fakes import SlowSummarizer
 
 WORDS = "we should try the new team comp tonight because Bob keeps dying as Hulk on Tokyo".split()
@@ -153,6 +160,48 @@ async def bench_wire(n: int, delay: float) -> None:
         print(row(f"context.get, a {delay:g}s fold in flight", busy, idle))
 
 
+def recorded_texts() -> list[tuple[str, str]]:
+    """(speaker, text) of every turn of the project's own recordings."""
+    out: list[tuple[str, str]] = []
+    for path in sorted((Path(__file__).resolve().parent.parent / "fixtures").glob("*.jsonl")):
+        if path.name.endswith(".probes.jsonl"):
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            message = json.loads(line)
+            if message.get("type") == "turn.append":
+                out.append((message["turn"]["speaker"], message["turn"]["text"]))
+    return out
+
+
+def bench_recall(n: int, size: int = 5000) -> None:
+    print(f"== recall on the reply path ({size:,} turns in one session, in process)")
+    texts = recorded_texts()
+    config = SessionConfig(max_summary_chars=12000)
+    session = Session("bench", config)
+    index = RecallIndex()
+    tick = time.perf_counter()
+    for i in range(size):
+        speaker, text = texts[i % len(texts)]
+        new = Turn(speaker, "user", f"{text} (take {i // len(texts)})", at=1_700_000_000.0 + 4 * i)
+        index.add_turn(session.append_turn(new), new)
+    per_turn = (time.perf_counter() - tick) / size
+    # fold as a server would have: the cursor near the end, every older turn only in the store
+    folded = Session("bench", config, cursor=size - 60, turns=session.verbatim_turns[-60:])
+    queries = [texts[(7 * k) % len(texts)][1] for k in range(n)]
+    off = Session("bench", SessionConfig(recall=False), cursor=size - 60, turns=folded.verbatim_turns)
+    samples_off = timed(lambda: build_context(off.view(), "instructions", budget_chars=8000), n)
+    it = iter(queries * 2)
+
+    def with_recall() -> None:
+        query, recalled = recall_candidates(index, folded, next(it))
+        build_context(folded.view(), "instructions", budget_chars=8000, recalled=recalled, query=query)
+
+    samples = timed(with_recall, n)
+    print(f"{'indexing one turn':<52} mean {per_turn * 1e6:8.1f} us")
+    print(row("context, recall off (8,000 chars)", samples_off))
+    print(row("context with a query: recall + budget", samples, samples_off))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -163,6 +212,7 @@ def main() -> None:
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     bench_core(args.n)
+    bench_recall(args.n)
     anyio.run(bench_manager, args.n, args.delay, args.sessions)
     anyio.run(bench_wire, args.n, args.delay)
 

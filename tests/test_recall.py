@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 from serving import running, settings, wire
 
@@ -14,6 +15,7 @@ from voice_context.core.recalled import Recalled
 from voice_context.core.session import ContextView
 from voice_context.core.turns import Note, Turn
 from voice_context.manager import SessionManager
+from voice_context.recall.embedding import load_embedder
 from voice_context.recall.index import RecallIndex, annotate_dates, default_query, index_terms, stamp
 from voice_context.store.redis import RedisStore
 from voice_context.store.sqlite import SQLiteStore
@@ -175,14 +177,15 @@ async def test_recall_finds_an_old_detail_after_a_restart_on_sqlite(tmp_path: Pa
     store = SQLiteStore(path)
     async with SessionManager(DeterministicSummarizer(), store=store) as manager:
         await manager.open("room", SMALL)
-        await speak(manager, "room", chatter(40, detail_at=3))
+        await speak(manager, "room", chatter(120, detail_at=3))
     await store.aclose()
 
     store = SQLiteStore(path)
     async with SessionManager(DeterministicSummarizer(), store=store) as manager:
         opened = await manager.open("room")
         assert opened.resumed and opened.stats.cursor > 3  # turn 3 is folded: no longer verbatim
-        ctx = await manager.context("room", "instructions", query="When was the LGBTQ support group?")
+        query = "When was the LGBTQ support group?"
+        ctx = await manager.context("room", "instructions", budget_chars=3000, query=query)
     await store.aclose()
     assert [p.turn for p in ctx.recalled][:1] == [3]
     assert "[8 May 2023, 13:59] Melanie: I went to a LGBTQ support group yesterday [7 May 2023]" in (
@@ -225,12 +228,12 @@ async def test_recall_finds_an_old_detail_on_another_replica_sharing_redis(redis
 async def test_context_get_takes_a_query_and_says_what_it_recalled() -> None:
     async with running(settings(), summarizer=DeterministicSummarizer()) as server, wire(server) as bot:
         await bot.open("room", config=SMALL)
-        for i, turn in enumerate(chatter(30, detail_at=4)):
+        for i, turn in enumerate(chatter(80, detail_at=4)):
             body = {"speaker": turn.speaker, "role": turn.role, "text": turn.text, "at": turn.at}
             assert (await bot.request("turn.append", session="room", turn=body))["index"] == i
             await bot.request("context.get", session="room")
         reply = await bot.request(
-            "context.get", session="room", format="instructions", budget_chars=3000, query="the support group"
+            "context.get", session="room", format="instructions", budget_chars=2500, query="the support group"
         )
         assert reply["type"] == "context"
         assert reply["query"] == "the support group"
@@ -242,3 +245,38 @@ async def test_context_get_takes_a_query_and_says_what_it_recalled() -> None:
         assert "query" in bad["message"]
         again = await bot.request("context.get", session="room")
         assert again["type"] == "context"  # the connection and the session carry on
+
+
+# -- with an embedder: vectors computed in the background, the query embedded off the loop ------
+
+
+@pytest.mark.asyncio
+async def test_with_an_embedder_recall_finds_a_paraphrase_no_word_of_the_query_matches() -> None:
+    embedder = load_embedder("minilm")
+    said = Turn("Melanie", "user", "We adopted a little beagle puppy from the shelter.", T0 - 3600)
+    async with SessionManager(DeterministicSummarizer(), embedder=embedder) as manager:
+        await manager.open("room", SMALL)
+        await manager.append_turn("room", said)
+        for turn in chatter(30, 1):
+            await manager.append_turn("room", turn)
+        query = "Do they have a pet dog?"
+        lexical = RecallIndex()
+        lexical.add_turns(0, [said, *chatter(30, 1)])
+        assert [p.turn for p in lexical.search(query)] == []  # not one word in common
+        found: list[int | None] = []
+        for _ in range(100):  # the background pass embeds the turns; then the query finds it
+            ctx = await manager.context("room", "messages", query=query)
+            found = [p.turn for p in ctx.recalled]
+            if 0 in found:
+                break
+            await anyio.sleep(0.02)
+    assert 0 in found
+
+
+def test_room_left_under_a_budget_extends_the_verbatim_run_past_the_cursor() -> None:
+    folded = [Turn("Alice", "user", f"Yeah {i}.", T0 + i) for i in range(60, 100)]  # short: backchannels
+    ctx = build_context(view(n=20), "instructions", budget_chars=4000, older=folded)
+    assert ctx.turns_shown > 20 and ctx.first_turn < 100  # the run goes on into turns the summary covers
+    assert ctx.first_turn + ctx.turns_shown == 120  # still one run ending at the current turn
+    assert "older_turns" not in ctx.dropped
+    assert build_context(view(n=20), "messages", older=folded).turns_shown == 20  # no budget: from the cursor

@@ -137,10 +137,27 @@ class StoreSettings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RecallSettings:
+    """How recall ranks: ``embedder`` is ``none`` (lexical only, the default), ``minilm-static``
+    (a static table distilled from all-MiniLM-L6-v2, about 10,000 turns a second), ``minilm``
+    (the full model: better on meeting queries, about 100 turns a second a core) or ``auto``
+    (``minilm-static`` when the ``recall`` extra is installed)."""
+
+    embedder: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.embedder not in ("none", "auto", "minilm", "minilm-static"):
+            raise ConfigError(
+                f"recall.embedder must be none, auto, minilm or minilm-static, got {self.embedder!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     summarizer: SummarizerSettings = field(default_factory=SummarizerSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
+    recall: RecallSettings = field(default_factory=RecallSettings)
     session: SessionConfig = field(default_factory=SessionConfig)
     #: the ``[session]`` fields set by a file, the environment or a flag
     session_explicit: frozenset[str] = frozenset()
@@ -178,7 +195,7 @@ def session_defaults(
     return replace(config, max_summary_chars=int(preferred))
 
 
-_GROUPS = ("server", "summarizer", "store", "session")
+_GROUPS = ("server", "summarizer", "store", "recall", "session")
 
 
 def _apply(group: str, current: Any, values: Mapping[str, Any]) -> Any:

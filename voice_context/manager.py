@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 import anyio
+import anyio.to_thread
 import structlog
 from anyio.abc import TaskGroup
 
@@ -46,12 +47,16 @@ from voice_context.core.session import (
 from voice_context.core.turns import Note, Turn
 from voice_context.core.window import Skip, SkipReason
 from voice_context.errors import SessionClosed, StoreError, SummarizerError, TurnConflict, UnknownSession
-from voice_context.recall.index import RecallIndex, recall_candidates
+from voice_context.recall.embedding import Embedder
+from voice_context.recall.index import RecallIndex, default_query, older_turns, recall_candidates
 from voice_context.store.base import SessionRecord, Store
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 
 log = structlog.get_logger("voice_context")
+
+EMBED_BATCH = 256
+"""At most this many turns embedded by one background pass (the next request starts the next)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +96,7 @@ class _Live:
     scope: anyio.CancelScope | None = None
     listeners: list[Listener] = field(default_factory=list)
     recall: RecallIndex = field(default_factory=RecallIndex)
+    embedding: bool = False
     #: the config overrides the store keeps for the session
     overrides: dict[str, Any] = field(default_factory=dict)
     #: the last compaction skip logged at INFO (its reason, and the plan or backoff it was about)
@@ -110,8 +116,10 @@ class SessionManager:
         close_timeout: float = 10.0,
         clock: Callable[[], float] = time.time,
         replica: str | None = None,
+        embedder: Embedder | None = None,
     ) -> None:
         self.summarizer = summarizer
+        self.embedder = embedder
         self.config = config or session_defaults(summarizer)
         self.store: Store = store if store is not None else MemoryStore()
         self.compaction_timeout = compaction_timeout
@@ -258,7 +266,7 @@ class SessionManager:
             config = self.config.with_overrides(merged)
             await self.store.create(SessionRecord(name, config=merged, owner=owner))
             session = Session(name, config)
-            recall = RecallIndex()
+            recall = RecallIndex(embedder=self.embedder)
             resumed = False
         if self._closing:  # the shutdown began during the awaits above
             raise SessionClosed("the server is shutting down")
@@ -330,8 +338,15 @@ class SessionManager:
         """
         live = self._get(name, owner)
         self._maybe_compact(live)
+        query_vector = None
+        if live.recall.embedder is not None:
+            self._maybe_embed(live)
+            text = default_query(live.session.verbatim_turns) if query is None else query
+            if text.strip():  # a model's forward pass must not hold up the event loop
+                query_vector = await anyio.to_thread.run_sync(live.recall.query_vector, text)
+            live = self._get(name, owner)  # decide again after the await
         session = live.session
-        query, recalled = recall_candidates(live.recall, session, query)
+        query, recalled = recall_candidates(live.recall, session, query, query_vector=query_vector)
         return build_context(
             session.view(),
             format,
@@ -340,6 +355,13 @@ class SessionManager:
             facts=facts,
             recalled=recalled,
             query=query,
+            older=older_turns(
+                live.recall,
+                session,
+                budget_chars
+                if budget_chars is not None
+                else (session.config.instructions_budget_chars if format == "instructions" else None),
+            ),
         )
 
     def state(self, name: str, *, owner: str | None = None) -> SessionStats:
@@ -425,9 +447,31 @@ class SessionManager:
             was_cursor=seen[1],
         )
 
+    def _maybe_embed(self, live: _Live) -> None:
+        """Embed the turns recall has no vector for yet, in the background, one batch at a time."""
+        if live.embedding or self._tg is None or self._closing or not live.recall.unembedded(1):
+            return
+        live.embedding = True
+        self._tg.start_soon(self._embed, live)
+
+    async def _embed(self, live: _Live) -> None:
+        """One batch: texts taken and vectors attached on the event loop, the model run in a thread."""
+        index = live.recall
+        try:
+            todo = index.unembedded(EMBED_BATCH)
+            if todo and index.embedder is not None:
+                texts = [f"{index.docs[d].speaker}: {text}" for d, text in todo]
+                vectors = await anyio.to_thread.run_sync(index.embedder.embed, texts)
+                for (doc, _), vector in zip(todo, vectors, strict=True):
+                    index.attach_vector(doc, vector)
+        except Exception:  # an embedder's failure leaves recall lexical, never breaks a session
+            log.exception("voice_context_embedding_failed", session=live.session.name)
+        finally:
+            live.embedding = False
+
     async def _recall_index(self, record: SessionRecord) -> RecallIndex:
         """The recall index of a stored session: every turn it ever had, and its notes."""
-        index = RecallIndex()
+        index = RecallIndex(embedder=self.embedder)
         if record.cursor:
             index.add_turns(0, await self.store.read_turns(record.name, 0, record.cursor))
         index.add_turns(record.cursor, record.turns)

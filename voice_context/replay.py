@@ -64,7 +64,8 @@ from voice_context.core.session import Applied, CompactionPlan, Failed, Session
 from voice_context.core.turns import ROLES, Note, Role, Turn
 from voice_context.errors import ConfigError, SummarizerError
 from voice_context.manager import CompactionEvent, SessionManager
-from voice_context.recall.index import RecallIndex, recall_candidates
+from voice_context.recall.embedding import load_embedder
+from voice_context.recall.index import RecallIndex, older_turns, recall_candidates
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 
 MESSAGE_TYPES = frozenset(
@@ -218,8 +219,10 @@ class OfflineReplay:
         overrides: Mapping[str, Any] | None = None,
         budget_chars: int | None = None,
         questions: Sequence[tuple[str, str]] = (),
+        embedder: Any = None,
     ) -> None:
         self.summarizer = summarizer
+        self.embedder = embedder
         self.config = config or session_defaults(summarizer)
         self.overrides = dict(overrides or {})
         self.budget_chars = budget_chars
@@ -241,7 +244,7 @@ class OfflineReplay:
                 if name in live:
                     live[name].session.reconfigure(config)
                 else:
-                    live[name] = _Live(Session(name, config))
+                    live[name] = _Live(Session(name, config), recall=RecallIndex(embedder=self.embedder))
                     result.turns[name] = live[name].turns
                 continue
             state = live.get(name)
@@ -249,13 +252,17 @@ class OfflineReplay:
                 if kind in ("session.close", "session.state"):
                     continue
                 # a recording that begins after its session was opened: the defaults apply
-                state = live[name] = _Live(Session(name, self.config.with_overrides(self.overrides)))
+                state = live[name] = _Live(
+                    Session(name, self.config.with_overrides(self.overrides)),
+                    recall=RecallIndex(embedder=self.embedder),
+                )
                 result.turns[name] = state.turns
             if kind == "turn.append" and isinstance(message.get("turn"), dict):
                 turn = turn_from(message["turn"], now)
                 now = turn.at if not started else max(now, turn.at)
                 started = True
                 state.recall.add_turn(state.session.append_turn(turn), turn)
+                state.recall.embed_pending()
                 state.turns.append(turn)
             elif kind == "note.append" and isinstance(message.get("note"), dict):
                 note = note_from(message["note"], now)
@@ -297,9 +304,10 @@ class OfflineReplay:
         facts: list[Any] = raw_facts if isinstance(raw_facts, list) else []
         base = message.get("base_instructions")
         raw_query = message.get("query")
+        config_budget = session.config.instructions_budget_chars
         tick = time.perf_counter()
         query, recalled = recall_candidates(
-            state.recall, session, raw_query if isinstance(raw_query, str) else None
+            state.recall, session, raw_query if isinstance(raw_query, str) else None, embed=True
         )
         context = build_context(
             session.view(),
@@ -309,6 +317,11 @@ class OfflineReplay:
             facts=[str(f) for f in facts],
             recalled=recalled,
             query=query,
+            older=older_turns(
+                state.recall,
+                session,
+                budget if budget is not None or fmt != "instructions" else config_budget,
+            ),
         )
         result.context_ms.append((time.perf_counter() - tick) * 1000)
         stats = session.stats()
@@ -481,6 +494,7 @@ async def replay_file(
         overrides=session_overrides(values or {}, point),
         budget_chars=budget_chars,
         questions=questions,
+        embedder=load_embedder(point.recall.embedder),
     )
     return await engine.run(read_recording(path))
 
@@ -702,6 +716,7 @@ async def replay_realtime(
         config=point.session,
         compaction_timeout=point.summarizer.compaction_timeout,
         clock=clock,
+        embedder=load_embedder(point.recall.embedder),
     ) as manager:
         sent = [0]
 

@@ -42,6 +42,7 @@ from typing import Any, Self
 from urllib.parse import quote, urlsplit
 
 import anyio
+import anyio.to_thread
 import orjson
 import structlog
 from anyio.abc import TaskGroup
@@ -79,6 +80,7 @@ from voice_context.core.turns import Turn
 from voice_context.errors import ConfigError, RateLimited, SessionClosed, StoreError, UnknownSession
 from voice_context.manager import CompactionEvent, SessionManager
 from voice_context.metrics import CONTENT_TYPE, Metrics
+from voice_context.recall.embedding import load_embedder
 from voice_context.store import open_store
 from voice_context.store.base import Store
 from voice_context.summarizers.base import Summarizer
@@ -341,6 +343,8 @@ class Server:
                 compaction_timeout=self.settings.summarizer.compaction_timeout,
                 close_timeout=cfg.shutdown_timeout,
                 replica=replica_name(cfg.replica, cfg.port),
+                # loading (a first use distils the static table: some 20 s) runs off the event loop
+                embedder=await anyio.to_thread.run_sync(load_embedder, self.settings.recall.embedder),
             )
             self._manager = await stack.enter_async_context(manager)
             self.metrics.watch_manager(

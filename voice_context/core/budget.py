@@ -33,8 +33,9 @@ budget):
 6. the session summary, up to ``summary_share`` of the budget plus whatever
    of recall's share recall left unused (and at most ``summary_priority_chars``),
 7. the live screen notes, newest first,
-8. the older verbatim turns back to the cursor, newest first (a recalled
-   passage of a turn that becomes verbatim here gives its room back),
+8. the older verbatim turns back to the cursor, newest first, then (when
+   ``older`` turns are given) past it (a recalled passage of a turn that
+   becomes verbatim here gives its room back),
 9. the rest of a longer summary, then more recalled passages (up to
    ``recall_limit``), in whatever room is left.
 
@@ -275,14 +276,18 @@ def build_context(
     facts: Sequence[str] = (),
     recalled: Sequence[Recalled] = (),
     query: str = "",
+    older: Sequence[Turn] = (),
 ) -> Context:
     """Assemble the context for one reply; see the module docstring for the rules.
 
     ``budget_chars`` defaults to the session's ``instructions_budget_chars`` for
     ``instructions`` and to no budget for ``messages``. ``recalled`` are the
     passages recall found for ``query``, best first (those of turns the context
-    shows verbatim are skipped). Raises ``ValueError`` for an unknown format or
-    a negative budget.
+    shows verbatim are skipped). ``older`` are the turns just before the cursor
+    (the store keeps them, the summary covers them): under a budget, room left
+    once every turn from the cursor is shown extends the verbatim run into
+    them, so short turns are never shown fewer than the budget holds. Raises
+    ``ValueError`` for an unknown format or a negative budget.
     """
     if format not in FORMATS:
         raise ValueError(f"unknown context format {format!r}")
@@ -291,8 +296,11 @@ def build_context(
     if budget_chars is not None and budget_chars < 0:
         raise ValueError("budget_chars must be >= 0")
     config = view.config
-    turns = view.turns
+    if budget_chars is None:
+        older = ()  # without a budget every turn from the cursor is shown; the summary has the rest
+    turns = (*older, *view.turns)
     n = len(turns)
+    start = view.cursor - len(older)  # the transcript index of turns[0]
     fill = _Fill(_INSTRUCTIONS if format == "instructions" else _MESSAGES, budget_chars)
     dropped: list[str] = []
     recalled = recalled if config.recall else ()
@@ -347,7 +355,7 @@ def build_context(
     offered = list(recalled)
 
     def verbatim_from() -> int:
-        return view.cursor + n - len(fill.items["turns"])
+        return start + n - len(fill.items["turns"])
 
     def recall(limit_chars: int) -> int:
         """Add offered passages in rank order within ``limit_chars``; returns the chars spent."""
@@ -388,7 +396,7 @@ def build_context(
 
     # 8. older verbatim turns back to the cursor; a recalled passage of a turn shown whole goes
     while not stopped and next_turn >= 0:
-        index = view.cursor + next_turn
+        index = start + next_turn
         for k, passage in enumerate(chosen):
             if passage.turn == index:
                 fill.remove("recall", k)
@@ -399,7 +407,7 @@ def build_context(
         else:
             next_turn -= 1
     shown = len(fill.items["turns"])
-    if shown < n - ("current_turn" in dropped):
+    if shown < len(view.turns) - ("current_turn" in dropped):
         dropped.append("older_turns")
 
     # 9. the rest of a longer summary, then more recall, in the room left
@@ -442,7 +450,7 @@ def build_context(
         covered_through=view.covered_through,
         summary=fill.items["summary"][0] if fill.items["summary"] else "",
         chars=chars,
-        first_turn=view.cursor + n - shown,
+        first_turn=start + n - shown,
         turns_shown=shown,
         messages=messages,
         instructions=instructions,

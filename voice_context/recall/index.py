@@ -27,7 +27,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import Stemmer
 
@@ -35,7 +35,7 @@ from voice_context.core.recalled import PassageKind, Recalled
 from voice_context.core.session import Session
 from voice_context.core.text import ELLIPSIS, clip, normalize, sentences
 from voice_context.core.times import utc
-from voice_context.core.turns import Note, Turn
+from voice_context.core.turns import Note, Role, Turn
 from voice_context.summarizers.deterministic import _RELATIVE as RELATIVE_DATE
 from voice_context.summarizers.deterministic import resolve_dates, spoken_numbers
 
@@ -47,6 +47,12 @@ SENTENCE_SHARE = 0.75
 """A turn is shown as its matching sentences (and the one after them, where answers tend to be)
 when they hold at least this share of its match and are clearly shorter than the turn."""
 
+MAX_QUERY_TERMS = 12
+"""A search uses at most this many of the query's words: its rarest."""
+MAX_OLDER_TURNS = 400
+"""At most this many folded turns are offered to extend a context's verbatim run."""
+SPLIT_CACHE = 512
+"""Docs whose sentences a search keeps split and tokenized (the most recently searched)."""
 _TOKEN = re.compile(r"[a-z0-9]+")
 _POSSESSIVE = re.compile(r"['’]s\b")
 _APOSTROPHE = re.compile(r"['’]")
@@ -121,6 +127,7 @@ class _Doc:
     speaker: str
     text: str
     length: int
+    role: str = "user"
 
 
 @dataclass(slots=True)
@@ -132,7 +139,10 @@ class RecallIndex:
     total_length: int = 0
     vectors: dict[int, Any] = field(default_factory=dict)
     """Doc id -> unit vector (a numpy array), attached when an embedder ran."""
+    embedder: Any = None
+    """An :class:`~voice_context.recall.embedding.Embedder`, or ``None`` for lexical recall only."""
     _turn_doc: dict[int, int] = field(default_factory=dict)
+    _split: dict[int, list[tuple[str, frozenset[str]]]] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return f"<RecallIndex docs={len(self.docs)} terms={len(self.postings)} vectors={len(self.vectors)}>"
@@ -147,7 +157,7 @@ class RecallIndex:
         known = self._turn_doc.get(index)
         if known is not None:
             return known
-        doc = self._add(_Doc("turn", index, turn.at, turn.speaker, turn.text, 0), turn.speaker)
+        doc = self._add(_Doc("turn", index, turn.at, turn.speaker, turn.text, 0, turn.role), turn.speaker)
         self._turn_doc[index] = doc
         return doc
 
@@ -164,6 +174,18 @@ class RecallIndex:
     def turns(self) -> int:
         """How many turns are indexed (turns ``0 .. turns-1``)."""
         return len(self._turn_doc)
+
+    def turns_before(self, end: int, count: int) -> list[Turn]:
+        """Up to ``count`` turns just before index ``end``, oldest first, as far back as held
+        without a hole: what a context may show verbatim past the cursor."""
+        out: list[Turn] = []
+        for index in range(end - 1, max(-1, end - 1 - count), -1):
+            doc_id = self._turn_doc.get(index)
+            if doc_id is None:
+                break
+            doc = self.docs[doc_id]
+            out.append(Turn(doc.speaker, cast(Role, doc.role), doc.text, doc.at))
+        return out[::-1]
 
     def doc_for_turn(self, index: int) -> int | None:
         return self._turn_doc.get(index)
@@ -182,6 +204,25 @@ class RecallIndex:
                 if len(out) >= limit:
                     break
         return out
+
+    def embed_pending(self, limit: int = 256) -> int:
+        """Embed up to ``limit`` docs that have no vector yet (newest first), in one batch; returns
+        how many. Synchronous and CPU-bound: a server runs it in a worker thread, off the reply path."""
+        if self.embedder is None:
+            return 0
+        todo = self.unembedded(limit)
+        if not todo:
+            return 0
+        vectors = self.embedder.embed([f"{self.docs[d].speaker}: {text}" for d, text in todo])
+        for (doc, _), vector in zip(todo, vectors, strict=True):
+            self.vectors[doc] = vector
+        return len(todo)
+
+    def query_vector(self, query: str) -> Any:
+        """The query's unit vector, or ``None`` without an embedder or an empty query."""
+        if self.embedder is None or not query.strip():
+            return None
+        return self.embedder.embed([query])[0]
 
     def _add(self, doc: _Doc, speaker: str) -> int:
         terms = index_terms(doc.text)
@@ -204,21 +245,24 @@ class RecallIndex:
 
     def lexical(self, terms: Sequence[str], *, before: int | None = None) -> dict[int, float]:
         """BM25 score of every doc that holds a query word (turns at ``before`` or later excluded)."""
-        if not self.docs:
+        docs = self.docs
+        if not docs:
             return {}
-        avg = self.total_length / len(self.docs) or 1.0
+        avg = self.total_length / len(docs) or 1.0
         scores: dict[int, float] = {}
+        get = scores.get
+        limit = len(docs) if before is None else before
         for term in set(terms):
             postings = self.postings.get(term)
             if not postings:
                 continue
             weight = self.idf(term)
             for doc_id, tf in postings:
-                doc = self.docs[doc_id]
-                if before is not None and doc.turn is not None and doc.turn >= before:
+                doc = docs[doc_id]
+                if doc.turn is not None and doc.turn >= limit:
                     continue
                 norm = tf * (K1 + 1) / (tf + K1 * (1 - B + B * doc.length / avg))
-                scores[doc_id] = scores.get(doc_id, 0.0) + weight * norm
+                scores[doc_id] = get(doc_id, 0.0) + weight * norm
         return scores
 
     def search(
@@ -237,7 +281,8 @@ class RecallIndex:
         best is noise and left out. ``query_vector`` (a unit vector) adds the
         vector ranking, fused by reciprocal rank.
         """
-        terms = index_terms(query)
+        # the rarest words of a long query carry its meaning, and bound the postings walked
+        terms = sorted(set(index_terms(query)), key=lambda t: (-self.idf(t), t))[:MAX_QUERY_TERMS]
         lexical = self.lexical(terms, before=before)
         ranked: dict[int, float] = {}
         if lexical:
@@ -273,7 +318,7 @@ class RecallIndex:
 
     def _render(self, doc_id: int, score: float, wanted: set[str]) -> Recalled:
         doc = self.docs[doc_id]
-        text, granularity = self._best_span(doc.text, wanted)
+        text, granularity = self._best_span(doc.text, wanted, doc_id)
         text = annotate_dates(text, doc.at) if doc.kind == "turn" else text
         when = stamp(doc.at)
         head = f"[{when}] " if when else ""
@@ -283,12 +328,30 @@ class RecallIndex:
             line = f"{head}{text}"
         return Recalled(doc.kind, doc.turn, line, score, granularity, doc.at)
 
-    def _best_span(self, text: str, wanted: set[str]) -> tuple[str, Literal["turn", "sentences"]]:
+    def _sentences(self, doc_id: int, text: str) -> list[tuple[str, frozenset[str]]]:
+        """A doc's sentences with their words, cached for the docs searched most recently."""
+        got = self._split.get(doc_id)
+        if got is None:
+            parts = sentences(normalize(text).replace("\n", " "))
+            got = [(p, frozenset(index_terms(p))) for p in parts]
+            if len(self._split) >= SPLIT_CACHE:
+                self._split.pop(next(iter(self._split)))
+            self._split[doc_id] = got
+        return got
+
+    def _best_span(
+        self, text: str, wanted: set[str], doc_id: int = -1
+    ) -> tuple[str, Literal["turn", "sentences"]]:
         """The turn's sentences that hold most of its match, when they are clearly shorter."""
-        parts = sentences(normalize(text).replace("\n", " "))
+        split = (
+            self._sentences(doc_id, text)
+            if doc_id >= 0
+            else [(p, frozenset(index_terms(p))) for p in sentences(normalize(text).replace("\n", " "))]
+        )
+        parts = [p for p, _ in split]
         if len(parts) < 2 or not wanted:
             return text, "turn"
-        weights = [sum(self.idf(t) for t in set(index_terms(p)) & wanted) for p in parts]
+        weights = [sum(self.idf(t) for t in words & wanted) for _, words in split]
         total = sum(weights)
         if total <= 0:
             return text, "turn"
@@ -343,21 +406,32 @@ def default_query(turns: Sequence[Turn]) -> str:
 
 
 def recall_candidates(
-    index: RecallIndex, session: Session, query: str | None, *, query_vector: Any = None
+    index: RecallIndex, session: Session, query: str | None, *, query_vector: Any = None, embed: bool = False
 ) -> tuple[str, list[Recalled]]:
     """The query a context recalls for, and what recall offers it, best first.
 
     Turns are offered before summary lines; the context builder skips those it
-    shows verbatim anyway.
+    shows verbatim anyway. ``query_vector`` (or ``embed``, to embed the query here) adds the
+    index's vectors to the ranking.
     """
     config = session.config
     text = default_query(session.verbatim_turns) if query is None else query
     if not config.recall or not text.strip():
         return text, []
-    limit = max(1, config.recall_limit) * 3
+    limit = max(1, config.recall_limit) * 2
+    if embed and query_vector is None:
+        query_vector = index.query_vector(text)
     found = index.search(text, before=session.total_turns - 1, limit=limit, query_vector=query_vector)
     found.extend(search_summary(session.summary, text, limit=config.recall_limit))
     return text, found
+
+
+def older_turns(index: RecallIndex, session: Session, budget_chars: int | None) -> list[Turn]:
+    """The turns just before the cursor a budgeted context may extend its verbatim run into:
+    as many as the budget could hold at 20 chars a line (none without a budget)."""
+    if budget_chars is None or not session.cursor:
+        return []
+    return index.turns_before(session.cursor, min(MAX_OLDER_TURNS, budget_chars // 20))
 
 
 __all__ = [
@@ -366,6 +440,7 @@ __all__ = [
     "annotate_dates",
     "default_query",
     "index_terms",
+    "older_turns",
     "recall_candidates",
     "search_summary",
     "stamp",
