@@ -418,7 +418,7 @@ def recall_candidates(
     text = default_query(session.verbatim_turns) if query is None else query
     if not config.recall or not text.strip():
         return text, []
-    limit = max(1, config.recall_limit) * 2
+    limit = max(1, config.recall_limit) + 4  # a few spare for those shown verbatim anyway
     if embed and query_vector is None:
         query_vector = index.query_vector(text)
     found = index.search(text, before=session.total_turns - 1, limit=limit, query_vector=query_vector)
