@@ -148,6 +148,11 @@ CLIENT_MAXIMA: Mapping[str, int | float] = {
     "max_turn_chars": 8_000,
     "priority_turns": 100,
     "min_age_seconds": 3_600,
+    "recent_share": 1,
+    "recall": 1,
+    "recall_share": 1,
+    "summary_share": 1,
+    "recall_limit": 32,
 }
 
 
