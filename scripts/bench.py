@@ -9,10 +9,13 @@
 4. Over the wire: ``context.get`` round trips through a real server on
    127.0.0.1 with the client, against ``ping`` round trips (the transport's
    floor) and against ``context.get`` while a slow fold is in flight.
-5. Recall on the reply path, in process: a 5,000-turn session (the text of the
-   project's own recordings, each turn numbered), a context with a query
-   (recall over the whole history, then the budget) against the same context
-   with recall off; and what indexing one turn costs.
+5. Recall on the reply path: a 5,000-turn session (the text of the project's
+   own recordings, each turn numbered), a context with a query (recall over the
+   whole history, then the budget) against the same context with recall off:
+   in process over an in-memory index (what a replay runs), and through
+   ``SessionManager.context`` over the index a SQLite store keeps beside the
+   turns (what a server runs); what indexing one turn costs; and what the
+   served session holds in the process.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 import structlog
 
 from voice_context import DeterministicSummarizer, SessionConfig, SessionManager, Turn
@@ -197,9 +201,58 @@ def bench_recall(n: int, size: int = 5000) -> None:
         build_context(folded.view(), "instructions", budget_chars=8000, recalled=recalled, query=query)
 
     samples = timed(with_recall, n)
-    print(f"{'indexing one turn':<52} mean {per_turn * 1e6:8.1f} us")
+    print(f"{'indexing one turn (in process)':<52} mean {per_turn * 1e6:8.1f} us")
     print(row("context, recall off (8,000 chars)", samples_off))
     print(row("context with a query: recall + budget", samples, samples_off))
+    anyio.run(bench_recall_served, n, size, texts, queries)
+
+
+async def bench_recall_served(n: int, size: int, texts: list[tuple[str, str]], queries: list[str]) -> None:
+    import tempfile
+    import tracemalloc
+
+    from voice_context.store.sqlite import SQLiteStore
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SQLiteStore(Path(tmp) / "bench.db")
+        async with SessionManager(DeterministicSummarizer(), store=store, close_timeout=30) as manager:
+            tracemalloc.start()
+            await manager.open("bench")
+            tick = time.perf_counter()
+            for i in range(size):
+                speaker, text = texts[i % len(texts)]
+                new = Turn(speaker, "user", f"{text} (take {i // len(texts)})", at=1_700_000_000.0 + 4 * i)
+                await manager.append_turn("bench", new)
+                if i % 50 == 49:
+                    await manager.context("bench", "messages")  # lets the folds keep up, as a bot would
+            appended = time.perf_counter() - tick
+            await manager.wait_indexed("bench")
+            held, _ = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+            session = manager.session("bench")
+            disk = await anyio.to_thread.run_sync(lambda: sum(f.stat().st_size for f in Path(tmp).iterdir()))
+
+            async def timed_async(query: str | None) -> list[float]:
+                out = []
+                for k in range(n):
+                    q = None if query is None else queries[k % len(queries)]
+                    t0 = time.perf_counter()
+                    await manager.context("bench", "instructions", budget_chars=8000, query=q)
+                    out.append(time.perf_counter() - t0)
+                return out
+
+            plain = await timed_async(None)
+            asked = await timed_async("query")
+        print(
+            f"{'served: append + index one turn (SQLite, fsync)':<52} mean {appended / size * 1e6:8.1f} us"
+            f"  cursor {session.cursor:,} of {session.total_turns:,}"
+        )
+        print(
+            f"{'served: what the session holds in the process':<52} {held / 1024:8.1f} KiB"
+            f"  (store on disk {disk / size:,.0f} bytes/turn)"
+        )
+        print(row("served: context, the newest user turn as query", plain))
+        print(row("served: context with a query (SQLite index)", asked, plain))
 
 
 def main() -> None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -271,6 +272,48 @@ async def test_with_an_embedder_recall_finds_a_paraphrase_no_word_of_the_query_m
                 break
             await anyio.sleep(0.02)
     assert 0 in found
+
+
+class Counting:
+    """A real embedder that counts the texts it is given."""
+
+    def __init__(self, name: str) -> None:
+        self.inner = load_embedder(name)
+        self.texts = 0
+
+    @property
+    def name(self) -> str:
+        return str(self.inner.name) if self.inner is not None else "none"
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        self.texts += len(texts)
+        assert self.inner is not None
+        return self.inner.embed(texts)
+
+
+@pytest.mark.asyncio
+async def test_vectors_are_kept_in_the_store_and_a_restarted_server_embeds_only_the_query(
+    tmp_path: Path,
+) -> None:
+    said = Turn("Melanie", "user", "We adopted a little beagle puppy from the shelter.", T0 - 3600)
+    first, second = Counting("minilm-static"), Counting("minilm-static")
+    store = SQLiteStore(tmp_path / "sessions.db")
+    async with SessionManager(DeterministicSummarizer(), store=store, embedder=first) as manager:
+        await manager.open("room", SMALL)
+        await speak(manager, "room", [said, *chatter(40, 1)])
+        with anyio.fail_after(20):
+            assert await manager.wait_indexed("room") == 0  # turns indexed and embedded in the background
+    await store.aclose()
+
+    store = SQLiteStore(tmp_path / "sessions.db")
+    async with SessionManager(DeterministicSummarizer(), store=store, embedder=second) as manager:
+        await manager.open("room")
+        ctx = await manager.context("room", "messages", query="Do they have a pet dog?")
+    await store.aclose()
+
+    assert first.texts >= 41
+    assert second.texts == 1, "only the query: the turns' vectors came from the store"
+    assert 0 in [p.turn for p in ctx.recalled]
 
 
 def test_room_left_under_a_budget_extends_the_verbatim_run_past_the_cursor() -> None:

@@ -22,12 +22,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
+from voice_context.core.recalled import IndexedDoc
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import ConfigError, SessionNotStored, StoreError
+from voice_context.recall.index import indexed, note_passage, turn_passage
 from voice_context.store import MemoryStore, SessionRecord, Store, open_store
 from voice_context.store.common import TurnConflict
 from voice_context.store.redis import RedisStore
-from voice_context.store.sqlite import SQLiteStore
+from voice_context.store.sqlite import SCHEMA_VERSION, SQLiteStore
 from voice_context.testing.redis_server import RedisClusterServers, RedisServer
 
 T0 = 1714572187.0
@@ -348,6 +350,84 @@ async def test_a_deleted_session_is_forgotten_entirely(store: Store) -> None:
     assert other is not None and other.total_turns == 1
 
 
+# -- the recall index ---------------------------------------------------------------
+
+
+def doc(i: int, text: str | None = None) -> IndexedDoc:
+    t = turn(i)
+    return indexed(turn_passage(i, t if text is None else Turn(t.speaker, t.role, text, t.at)))
+
+
+@pytest.mark.asyncio
+async def test_the_recall_index_takes_each_stored_turn_once_and_in_order(store: Store) -> None:
+    await a_session_with_turns(store, "room-1", 5)
+
+    first = await store.index_turns("room-1", 0, [doc(i) for i in range(3)])
+    again = await store.index_turns("room-1", 1, [doc(i) for i in range(1, 5)])
+    gap = await store.index_turns("room-1", 7, [doc(7)])
+    unstored = await store.index_turns("room-1", 5, [doc(5)])
+
+    assert (first.turns, first.docs) == (3, 3)
+    assert (again.turns, again.docs) == (5, 5), "turns 1 and 2 were indexed already"
+    assert gap == again and unstored == again, "nothing past the next turn, nothing not stored"
+    stats, postings = await store.recall_postings("room-1", ["line", "alic", "3", "absent"])
+    assert stats == again and stats.length == sum(doc(i).length for i in range(5))
+    assert sorted(key for key, _, _ in postings["line"]) == [0, 1, 2, 3, 4]
+    assert [key for key, _, _ in postings["3"]] == [3]
+    assert "absent" not in postings
+
+
+@pytest.mark.asyncio
+async def test_notes_join_the_index_under_negative_keys_and_come_back_as_passages(store: Store) -> None:
+    await a_session_with_turns(store, "room-1", 2)
+    await store.index_turns("room-1", 0, [doc(0), doc(1)])
+
+    first = await store.index_note("room-1", indexed(note_passage(note(7))))
+    second = await store.index_note("room-1", indexed(note_passage(note(8))))
+    _, postings = await store.recall_postings("room-1", ["screen"])
+    passages = await store.recall_passages("room-1", [1, -1, -2, -3, 40])
+
+    assert (first.notes, second.notes, second.docs) == (1, 2, 4)
+    assert sorted(key for key, _, _ in postings["screen"]) == [-2, -1]
+    assert passages[1] == turn_passage(1, turn(1))
+    assert passages[-1].kind == "note" and "screen 7" in passages[-1].text and passages[-1].at == T0 + 7
+    assert passages[-2].text.endswith("screen 8") or "screen 8" in passages[-2].text
+    assert -3 not in passages and 40 not in passages
+
+
+@pytest.mark.asyncio
+async def test_vectors_are_kept_by_doc_key(store: Store) -> None:
+    await a_session_with_turns(store, "room-1", 2)
+
+    await store.save_vectors("room-1", {0: b"\x00\x01", -1: bytes(range(256))})
+    await store.save_vectors("room-1", {0: b"\x02"})
+
+    assert await store.load_vectors("room-1") == {0: b"\x02", -1: bytes(range(256))}
+
+
+@pytest.mark.asyncio
+async def test_a_deleted_session_takes_its_recall_index_with_it(store: Store) -> None:
+    await a_session_with_turns(store, "room-1", 2)
+    await store.index_turns("room-1", 0, [doc(0), doc(1)])
+    await store.index_note("room-1", indexed(note_passage(note(1))))
+    await store.save_vectors("room-1", {0: b"v"})
+
+    await store.delete("room-1")
+    await store.create(SessionRecord("room-1"))
+
+    stats, postings = await store.recall_postings("room-1", ["line", "screen"])
+    assert (stats.docs, stats.turns, stats.notes, postings) == (0, 0, 0, {})
+    assert await store.load_vectors("room-1") == {}
+
+
+@pytest.mark.asyncio
+async def test_the_recall_index_of_a_session_never_stored_is_an_unknown_session(store: Store) -> None:
+    with pytest.raises(SessionNotStored):
+        await store.index_turns("nobody", 0, [doc(0)])
+    with pytest.raises(SessionNotStored):
+        await store.recall_postings("nobody", ["line"])
+
+
 # -- durable stores only ------------------------------------------------------------
 
 
@@ -426,9 +506,28 @@ async def test_the_sqlite_file_is_in_wal_mode_with_a_schema_version(tmp_path: Pa
 
     with sqlite3.connect(tmp_path / "vc.db") as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
         columns = {row[1] for row in conn.execute("PRAGMA table_info(turns)")}
     assert columns == {"session", "idx", "speaker", "role", "text", "at", "id"}
+
+
+@pytest.mark.asyncio
+async def test_a_file_from_before_the_recall_index_gains_it_and_keeps_its_sessions(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "vc.db")
+    await a_session_with_turns(store, "room-1", 3)
+    await store.aclose()
+    with sqlite3.connect(tmp_path / "vc.db") as conn:  # what version 1 wrote
+        for table in ("recall_terms", "recall_notes", "recall_vectors", "recall_state"):
+            conn.execute(f"DROP TABLE {table}")
+        conn.execute("UPDATE schema_version SET version = 1")
+
+    upgraded = SQLiteStore(tmp_path / "vc.db")
+    record = await upgraded.load("room-1")
+    stats = await upgraded.index_turns("room-1", 0, [doc(i) for i in range(3)])
+    await upgraded.aclose()
+
+    assert record is not None and record.total_turns == 3
+    assert stats.turns == 3
 
 
 @pytest.mark.asyncio

@@ -34,6 +34,7 @@ from anyio.abc import TaskGroup
 from voice_context.config import session_defaults
 from voice_context.core.budget import Context, Format, build_context
 from voice_context.core.config import SessionConfig
+from voice_context.core.recalled import Recalled
 from voice_context.core.session import (
     Accepted,
     Applied,
@@ -48,7 +49,15 @@ from voice_context.core.turns import Note, Turn
 from voice_context.core.window import Skip, SkipReason
 from voice_context.errors import SessionClosed, StoreError, SummarizerError, TurnConflict, UnknownSession
 from voice_context.recall.embedding import Embedder
-from voice_context.recall.index import RecallIndex, default_query, older_turns, recall_candidates
+from voice_context.recall.index import (
+    MAX_OLDER_TURNS,
+    SummaryIndex,
+    default_query,
+    indexed,
+    note_passage,
+    turn_passage,
+)
+from voice_context.recall.stored import search_store
 from voice_context.store.base import SessionRecord, Store
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import Summarizer, SummaryRequest
@@ -56,7 +65,35 @@ from voice_context.summarizers.base import Summarizer, SummaryRequest
 log = structlog.get_logger("voice_context")
 
 EMBED_BATCH = 256
-"""At most this many turns embedded by one background pass (the next request starts the next)."""
+"""At most this many docs embedded by one model call in the background."""
+INDEX_BATCH = 256
+"""At most this many turns indexed by one store write in the background."""
+INDEX_SLACK = 8
+"""A context waits for the background indexing only when more turns than this wait for it
+(a burst of appends): the newest few are shown verbatim anyway."""
+INDEX_WAIT = 2.0
+"""The longest a context waits for that indexing (seconds) before it recalls without it."""
+
+
+@dataclass(eq=False)
+class _Recall:
+    """What a live session keeps here of its recall index (the store holds the index itself):
+    how far indexing has come, what waits for it, and two bounded caches."""
+
+    indexed: int = 0
+    """Turns ``0 .. indexed-1`` are in the store's index."""
+    notes: list[Note] = field(default_factory=list)
+    """Notes waiting to be indexed."""
+    running: bool = False
+    done: anyio.Event = field(default_factory=anyio.Event)
+    vectors: dict[int, Any] | None = None
+    """Doc key -> unit vector, when the manager has an embedder."""
+    unembedded: list[int] = field(default_factory=list)
+    """Indexed doc keys with no vector yet."""
+    older: tuple[int, int, list[Turn]] | None = None
+    """The turns just before the cursor last read for a context: (cursor, count, turns)."""
+    summary: SummaryIndex | None = None
+    """The words of the summary's lines, indexed once per summary."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +132,7 @@ class _Live:
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     scope: anyio.CancelScope | None = None
     listeners: list[Listener] = field(default_factory=list)
-    recall: RecallIndex = field(default_factory=RecallIndex)
-    embedding: bool = False
+    recall: _Recall = field(default_factory=_Recall)
     #: the config overrides the store keeps for the session
     overrides: dict[str, Any] = field(default_factory=dict)
     #: the last compaction skip logged at INFO (its reason, and the plan or backoff it was about)
@@ -259,19 +295,20 @@ class SessionManager:
             if overrides:
                 await self.store.save_config(name, merged)
             await self._save_notes_if_changed(session, (record.live_notes, record.pending_notes))
-            recall = await self._recall_index(record)
+            recall = await self._recall_state(name)
             resumed = True
         else:
             merged = dict(overrides or {})
             config = self.config.with_overrides(merged)
             await self.store.create(SessionRecord(name, config=merged, owner=owner))
             session = Session(name, config)
-            recall = RecallIndex(embedder=self.embedder)
+            recall = _Recall(vectors={} if self.embedder is not None else None)
             resumed = False
         if self._closing:  # the shutdown began during the awaits above
             raise SessionClosed("the server is shutting down")
         # only opens insert sessions, and they hold this name's open lock
         live = self._live.setdefault(name, _Live(session, owner, overrides=merged, recall=recall))
+        self._maybe_index(live)
         return Opened(name, resumed, live.session.stats())
 
     async def _save_notes_if_changed(
@@ -301,8 +338,9 @@ class SessionManager:
                     await self._catch_up_locked(live)
                     text = f"session {name!r} is being appended to elsewhere at the same time: try again"
                     raise StoreError(text, retryable=True) from conflict
-            live.recall.add_turn(index, turn)
-            return live.session.append_turn(turn)
+            appended = live.session.append_turn(turn)
+            self._maybe_index(live)
+            return appended
 
     async def append_note(self, name: str, note: Note, *, owner: str | None = None) -> NotesChanged:
         """Add a screen-watch note; evicted notes queue for the next compaction."""
@@ -316,7 +354,8 @@ class SessionManager:
             except BaseException:
                 session.restore_notes(*before)
                 raise
-            live.recall.add_note(note)
+            live.recall.notes.append(note)
+            self._maybe_index(live)
             return changed
 
     async def context(
@@ -338,31 +377,52 @@ class SessionManager:
         """
         live = self._get(name, owner)
         self._maybe_compact(live)
-        query_vector = None
-        if live.recall.embedder is not None:
-            self._maybe_embed(live)
-            text = default_query(live.session.verbatim_turns) if query is None else query
-            if text.strip():  # a model's forward pass must not hold up the event loop
-                query_vector = await anyio.to_thread.run_sync(live.recall.query_vector, text)
-            live = self._get(name, owner)  # decide again after the await
         session = live.session
-        query, recalled = recall_candidates(live.recall, session, query, query_vector=query_vector)
+        if session.total_turns - live.recall.indexed > INDEX_SLACK and live.recall.running:
+            with anyio.move_on_after(INDEX_WAIT):  # a burst of appends: let recall see it
+                await live.recall.done.wait()
+        text = default_query(session.verbatim_turns) if query is None else query
+        recalled = await self._recall(live, text) if session.config.recall and text.strip() else []
+        budget = (
+            budget_chars
+            if budget_chars is not None
+            else (session.config.instructions_budget_chars if format == "instructions" else None)
+        )
+        older = await self._older(live, budget)
+        live = self._get(name, owner)  # decide again after the awaits
         return build_context(
-            session.view(),
+            live.session.view(),
             format,
             budget_chars=budget_chars,
             base_instructions=base_instructions,
             facts=facts,
             recalled=recalled,
-            query=query,
-            older=older_turns(
-                live.recall,
-                session,
-                budget_chars
-                if budget_chars is not None
-                else (session.config.instructions_budget_chars if format == "instructions" else None),
-            ),
+            query=text,
+            older=older,
         )
+
+    def indexing_lag(self, name: str, *, owner: str | None = None) -> int:
+        """How many of the session's turns and notes wait for the recall index, or (with an
+        embedder) for their vectors: work done in the background; 0 when recall sees everything."""
+        live = self._get(name, owner)
+        recall = live.recall
+        waiting = live.session.total_turns - recall.indexed + len(recall.notes)
+        return waiting + (len(recall.unembedded) if self.embedder is not None else 0)
+
+    async def wait_indexed(self, name: str, *, owner: str | None = None) -> int:
+        """Wait for the background indexing of the session to finish; returns the lag left
+        (0 unless the store keeps failing): for tools, benchmarks and tests."""
+        lag = self.indexing_lag(name, owner=owner)
+        while lag:
+            live = self._get(name, owner)
+            self._maybe_index(live)
+            if not live.recall.running:
+                break
+            await live.recall.done.wait()
+            before, lag = lag, self.indexing_lag(name, owner=owner)
+            if lag >= before:
+                break
+        return lag
 
     def state(self, name: str, *, owner: str | None = None) -> SessionStats:
         return self._get(name, owner).session.stats()
@@ -433,11 +493,7 @@ class SessionManager:
             live.scope.cancel()
         session.begin_ending()
         live.session = _restore(record, session.config)
-        if record.total_turns > live.recall.turns:
-            live.recall.add_turns(
-                live.recall.turns,
-                await self.store.read_turns(session.name, live.recall.turns, record.total_turns),
-            )
+        live.recall.older = None
         log.info(
             "voice_context_session_caught_up",
             session=session.name,
@@ -447,37 +503,147 @@ class SessionManager:
             was_cursor=seen[1],
         )
 
-    def _maybe_embed(self, live: _Live) -> None:
-        """Embed the turns recall has no vector for yet, in the background, one batch at a time."""
-        if live.embedding or self._tg is None or self._closing or not live.recall.unembedded(1):
+    # -- recall ----------------------------------------------------------------
+
+    async def _recall_state(self, name: str) -> _Recall:
+        """Where a stored session's recall index stands (and its vectors, with an embedder)."""
+        stats, _ = await self.store.recall_postings(name, ())
+        recall = _Recall(indexed=stats.turns)
+        if self.embedder is not None:
+            import numpy as np
+
+            stored = await self.store.load_vectors(name)
+            recall.vectors = {key: np.frombuffer(raw, dtype=np.float32) for key, raw in stored.items()}
+            keys = [*range(stats.turns), *range(-1, -stats.notes - 1, -1)]
+            recall.unembedded = [key for key in keys if key not in recall.vectors]
+        return recall
+
+    async def _recall(self, live: _Live, text: str) -> list[Recalled]:
+        """What recall offers a context for ``text``: passages from the store's index, then
+        summary lines. A store that fails leaves the context without them, never without a reply."""
+        session, recall = live.session, live.recall
+        limit = max(1, session.config.recall_limit) + 4  # a few spare for those shown verbatim anyway
+        query_vector = None
+        if self.embedder is not None and recall.vectors:
+            # a model's forward pass must not hold up the event loop
+            query_vector = (await anyio.to_thread.run_sync(self.embedder.embed, [text]))[0]
+        try:
+            found = await search_store(
+                self.store,
+                session.name,
+                text,
+                before=session.total_turns - 1,
+                limit=limit,
+                query_vector=query_vector,
+                vectors=recall.vectors,
+            )
+        except StoreError:
+            log.warning("voice_context_recall_failed", session=session.name, exc_info=True)
+            found = []
+        summary = live.session.summary
+        if summary:
+            if recall.summary is None or recall.summary.summary is not summary:
+                recall.summary = SummaryIndex.of(summary)
+            found.extend(recall.summary.search(text, limit=session.config.recall_limit))
+        return found
+
+    async def _older(self, live: _Live, budget_chars: int | None) -> list[Turn]:
+        """The turns just before the cursor a budgeted context may extend its verbatim run into:
+        as many as the budget could hold at 20 chars a line, read once per cursor (none without
+        a budget). Kept here only as far back as the budget's chars reach."""
+        cursor = live.session.cursor
+        if budget_chars is None or not cursor:
+            return []
+        count = min(MAX_OLDER_TURNS, budget_chars // 20)
+        cached = live.recall.older
+        if cached is not None and cached[0] == cursor and cached[1] >= count:
+            return cached[2]
+        try:
+            turns = await self.store.read_turns(live.session.name, max(0, cursor - count), cursor)
+        except StoreError:
+            log.warning("voice_context_older_turns_failed", session=live.session.name, exc_info=True)
+            return []
+        kept, chars = 0, 0
+        for turn in reversed(turns):
+            if chars >= budget_chars:
+                break
+            chars += len(turn.text) + len(turn.speaker) + 2
+            kept += 1
+        turns = turns[len(turns) - kept :]
+        live.recall.older = (cursor, count, turns)
+        return turns
+
+    def _maybe_index(self, live: _Live) -> None:
+        """Index what waits for it (turns, notes; their vectors), in the background."""
+        recall = live.recall
+        pending = (
+            recall.notes or recall.indexed < live.session.total_turns or (recall.unembedded and self.embedder)
+        )
+        if recall.running or not pending or self._tg is None or self._closing:
             return
-        live.embedding = True
-        self._tg.start_soon(self._embed, live)
+        recall.running = True
+        if recall.done.is_set():
+            recall.done = anyio.Event()
+        self._tg.start_soon(self._index, live)
+
+    async def _index(self, live: _Live) -> None:
+        """Write what waits to the store's recall index, batch by batch, until nothing does.
+        A failure is logged and retried with the next append; it never breaks the session."""
+        recall = live.recall
+        name = live.session.name
+        try:
+            while self._live.get(name) is live and not self._closing:
+                if recall.notes:
+                    note = recall.notes[0]
+                    stats = await self.store.index_note(name, indexed(note_passage(note)))
+                    recall.notes.pop(0)
+                    if self.embedder is not None:
+                        recall.unembedded.append(-stats.notes)
+                    continue
+                session = live.session
+                start, end = recall.indexed, session.total_turns
+                if start < end:
+                    stop = min(end, start + INDEX_BATCH)
+                    if start >= session.cursor:
+                        first = session.total_turns - len(session.verbatim_turns)
+                        turns = list(session.verbatim_turns[start - first : stop - first])
+                    else:
+                        turns = await self.store.read_turns(name, start, stop)
+                    docs = [indexed(turn_passage(start + k, t)) for k, t in enumerate(turns)]
+                    stats = await self.store.index_turns(name, start, docs)
+                    if stats.turns == start and docs:
+                        break  # the store would not take them: try again with the next append
+                    if self.embedder is not None:
+                        recall.unembedded.extend(range(max(start, recall.indexed), stats.turns))
+                    recall.indexed = stats.turns
+                    continue
+                if recall.unembedded and self.embedder is not None:
+                    await self._embed(live)
+                    continue
+                break
+        except Exception:  # recall is best effort: the turns are safe in the store
+            log.warning("voice_context_indexing_failed", session=name, exc_info=True)
+        finally:
+            recall.running = False
+            recall.done.set()
 
     async def _embed(self, live: _Live) -> None:
-        """One batch: texts taken and vectors attached on the event loop, the model run in a thread."""
-        index = live.recall
-        try:
-            todo = index.unembedded(EMBED_BATCH)
-            if todo and index.embedder is not None:
-                texts = [f"{index.docs[d].speaker}: {text}" for d, text in todo]
-                vectors = await anyio.to_thread.run_sync(index.embedder.embed, texts)
-                for (doc, _), vector in zip(todo, vectors, strict=True):
-                    index.attach_vector(doc, vector)
-        except Exception:  # an embedder's failure leaves recall lexical, never breaks a session
-            log.exception("voice_context_embedding_failed", session=live.session.name)
-        finally:
-            live.embedding = False
+        """One batch of vectors: the model run in a worker thread, the vectors kept in the store."""
+        import numpy as np
 
-    async def _recall_index(self, record: SessionRecord) -> RecallIndex:
-        """The recall index of a stored session: every turn it ever had, and its notes."""
-        index = RecallIndex(embedder=self.embedder)
-        if record.cursor:
-            index.add_turns(0, await self.store.read_turns(record.name, 0, record.cursor))
-        index.add_turns(record.cursor, record.turns)
-        for note in (*record.pending_notes, *record.live_notes):
-            index.add_note(note)
-        return index
+        recall = live.recall
+        assert self.embedder is not None
+        keys = recall.unembedded[:EMBED_BATCH]
+        passages = await self.store.recall_passages(live.session.name, keys)
+        todo = [key for key in keys if key in passages]
+        texts = [f"{passages[k].speaker}: {passages[k].text}" for k in todo]
+        vectors: Any = await anyio.to_thread.run_sync(self.embedder.embed, texts) if texts else []
+        rows = {key: np.asarray(v, dtype=np.float32) for key, v in zip(todo, vectors, strict=True)}
+        await self.store.save_vectors(live.session.name, {k: v.tobytes() for k, v in rows.items()})
+        if recall.vectors is None:
+            recall.vectors = {}
+        recall.vectors.update(rows)
+        del recall.unembedded[: len(keys)]
 
     def _get(self, name: str, owner: str | None, *, check_owner: bool = True) -> _Live:
         live = self._live.get(name)

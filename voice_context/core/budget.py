@@ -207,6 +207,16 @@ class _Fill:
             self.total += len(longer) - len(old)
 
 
+SUMMARY_STEP = 64
+"""A summary is cut to a multiple of this many chars (at most this many short of the room):
+contexts between two folds then share their cuts (:func:`condense_summary` is cached), where
+the room left after recall differs by a few chars from one query to the next."""
+
+
+def _condense(text: str, limit: int) -> str:
+    return condense_summary(text, limit - limit % SUMMARY_STEP if limit >= 2 * SUMMARY_STEP else limit)
+
+
 def _turn_line(turn: Turn, text: str) -> str:
     return f"{turn.speaker}: {text}" if turn.speaker else text
 
@@ -383,8 +393,8 @@ def build_context(
         if budget_chars is not None:
             cap = min(config.summary_priority_chars, share(config.summary_share) + unused_recall)
             if len(first) > cap:
-                first = condense_summary(first, cap) if cap >= MIN_SUMMARY_CUT else ""
-        added = bool(first) and fill.add_cut("summary", first, condense_summary, least=MIN_SUMMARY_CUT)
+                first = _condense(first, cap) if cap >= MIN_SUMMARY_CUT else ""
+        added = bool(first) and fill.add_cut("summary", first, _condense, least=MIN_SUMMARY_CUT)
         if not added or fill.items["summary"][0] != view.summary:
             dropped.append("summary_head")
 
@@ -413,9 +423,9 @@ def build_context(
     # 9. the rest of a longer summary, then more recall, in the room left
     if "summary_head" in dropped:
         if fill.items["summary"]:
-            fill.grow("summary", view.summary, condense_summary)
+            fill.grow("summary", view.summary, _condense)
         elif view.summary:
-            fill.add_cut("summary", view.summary, condense_summary, least=MIN_SUMMARY_CUT)
+            fill.add_cut("summary", view.summary, _condense, least=MIN_SUMMARY_CUT)
         if not fill.items["summary"]:
             dropped[dropped.index("summary_head")] = "summary"
         elif fill.items["summary"][0] == view.summary:

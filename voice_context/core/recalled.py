@@ -7,6 +7,44 @@ from typing import Any, Literal
 
 PassageKind = Literal["turn", "note", "summary"]
 
+Posting = tuple[int, int, int]
+"""One doc holding one word: ``(key, tf, length)``: the doc's key (a turn's transcript index,
+or a negative number for a note), how often the word is in it, and how many words it has."""
+
+
+@dataclass(frozen=True, slots=True)
+class Passage:
+    """A doc of a session's recall index as recall shows it: a turn (``turn`` is its
+    transcript index) or a screen note (``turn`` is ``None``)."""
+
+    kind: PassageKind
+    turn: int | None
+    at: float
+    speaker: str
+    text: str
+    role: str = "user"
+
+
+@dataclass(frozen=True, slots=True)
+class IndexedDoc:
+    """A doc as a store's recall index keeps it: its passage (a turn's text is the stored
+    turn's: a store need not keep it twice), its words with their counts, and its length."""
+
+    passage: Passage
+    terms: tuple[tuple[str, int], ...]
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecallStats:
+    """A session's recall index at a glance: how many docs, their total length in words,
+    how many turns (``0 .. turns-1``) and notes it holds."""
+
+    docs: int = 0
+    length: int = 0
+    turns: int = 0
+    notes: int = 0
+
 
 @dataclass(frozen=True, slots=True)
 class Recalled:

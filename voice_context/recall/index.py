@@ -22,16 +22,17 @@ session's length (about the size of its transcript).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 import Stemmer
 
-from voice_context.core.recalled import PassageKind, Recalled
+from voice_context.core.recalled import IndexedDoc, Passage, Posting, Recalled
 from voice_context.core.session import Session
 from voice_context.core.text import ELLIPSIS, clip, normalize, sentences
 from voice_context.core.times import utc
@@ -119,30 +120,175 @@ def annotate_dates(text: str, at: float) -> str:
     return "".join(out)
 
 
+def doc_terms(text: str, speaker: str) -> list[str]:
+    """The words a doc is indexed under: its text's, and its speaker's name."""
+    terms = index_terms(text)
+    if speaker:
+        terms.extend(index_terms(speaker))
+    return terms
+
+
+def indexed(passage: Passage) -> IndexedDoc:
+    """A passage ready for a store's recall index."""
+    terms = doc_terms(passage.text, passage.speaker)
+    return IndexedDoc(passage, tuple(Counter(terms).items()), len(terms))
+
+
+def turn_passage(index: int, turn: Turn) -> Passage:
+    return Passage("turn", index, turn.at, turn.speaker, turn.text, turn.role)
+
+
+def note_passage(note: Note) -> Passage:
+    return Passage("note", None, note.at, note.speaker or "", note.render())
+
+
+def idf(docs: int, df: int) -> float:
+    """BM25's inverse document frequency of a word held by ``df`` of ``docs`` docs."""
+    return math.log(1 + (docs - df + 0.5) / (df + 0.5))
+
+
+def query_terms(query: str, df: Callable[[str], int], docs: int) -> list[str]:
+    """The words a search uses: the rarest :data:`MAX_QUERY_TERMS` of the query's, which carry
+    its meaning and bound the postings walked."""
+    return sorted(set(index_terms(query)), key=lambda t: (-idf(docs, df(t)), t))[:MAX_QUERY_TERMS]
+
+
+def bm25(
+    terms: Iterable[str],
+    postings: Mapping[str, Sequence[Posting]],
+    docs: int,
+    total_length: int,
+    keep: Callable[[int], bool] | None = None,
+) -> dict[int, float]:
+    """The BM25 score of every doc key that holds a query word (and that ``keep`` keeps)."""
+    if not docs:
+        return {}
+    avg = total_length / docs or 1.0
+    scores: dict[int, float] = {}
+    get = scores.get
+    for term in set(terms):
+        held = postings.get(term)
+        if not held:
+            continue
+        weight = idf(docs, len(held))
+        for key, tf, length in held:
+            if keep is not None and not keep(key):
+                continue
+            norm = tf * (K1 + 1) / (tf + K1 * (1 - B + B * length / avg))
+            scores[key] = get(key, 0.0) + weight * norm
+    return scores
+
+
+def fuse(
+    lexical: Mapping[int, float], nearest: Sequence[int], *, limit: int, min_share: float = 0.25
+) -> list[tuple[int, float]]:
+    """The best ``limit`` doc keys by reciprocal-rank fusion of the lexical scores (a hit under
+    ``min_share`` of the best is noise and left out) and the vector ranking, best first."""
+    ranked: dict[int, float] = {}
+    if lexical:
+        best = max(lexical.values())
+        order = sorted(
+            (d for d, s in lexical.items() if s >= min_share * best), key=lambda d: (-lexical[d], -d)
+        )
+        for rank, doc in enumerate(order[: limit * 2]):
+            ranked[doc] = ranked.get(doc, 0.0) + 1.0 / (RRF_K + rank + 1)
+    for rank, doc in enumerate(nearest[: limit * 2]):
+        ranked[doc] = ranked.get(doc, 0.0) + 1.0 / (RRF_K + rank + 1)
+    order = sorted(ranked, key=lambda d: (-ranked[d], -d))[:limit]
+    return [(doc, ranked[doc]) for doc in order]
+
+
+def nearest(
+    vectors: Mapping[int, Any], query_vector: Any, keep: Callable[[int], bool], limit: int
+) -> list[int]:
+    """The keys of the ``limit`` vectors closest to ``query_vector`` (unit vectors: by dot product)."""
+    import numpy as np
+
+    ids = [d for d in vectors if keep(d)]
+    if not ids:
+        return []
+    sims = np.stack([vectors[d] for d in ids]) @ query_vector
+    return [ids[int(k)] for k in np.argsort(-sims)[:limit]]
+
+
+@functools.lru_cache(maxsize=SPLIT_CACHE)
+def split(text: str) -> tuple[tuple[str, frozenset[str]], ...]:
+    """A doc's sentences with their words (cached for the docs searched most recently)."""
+    return tuple((p, frozenset(index_terms(p))) for p in sentences(normalize(text).replace("\n", " ")))
+
+
+def render(passage: Passage, score: float, wanted: set[str], weight: Callable[[str], float]) -> Recalled:
+    """The line a context shows for a hit: dated, attributed, cut to its matching sentences
+    when they carry the match in clearly fewer chars (``weight`` is a word's idf)."""
+    text, granularity = best_span(passage.text, wanted, weight)
+    text = annotate_dates(text, passage.at) if passage.kind == "turn" else text
+    when = stamp(passage.at)
+    head = f"[{when}] " if when else ""
+    if passage.kind == "turn" and passage.speaker:
+        line = f"{head}{passage.speaker}: {text}"
+    else:
+        line = f"{head}{text}"
+    return Recalled(passage.kind, passage.turn, line, score, granularity, passage.at)
+
+
+def best_span(
+    text: str, wanted: set[str], weight: Callable[[str], float]
+) -> tuple[str, Literal["turn", "sentences"]]:
+    """The turn's sentences that hold most of its match, when they are clearly shorter."""
+    parts_words = split(text)
+    parts = [p for p, _ in parts_words]
+    if len(parts) < 2 or not wanted:
+        return text, "turn"
+    weights = [sum(weight(t) for t in words & wanted) for _, words in parts_words]
+    total = sum(weights)
+    if total <= 0:
+        return text, "turn"
+    # the shortest run of consecutive sentences holding SENTENCE_SHARE of the match
+    best: tuple[int, int] | None = None
+    for i in range(len(parts)):
+        mass = 0.0
+        for j in range(i, len(parts)):
+            mass += weights[j]
+            if mass >= SENTENCE_SHARE * total:
+                size = sum(len(p) + 1 for p in parts[i : j + 1])
+                if best is None or size < sum(len(p) + 1 for p in parts[best[0] : best[1] + 1]):
+                    best = (i, j)
+                break
+    if best is None:
+        return text, "turn"
+    i, j = best
+    j = min(len(parts) - 1, j + 1)  # the sentence after the match often holds the answer
+    span = " ".join(parts[i : j + 1])
+    if len(span) >= 0.8 * len(text):
+        return text, "turn"
+    lead = ELLIPSIS + " " if i > 0 else ""
+    tail = " " + ELLIPSIS if j < len(parts) - 1 else ""
+    return lead + span + tail, "sentences"
+
+
 @dataclass(slots=True)
 class _Doc:
-    kind: PassageKind
-    turn: int | None
-    at: float
-    speaker: str
-    text: str
+    passage: Passage
     length: int
-    role: str = "user"
 
 
 @dataclass(slots=True)
 class RecallIndex:
-    """BM25 over every turn (and note) of one session, vectors optional. See the module docstring."""
+    """BM25 over every turn (and note) of one session, held in this process, vectors optional.
+
+    What an offline replay (and the in-memory store) uses; a server's stores keep the same
+    index beside the turns (:class:`voice_context.store.base.Store`), so a process holds none
+    of it. Both rank with the same functions. See the module docstring.
+    """
 
     docs: list[_Doc] = field(default_factory=list)
-    postings: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    postings: dict[str, list[Posting]] = field(default_factory=dict)
     total_length: int = 0
     vectors: dict[int, Any] = field(default_factory=dict)
     """Doc id -> unit vector (a numpy array), attached when an embedder ran."""
     embedder: Any = None
     """An :class:`~voice_context.recall.embedding.Embedder`, or ``None`` for lexical recall only."""
     _turn_doc: dict[int, int] = field(default_factory=dict)
-    _split: dict[int, list[tuple[str, frozenset[str]]]] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return f"<RecallIndex docs={len(self.docs)} terms={len(self.postings)} vectors={len(self.vectors)}>"
@@ -157,7 +303,7 @@ class RecallIndex:
         known = self._turn_doc.get(index)
         if known is not None:
             return known
-        doc = self._add(_Doc("turn", index, turn.at, turn.speaker, turn.text, 0, turn.role), turn.speaker)
+        doc = self._add(turn_passage(index, turn))
         self._turn_doc[index] = doc
         return doc
 
@@ -166,9 +312,7 @@ class RecallIndex:
             self.add_turn(start + offset, turn)
 
     def add_note(self, note: Note) -> int:
-        return self._add(
-            _Doc("note", None, note.at, note.speaker or "", note.render(), 0), note.speaker or ""
-        )
+        return self._add(note_passage(note))
 
     @property
     def turns(self) -> int:
@@ -183,8 +327,8 @@ class RecallIndex:
             doc_id = self._turn_doc.get(index)
             if doc_id is None:
                 break
-            doc = self.docs[doc_id]
-            out.append(Turn(doc.speaker, cast(Role, doc.role), doc.text, doc.at))
+            p = self.docs[doc_id].passage
+            out.append(Turn(p.speaker, cast(Role, p.role), p.text, p.at))
         return out[::-1]
 
     def doc_for_turn(self, index: int) -> int | None:
@@ -200,7 +344,8 @@ class RecallIndex:
         out: list[tuple[int, str]] = []
         for doc in range(len(self.docs) - 1, -1, -1):
             if doc not in self.vectors:
-                out.append((doc, self.docs[doc].text))
+                p = self.docs[doc].passage
+                out.append((doc, f"{p.speaker}: {p.text}"))
                 if len(out) >= limit:
                     break
         return out
@@ -213,7 +358,7 @@ class RecallIndex:
         todo = self.unembedded(limit)
         if not todo:
             return 0
-        vectors = self.embedder.embed([f"{self.docs[d].speaker}: {text}" for d, text in todo])
+        vectors = self.embedder.embed([text for _, text in todo])
         for (doc, _), vector in zip(todo, vectors, strict=True):
             self.vectors[doc] = vector
         return len(todo)
@@ -224,46 +369,34 @@ class RecallIndex:
             return None
         return self.embedder.embed([query])[0]
 
-    def _add(self, doc: _Doc, speaker: str) -> int:
-        terms = index_terms(doc.text)
-        if speaker:
-            terms.extend(index_terms(speaker))
-        doc.length = len(terms)
+    def _add(self, passage: Passage) -> int:
+        terms = doc_terms(passage.text, passage.speaker)
         doc_id = len(self.docs)
-        self.docs.append(doc)
-        self.total_length += doc.length
+        self.docs.append(_Doc(passage, len(terms)))
+        self.total_length += len(terms)
         for term, tf in Counter(terms).items():
-            self.postings.setdefault(term, []).append((doc_id, tf))
+            self.postings.setdefault(term, []).append((doc_id, tf, len(terms)))
         return doc_id
 
     # -- searching -----------------------------------------------------------------------
 
     def idf(self, term: str) -> float:
-        n = len(self.docs)
-        df = len(self.postings.get(term, ()))
-        return math.log(1 + (n - df + 0.5) / (df + 0.5))
+        return idf(len(self.docs), len(self.postings.get(term, ())))
 
     def lexical(self, terms: Sequence[str], *, before: int | None = None) -> dict[int, float]:
         """BM25 score of every doc that holds a query word (turns at ``before`` or later excluded)."""
+        return bm25(terms, self.postings, len(self.docs), self.total_length, self._keep(before))
+
+    def _keep(self, before: int | None) -> Callable[[int], bool] | None:
+        if before is None:
+            return None
         docs = self.docs
-        if not docs:
-            return {}
-        avg = self.total_length / len(docs) or 1.0
-        scores: dict[int, float] = {}
-        get = scores.get
-        limit = len(docs) if before is None else before
-        for term in set(terms):
-            postings = self.postings.get(term)
-            if not postings:
-                continue
-            weight = self.idf(term)
-            for doc_id, tf in postings:
-                doc = docs[doc_id]
-                if doc.turn is not None and doc.turn >= limit:
-                    continue
-                norm = tf * (K1 + 1) / (tf + K1 * (1 - B + B * doc.length / avg))
-                scores[doc_id] = get(doc_id, 0.0) + weight * norm
-        return scores
+
+        def keep(doc: int) -> bool:
+            turn = docs[doc].passage.turn
+            return turn is None or turn < before
+
+        return keep
 
     def search(
         self,
@@ -281,101 +414,17 @@ class RecallIndex:
         best is noise and left out. ``query_vector`` (a unit vector) adds the
         vector ranking, fused by reciprocal rank.
         """
-        # the rarest words of a long query carry its meaning, and bound the postings walked
-        terms = sorted(set(index_terms(query)), key=lambda t: (-self.idf(t), t))[:MAX_QUERY_TERMS]
+        docs = len(self.docs)
+        terms = query_terms(query, lambda t: len(self.postings.get(t, ())), docs)
         lexical = self.lexical(terms, before=before)
-        ranked: dict[int, float] = {}
-        if lexical:
-            best = max(lexical.values())
-            order = sorted(
-                (d for d, s in lexical.items() if s >= min_share * best), key=lambda d: (-lexical[d], -d)
-            )
-            for rank, doc in enumerate(order[: limit * 2]):
-                ranked[doc] = ranked.get(doc, 0.0) + 1.0 / (RRF_K + rank + 1)
+        close: list[int] = []
         if query_vector is not None and self.vectors:
-            for rank, doc in enumerate(self._nearest(query_vector, before, limit * 2)):
-                ranked[doc] = ranked.get(doc, 0.0) + 1.0 / (RRF_K + rank + 1)
-        if not ranked:
-            return []
-        order = sorted(ranked, key=lambda d: (-ranked[d], -d))[:limit]
+            close = nearest(self.vectors, query_vector, self._keep(before) or (lambda _: True), limit * 2)
         wanted = set(terms)
-        return [self._render(doc, ranked[doc], wanted) for doc in order]
-
-    def _nearest(self, query_vector: Any, before: int | None, limit: int) -> list[int]:
-        import numpy as np
-
-        ids = [
-            d
-            for d in self.vectors
-            if before is None or self.docs[d].turn is None or (self.docs[d].turn or 0) < before
+        return [
+            render(self.docs[doc].passage, score, wanted, self.idf)
+            for doc, score in fuse(lexical, close, limit=limit, min_share=min_share)
         ]
-        if not ids:
-            return []
-        matrix = np.stack([self.vectors[d] for d in ids])
-        sims = matrix @ query_vector
-        top = np.argsort(-sims)[:limit]
-        return [ids[int(k)] for k in top]
-
-    def _render(self, doc_id: int, score: float, wanted: set[str]) -> Recalled:
-        doc = self.docs[doc_id]
-        text, granularity = self._best_span(doc.text, wanted, doc_id)
-        text = annotate_dates(text, doc.at) if doc.kind == "turn" else text
-        when = stamp(doc.at)
-        head = f"[{when}] " if when else ""
-        if doc.kind == "turn":
-            line = f"{head}{doc.speaker}: {text}" if doc.speaker else f"{head}{text}"
-        else:
-            line = f"{head}{text}"
-        return Recalled(doc.kind, doc.turn, line, score, granularity, doc.at)
-
-    def _sentences(self, doc_id: int, text: str) -> list[tuple[str, frozenset[str]]]:
-        """A doc's sentences with their words, cached for the docs searched most recently."""
-        got = self._split.get(doc_id)
-        if got is None:
-            parts = sentences(normalize(text).replace("\n", " "))
-            got = [(p, frozenset(index_terms(p))) for p in parts]
-            if len(self._split) >= SPLIT_CACHE:
-                self._split.pop(next(iter(self._split)))
-            self._split[doc_id] = got
-        return got
-
-    def _best_span(
-        self, text: str, wanted: set[str], doc_id: int = -1
-    ) -> tuple[str, Literal["turn", "sentences"]]:
-        """The turn's sentences that hold most of its match, when they are clearly shorter."""
-        split = (
-            self._sentences(doc_id, text)
-            if doc_id >= 0
-            else [(p, frozenset(index_terms(p))) for p in sentences(normalize(text).replace("\n", " "))]
-        )
-        parts = [p for p, _ in split]
-        if len(parts) < 2 or not wanted:
-            return text, "turn"
-        weights = [sum(self.idf(t) for t in words & wanted) for _, words in split]
-        total = sum(weights)
-        if total <= 0:
-            return text, "turn"
-        # the shortest run of consecutive sentences holding SENTENCE_SHARE of the match
-        best: tuple[int, int] | None = None
-        for i in range(len(parts)):
-            mass = 0.0
-            for j in range(i, len(parts)):
-                mass += weights[j]
-                if mass >= SENTENCE_SHARE * total:
-                    size = sum(len(p) + 1 for p in parts[i : j + 1])
-                    if best is None or size < sum(len(p) + 1 for p in parts[best[0] : best[1] + 1]):
-                        best = (i, j)
-                    break
-        if best is None:
-            return text, "turn"
-        i, j = best
-        j = min(len(parts) - 1, j + 1)  # the sentence after the match often holds the answer
-        span = " ".join(parts[i : j + 1])
-        if len(span) >= 0.8 * len(text):
-            return text, "turn"
-        lead = ELLIPSIS + " " if i > 0 else ""
-        tail = " " + ELLIPSIS if j < len(parts) - 1 else ""
-        return lead + span + tail, "sentences"
 
 
 def summary_passages(summary: str) -> list[str]:
@@ -383,18 +432,41 @@ def summary_passages(summary: str) -> list[str]:
     return [line for line in normalize(summary).split("\n") if line.strip()]
 
 
+@dataclass(frozen=True, slots=True)
+class SummaryIndex:
+    """The words of a summary's lines, indexed once per summary (it changes only when a fold
+    lands), so that a context searches it without reading it again."""
+
+    summary: str
+    lines: tuple[str, ...]
+    words: dict[str, tuple[int, ...]]
+
+    @classmethod
+    def of(cls, summary: str) -> SummaryIndex:
+        lines = tuple(summary_passages(summary))
+        words: dict[str, list[int]] = {}
+        for k, line in enumerate(lines):
+            for term in set(index_terms(line)):
+                words.setdefault(term, []).append(k)
+        return cls(summary, lines, {t: tuple(ks) for t, ks in words.items()})
+
+    def search(self, query: str, *, limit: int = 4) -> list[Recalled]:
+        """Lines that share words with ``query``, best first (overlap weighted by length)."""
+        hits: Counter[int] = Counter()
+        for term in set(index_terms(query)):
+            hits.update(self.words.get(term, ()))
+        scored = sorted(
+            ((n / math.sqrt(1 + len(self.lines[k]) / 200), k) for k, n in hits.items()),
+            key=lambda item: (-item[0], -item[1]),
+        )
+        return [Recalled("summary", None, clip(self.lines[k], 600), score) for score, k in scored[:limit]]
+
+
 def search_summary(summary: str, query: str, *, limit: int = 4) -> list[Recalled]:
     """Summary lines that share words with ``query``, best first (plain overlap weighted by length)."""
-    wanted = set(index_terms(query))
-    if not wanted or not summary:
+    if not summary or not query.strip():
         return []
-    scored: list[tuple[float, int, str]] = []
-    for k, line in enumerate(summary_passages(summary)):
-        hits = wanted & set(index_terms(line))
-        if hits:
-            scored.append((len(hits) / math.sqrt(1 + len(line) / 200), k, line))
-    scored.sort(key=lambda item: (-item[0], -item[1]))
-    return [Recalled("summary", None, clip(line, 600), score) for score, _, line in scored[:limit]]
+    return SummaryIndex.of(summary).search(query, limit=limit)
 
 
 def default_query(turns: Sequence[Turn]) -> str:
@@ -437,6 +509,7 @@ def older_turns(index: RecallIndex, session: Session, budget_chars: int | None) 
 __all__ = [
     "RecallIndex",
     "Recalled",
+    "SummaryIndex",
     "annotate_dates",
     "default_query",
     "index_terms",

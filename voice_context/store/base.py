@@ -4,6 +4,10 @@ A store keeps, per session: the full transcript (append-only, by index), the
 cursor and the summary (which always move together), the live and pending
 screen notes, the session's config overrides and owner, and a compaction
 lease with a fencing token so that only one replica folds a session at a time.
+Beside them it keeps the session's recall index: the words of every turn and note
+with their counts (BM25's postings), the notes' text, and the turns' vectors when an
+embedder made them; so a process serving a session holds none of its history, and
+every replica searches the same index.
 
 Backends translate their own exceptions into :class:`StoreError` at the edge.
 """
@@ -14,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStats
 from voice_context.core.turns import Note, Turn
 
 
@@ -90,7 +95,40 @@ class Store(Protocol):
     async def release_lease(self, name: str, holder: str) -> None: ...
 
     async def delete(self, name: str) -> None:
-        """Forget the session entirely."""
+        """Forget the session entirely (its recall index too)."""
+        ...
+
+    # -- the recall index ------------------------------------------------------
+
+    async def index_turns(self, name: str, start: int, docs: Sequence[IndexedDoc]) -> RecallStats:
+        """Add the docs of turns ``start, start+1, ...`` to the session's recall index.
+
+        Turns are indexed in order, each once: docs for turns already indexed are
+        skipped (another replica got there first), and nothing is indexed when ``start``
+        is past the next turn to index. Returns the index's stats after the call.
+        """
+        ...
+
+    async def index_note(self, name: str, doc: IndexedDoc) -> RecallStats:
+        """Add a screen note to the recall index (it gets the next negative key)."""
+        ...
+
+    async def recall_postings(
+        self, name: str, terms: Sequence[str]
+    ) -> tuple[RecallStats, dict[str, list[Posting]]]:
+        """The index's stats and, for each of ``terms`` it holds, every doc holding it."""
+        ...
+
+    async def recall_passages(self, name: str, keys: Sequence[int]) -> dict[int, Passage]:
+        """The passages with these keys (turns by transcript index, notes by negative key)."""
+        ...
+
+    async def save_vectors(self, name: str, vectors: dict[int, bytes]) -> None:
+        """Keep the docs' vectors (an embedder's, serialized), by doc key."""
+        ...
+
+    async def load_vectors(self, name: str) -> dict[int, bytes]:
+        """Every vector kept for the session, by doc key."""
         ...
 
     async def aclose(self) -> None: ...

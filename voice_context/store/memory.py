@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStats
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, TurnConflict
 from voice_context.store.base import SessionRecord
@@ -19,6 +20,10 @@ class _Entry:
     lease_holder: str | None = None
     lease_until: float = 0.0
     fence: int = 0
+    recall: RecallStats = field(default_factory=RecallStats)
+    postings: dict[str, list[Posting]] = field(default_factory=dict)
+    notes: dict[int, Passage] = field(default_factory=dict)
+    vectors: dict[int, bytes] = field(default_factory=dict)
 
 
 class MemoryStore:
@@ -110,6 +115,57 @@ class MemoryStore:
 
     async def delete(self, name: str) -> None:
         self._sessions.pop(name, None)
+
+    async def index_turns(self, name: str, start: int, docs: Sequence[IndexedDoc]) -> RecallStats:
+        entry = self._entry(name)
+        for offset, doc in enumerate(docs):
+            key = start + offset
+            if key < entry.recall.turns:
+                continue
+            if key > entry.recall.turns or key >= len(entry.turns):
+                break
+            self._index(entry, key, doc)
+            entry.recall = replace(entry.recall, turns=entry.recall.turns + 1)
+        return entry.recall
+
+    async def index_note(self, name: str, doc: IndexedDoc) -> RecallStats:
+        entry = self._entry(name)
+        key = -(entry.recall.notes + 1)
+        entry.notes[key] = doc.passage
+        self._index(entry, key, doc)
+        entry.recall = replace(entry.recall, notes=entry.recall.notes + 1)
+        return entry.recall
+
+    def _index(self, entry: _Entry, key: int, doc: IndexedDoc) -> None:
+        for term, tf in doc.terms:
+            entry.postings.setdefault(term, []).append((key, tf, doc.length))
+        entry.recall = replace(
+            entry.recall, docs=entry.recall.docs + 1, length=entry.recall.length + doc.length
+        )
+
+    async def recall_postings(
+        self, name: str, terms: Sequence[str]
+    ) -> tuple[RecallStats, dict[str, list[Posting]]]:
+        entry = self._entry(name)
+        return entry.recall, {t: list(entry.postings[t]) for t in terms if t in entry.postings}
+
+    async def recall_passages(self, name: str, keys: Sequence[int]) -> dict[int, Passage]:
+        entry = self._entry(name)
+        out: dict[int, Passage] = {}
+        for key in keys:
+            if key < 0:
+                if key in entry.notes:
+                    out[key] = entry.notes[key]
+            elif key < len(entry.turns):
+                turn = entry.turns[key]
+                out[key] = Passage("turn", key, turn.at, turn.speaker, turn.text, turn.role)
+        return out
+
+    async def save_vectors(self, name: str, vectors: dict[int, bytes]) -> None:
+        self._entry(name).vectors.update(vectors)
+
+    async def load_vectors(self, name: str) -> dict[int, bytes]:
+        return dict(self._entry(name).vectors)
 
     async def aclose(self) -> None:
         return None

@@ -8,6 +8,11 @@ Key layout, for a session named ``room-1`` and the default prefix ``vc``::
                                 [speaker, role, text, at, id]; LLEN is the turn count
     vc:{room-1}:notes   hash    live, pending (JSON arrays of notes)
     vc:{room-1}:lease   string  the compaction lease's holder, with a PX expiry
+    vc:{room-1}:rstate  hash    the recall index's docs, length, turns, notes (counts)
+    vc:{room-1}:rterms  set     the posting keys below (so a delete finds them)
+    vc:{room-1}:rp:WORD string  WORD's postings: "key:tf:length " appended per doc
+    vc:{room-1}:rnotes  hash    note key -> the note as recall shows it (JSON)
+    vc:{room-1}:rvec    hash    doc key -> its vector (base64), when an embedder ran
 
 The ``{...}`` hash tag is the session's name, percent-encoded (``{``, ``}``,
 ``%``, ``:`` and anything outside ``A-Za-z0-9_.-~`` become ``%XX``; the empty
@@ -30,6 +35,9 @@ Every change is one Lua script, atomic on the server:
   grant gets a larger token, so a holder that stalled past its expiry can
   never land a commit once someone else has been granted the lease.
 - ``release``: deletes the lease only if the caller still holds it.
+- ``index``: adds turns to the recall index only from the next turn it lacks,
+  each once, and only turns the list holds; ``note`` gives a note the next
+  negative key. Two replicas indexing the same turns index them once.
 
 Durability is the Redis server's: run it with ``appendonly yes`` and
 ``appendfsync always`` for "acknowledged means on disk" (``everysec`` may
@@ -38,11 +46,12 @@ lose the last second if the Redis host dies).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import orjson
@@ -52,6 +61,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
+from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStats
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, StoreError, TurnConflict
 from voice_context.store.base import SessionRecord
@@ -166,6 +176,73 @@ redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 return redis.call('HINCRBY', KEYS[1], 'fence', 1)
 """
 
+_INDEX = """
+if redis.call('EXISTS', KEYS[3]) == 0 then return -1 end
+local total = redis.call('LLEN', KEYS[4])
+local turns = tonumber(redis.call('HGET', KEYS[1], 'turns') or '0')
+local start, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+local pos, added, length = 3, 0, 0
+for d = 0, n - 1 do
+  local len, nt = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
+  pos = pos + 2
+  local key = start + d
+  if key == turns + added and key < total then
+    for t = 1, nt do
+      local k = KEYS[tonumber(ARGV[pos])]
+      redis.call('APPEND', k, key .. ':' .. ARGV[pos + 1] .. ':' .. len .. ' ')
+      redis.call('SADD', KEYS[2], k)
+      pos = pos + 2
+    end
+    added = added + 1
+    length = length + len
+  else
+    pos = pos + 2 * nt
+  end
+end
+if added > 0 then
+  redis.call('HINCRBY', KEYS[1], 'turns', added)
+  redis.call('HINCRBY', KEYS[1], 'docs', added)
+  redis.call('HINCRBY', KEYS[1], 'length', length)
+end
+return redis.call('HMGET', KEYS[1], 'docs', 'length', 'turns', 'notes')
+"""
+
+_NOTE = """
+if redis.call('EXISTS', KEYS[3]) == 0 then return -1 end
+local key = -(tonumber(redis.call('HGET', KEYS[1], 'notes') or '0') + 1)
+redis.call('HSET', KEYS[4], key, ARGV[1])
+local len, nt = tonumber(ARGV[2]), tonumber(ARGV[3])
+for t = 0, nt - 1 do
+  local k = KEYS[tonumber(ARGV[4 + 2 * t])]
+  redis.call('APPEND', k, key .. ':' .. ARGV[5 + 2 * t] .. ':' .. len .. ' ')
+  redis.call('SADD', KEYS[2], k)
+end
+redis.call('HINCRBY', KEYS[1], 'notes', 1)
+redis.call('HINCRBY', KEYS[1], 'docs', 1)
+redis.call('HINCRBY', KEYS[1], 'length', len)
+return redis.call('HMGET', KEYS[1], 'docs', 'length', 'turns', 'notes')
+"""
+
+_POSTINGS = """
+if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
+local out = {redis.call('HMGET', KEYS[1], 'docs', 'length', 'turns', 'notes')}
+for i = 3, #KEYS do out[#out + 1] = redis.call('GET', KEYS[i]) or '' end
+return out
+"""
+
+_PASSAGES = """
+local out = {}
+for i, raw in ipairs(ARGV) do
+  local key = tonumber(raw)
+  if key >= 0 then
+    out[i] = redis.call('LINDEX', KEYS[1], key) or ''
+  else
+    out[i] = redis.call('HGET', KEYS[2], raw) or ''
+  end
+end
+return out
+"""
+
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -189,6 +266,25 @@ class SessionKeys:
     @property
     def all(self) -> tuple[str, str, str, str]:
         return (self.meta, self.turns, self.notes, self.lease)
+
+    def _sibling(self, suffix: str) -> str:
+        return f"{self.meta.removesuffix('meta')}{suffix}"
+
+    @property
+    def rstate(self) -> str:
+        return self._sibling("rstate")
+
+    @property
+    def rterms(self) -> str:
+        return self._sibling("rterms")
+
+    @property
+    def rnotes(self) -> str:
+        return self._sibling("rnotes")
+
+    @property
+    def rvec(self) -> str:
+        return self._sibling("rvec")
 
 
 class RedisStore:
@@ -244,6 +340,10 @@ class RedisStore:
         self._read = self._redis.register_script(_READ)
         self._acquire = self._redis.register_script(_ACQUIRE)
         self._release = self._redis.register_script(_RELEASE)
+        self._index = self._redis.register_script(_INDEX)
+        self._note = self._redis.register_script(_NOTE)
+        self._postings = self._redis.register_script(_POSTINGS)
+        self._passages = self._redis.register_script(_PASSAGES)
         self._closed = False
         self.operations = 0
         self.errors = 0
@@ -371,8 +471,97 @@ class RedisStore:
             await self._release(keys=[self.keys(name).lease], args=[holder])
 
     async def delete(self, name: str) -> None:
+        k = self.keys(name)
         with self._errors("delete"):
-            await self._redis.delete(*self.keys(name).all)
+            postings = list(await self._redis.smembers(k.rterms))
+            for first in range(0, len(postings), 512):
+                await self._redis.delete(*postings[first : first + 512])
+            await self._redis.delete(*k.all, k.rstate, k.rterms, k.rnotes, k.rvec)
+
+    # -- the recall index ------------------------------------------------------
+
+    def _term_key(self, k: SessionKeys, term: str) -> str:
+        return f"{k.rterms[: -len('rterms')]}rp:{term}"
+
+    async def index_turns(self, name: str, start: int, docs: Sequence[IndexedDoc]) -> RecallStats:
+        k = self.keys(name)
+        keys = [k.rstate, k.rterms, k.meta, k.turns]
+        slot: dict[str, int] = {}
+        args: list[str | int] = [start, len(docs)]
+        for doc in docs:
+            args += [doc.length, len(doc.terms)]
+            for term, tf in doc.terms:
+                if term not in slot:
+                    keys.append(self._term_key(k, term))
+                    slot[term] = len(keys)
+                args += [slot[term], tf]
+        with self._errors("index_turns"):
+            reply = await self._index(keys=keys, args=args)
+        if reply == -1:
+            raise SessionNotStored(name)
+        return _stats(reply)
+
+    async def index_note(self, name: str, doc: IndexedDoc) -> RecallStats:
+        k = self.keys(name)
+        keys = [k.rstate, k.rterms, k.meta, k.rnotes]
+        p = doc.passage
+        args: list[str | int] = [orjson.dumps([p.at, p.speaker, p.text]).decode(), doc.length, len(doc.terms)]
+        for term, tf in doc.terms:
+            keys.append(self._term_key(k, term))
+            args += [len(keys), tf]
+        with self._errors("index_note"):
+            reply = await self._note(keys=keys, args=args)
+        if reply == -1:
+            raise SessionNotStored(name)
+        return _stats(reply)
+
+    async def recall_postings(
+        self, name: str, terms: Sequence[str]
+    ) -> tuple[RecallStats, dict[str, list[Posting]]]:
+        k = self.keys(name)
+        wanted = list(dict.fromkeys(terms))
+        with self._errors("recall_postings"):
+            reply = await self._postings(
+                keys=[k.rstate, k.meta, *(self._term_key(k, t) for t in wanted)], args=[]
+            )
+        if reply == -1:
+            raise SessionNotStored(name)
+        out: dict[str, list[Posting]] = {}
+        for term, raw in zip(wanted, reply[1:], strict=True):
+            if raw:
+                out[term] = [_posting(item) for item in raw.split()]
+        return _stats(reply[0]), out
+
+    async def recall_passages(self, name: str, keys: Sequence[int]) -> dict[int, Passage]:
+        k = self.keys(name)
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return {}
+        with self._errors("recall_passages"):
+            reply = await self._passages(keys=[k.turns, k.rnotes], args=wanted)
+        out: dict[int, Passage] = {}
+        for key, raw in zip(wanted, reply, strict=True):
+            if not raw:
+                continue
+            if key >= 0:
+                turn = decode_turn(raw)
+                out[key] = Passage("turn", key, turn.at, turn.speaker, turn.text, turn.role)
+            else:
+                at, speaker, text = orjson.loads(raw)
+                out[key] = Passage("note", None, float(at), str(speaker), str(text))
+        return out
+
+    async def save_vectors(self, name: str, vectors: dict[int, bytes]) -> None:
+        if not vectors:
+            return
+        mapping = {str(key): base64.b64encode(vector).decode() for key, vector in vectors.items()}
+        with self._errors("save_vectors"):
+            await self._redis.hset(self.keys(name).rvec, mapping=cast(Any, mapping))
+
+    async def load_vectors(self, name: str) -> dict[int, bytes]:
+        with self._errors("load_vectors"):
+            raw = await self._redis.hgetall(self.keys(name).rvec)
+        return {int(key): base64.b64decode(value) for key, value in raw.items()}
 
     async def aclose(self) -> None:
         if not self._closed:
@@ -406,6 +595,15 @@ def translate(exc: rex.RedisError, where: str) -> StoreError:
     else:
         retryable = False
     return StoreError(f"redis store {where}: {type(exc).__name__}: {exc}", retryable=retryable)
+
+
+def _stats(reply: Sequence[Any]) -> RecallStats:
+    return RecallStats(*(int(value or 0) for value in reply))
+
+
+def _posting(item: str) -> Posting:
+    key, tf, length = item.split(":")
+    return int(key), int(tf), int(length)
 
 
 def _pairs(flat: Sequence[Any]) -> dict[str, Any]:

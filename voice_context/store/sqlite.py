@@ -45,6 +45,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
+from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStats
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, StoreError, TurnConflict
 from voice_context.store.base import SessionRecord
@@ -59,7 +60,7 @@ from voice_context.store.common import (
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT = 5.0
 
 _SCHEMA = (
@@ -91,6 +92,49 @@ _SCHEMA = (
         at      REAL    NOT NULL,
         id      TEXT,
         PRIMARY KEY (session, idx)
+    ) WITHOUT ROWID
+    """,
+)
+
+# version 2: the recall index, by a small session number (``sid``) so that a posting
+# row holds no session name
+_RECALL_SCHEMA = (
+    """
+    CREATE TABLE recall_state (
+        sid     INTEGER PRIMARY KEY,
+        session TEXT    NOT NULL UNIQUE,
+        docs    INTEGER NOT NULL DEFAULT 0,
+        length  INTEGER NOT NULL DEFAULT 0,
+        turns   INTEGER NOT NULL DEFAULT 0,
+        notes   INTEGER NOT NULL DEFAULT 0
+    )
+    """,
+    """
+    CREATE TABLE recall_terms (
+        sid    INTEGER NOT NULL,
+        term   TEXT    NOT NULL,
+        key    INTEGER NOT NULL,
+        tf     INTEGER NOT NULL,
+        length INTEGER NOT NULL,
+        PRIMARY KEY (sid, term, key)
+    ) WITHOUT ROWID
+    """,
+    """
+    CREATE TABLE recall_notes (
+        sid     INTEGER NOT NULL,
+        key     INTEGER NOT NULL,
+        at      REAL    NOT NULL,
+        speaker TEXT    NOT NULL,
+        text    TEXT    NOT NULL,
+        PRIMARY KEY (sid, key)
+    ) WITHOUT ROWID
+    """,
+    """
+    CREATE TABLE recall_vectors (
+        sid    INTEGER NOT NULL,
+        key    INTEGER NOT NULL,
+        vector BLOB    NOT NULL,
+        PRIMARY KEY (sid, key)
     ) WITHOUT ROWID
     """,
 )
@@ -329,8 +373,151 @@ class SQLiteStore:
             with _write(conn):
                 conn.execute("DELETE FROM turns WHERE session = ?", (name,))
                 conn.execute("DELETE FROM sessions WHERE name = ?", (name,))
+                row = conn.execute("SELECT sid FROM recall_state WHERE session = ?", (name,)).fetchone()
+                if row is not None:
+                    for table in ("recall_terms", "recall_notes", "recall_vectors", "recall_state"):
+                        conn.execute(f"DELETE FROM {table} WHERE sid = ?", (row[0],))
 
         await self._run("delete", op)
+
+    # -- the recall index --------------------------------------------------------
+
+    async def index_turns(self, name: str, start: int, docs: Sequence[IndexedDoc]) -> RecallStats:
+        def op(conn: sqlite3.Connection) -> RecallStats:
+            with _write(conn):
+                total = _total_turns(conn, name)
+                if total < 0:
+                    raise SessionNotStored(name)
+                sid, stats = _recall_state(conn, name)
+                turns, added, length = stats.turns, 0, 0
+                rows: list[tuple[int, str, int, int, int]] = []
+                for offset, doc in enumerate(docs):
+                    key = start + offset
+                    if key < turns:
+                        continue
+                    if key > turns + added or key >= total:
+                        break
+                    rows.extend((sid, term, key, tf, doc.length) for term, tf in doc.terms)
+                    added += 1
+                    length += doc.length
+                if not added:
+                    return stats
+                conn.executemany(
+                    "INSERT OR IGNORE INTO recall_terms (sid, term, key, tf, length) VALUES (?, ?, ?, ?, ?)",
+                    rows,
+                )
+                conn.execute(
+                    "UPDATE recall_state SET docs = docs + ?, length = length + ?, turns = turns + ?"
+                    " WHERE sid = ?",
+                    (added, length, added, sid),
+                )
+                return RecallStats(stats.docs + added, stats.length + length, turns + added, stats.notes)
+
+        return await self._run("index_turns", op)
+
+    async def index_note(self, name: str, doc: IndexedDoc) -> RecallStats:
+        def op(conn: sqlite3.Connection) -> RecallStats:
+            with _write(conn):
+                if _total_turns(conn, name) < 0:
+                    raise SessionNotStored(name)
+                sid, stats = _recall_state(conn, name)
+                key = -(stats.notes + 1)
+                p = doc.passage
+                conn.execute(
+                    "INSERT INTO recall_notes (sid, key, at, speaker, text) VALUES (?, ?, ?, ?, ?)",
+                    (sid, key, p.at, p.speaker, p.text),
+                )
+                conn.executemany(
+                    "INSERT OR IGNORE INTO recall_terms (sid, term, key, tf, length) VALUES (?, ?, ?, ?, ?)",
+                    [(sid, term, key, tf, doc.length) for term, tf in doc.terms],
+                )
+                conn.execute(
+                    "UPDATE recall_state SET docs = docs + 1, length = length + ?, notes = notes + 1"
+                    " WHERE sid = ?",
+                    (doc.length, sid),
+                )
+                return RecallStats(stats.docs + 1, stats.length + doc.length, stats.turns, stats.notes + 1)
+
+        return await self._run("index_note", op)
+
+    async def recall_postings(
+        self, name: str, terms: Sequence[str]
+    ) -> tuple[RecallStats, dict[str, list[Posting]]]:
+        wanted = list(dict.fromkeys(terms))
+
+        def op(conn: sqlite3.Connection) -> tuple[RecallStats, dict[str, list[Posting]]]:
+            with _read(conn):
+                row = conn.execute(
+                    "SELECT sid, docs, length, turns, notes FROM recall_state WHERE session = ?", (name,)
+                ).fetchone()
+                if row is None:
+                    if _total_turns(conn, name) < 0:
+                        raise SessionNotStored(name)
+                    return RecallStats(), {}
+                out: dict[str, list[Posting]] = {}
+                if wanted:
+                    marks = ",".join("?" * len(wanted))
+                    for term, key, tf, length in conn.execute(
+                        f"SELECT term, key, tf, length FROM recall_terms WHERE sid = ? AND term IN ({marks})",
+                        (row[0], *wanted),
+                    ):
+                        out.setdefault(term, []).append((key, tf, length))
+                return RecallStats(*row[1:]), out
+
+        return await self._run("recall_postings", op)
+
+    async def recall_passages(self, name: str, keys: Sequence[int]) -> dict[int, Passage]:
+        turn_keys = sorted({k for k in keys if k >= 0})
+        note_keys = sorted({k for k in keys if k < 0})
+
+        def op(conn: sqlite3.Connection) -> dict[int, Passage]:
+            out: dict[int, Passage] = {}
+            with _read(conn):
+                if turn_keys:
+                    marks = ",".join("?" * len(turn_keys))
+                    for idx, speaker, role, text, at in conn.execute(
+                        "SELECT idx, speaker, role, text, at FROM turns"
+                        f" WHERE session = ? AND idx IN ({marks})",
+                        (name, *turn_keys),
+                    ):
+                        out[idx] = Passage("turn", idx, at, speaker, text, role)
+                if note_keys:
+                    marks = ",".join("?" * len(note_keys))
+                    for key, at, speaker, text in conn.execute(
+                        "SELECT n.key, n.at, n.speaker, n.text FROM recall_notes n"
+                        " JOIN recall_state s ON s.sid = n.sid"
+                        f" WHERE s.session = ? AND n.key IN ({marks})",
+                        (name, *note_keys),
+                    ):
+                        out[key] = Passage("note", None, at, speaker, text)
+            return out
+
+        return await self._run("recall_passages", op)
+
+    async def save_vectors(self, name: str, vectors: dict[int, bytes]) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            with _write(conn):
+                if _total_turns(conn, name) < 0:
+                    raise SessionNotStored(name)
+                sid, _ = _recall_state(conn, name)
+                conn.executemany(
+                    "INSERT OR REPLACE INTO recall_vectors (sid, key, vector) VALUES (?, ?, ?)",
+                    [(sid, key, vector) for key, vector in vectors.items()],
+                )
+
+        await self._run("save_vectors", op)
+
+    async def load_vectors(self, name: str) -> dict[int, bytes]:
+        def op(conn: sqlite3.Connection) -> dict[int, bytes]:
+            with _read(conn):
+                rows = conn.execute(
+                    "SELECT v.key, v.vector FROM recall_vectors v JOIN recall_state s ON s.sid = v.sid"
+                    " WHERE s.session = ?",
+                    (name,),
+                ).fetchall()
+            return {int(key): bytes(vector) for key, vector in rows}
+
+        return await self._run("load_vectors", op)
 
     async def aclose(self) -> None:
         if self._closed:
@@ -416,6 +603,15 @@ def _total_turns(conn: sqlite3.Connection, name: str) -> int:
     return -1 if row is None else int(row[0])
 
 
+def _recall_state(conn: sqlite3.Connection, name: str) -> tuple[int, RecallStats]:
+    """The session's recall index number and stats, created empty when it has none (in a write)."""
+    conn.execute("INSERT OR IGNORE INTO recall_state (session) VALUES (?)", (name,))
+    row = conn.execute(
+        "SELECT sid, docs, length, turns, notes FROM recall_state WHERE session = ?", (name,)
+    ).fetchone()
+    return int(row[0]), RecallStats(*row[1:])
+
+
 def _select_turns(conn: sqlite3.Connection, name: str, start: int, end: int) -> list[Turn]:
     rows = conn.execute(
         "SELECT speaker, role, text, at, id FROM turns WHERE session = ? AND idx >= ? AND idx < ?"
@@ -437,10 +633,17 @@ def _migrate(conn: sqlite3.Connection) -> None:
             conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             version = _schema_version(conn)
             if version is None:
-                for statement in _SCHEMA:
+                for statement in (*_SCHEMA, *_RECALL_SCHEMA):
                     conn.execute(statement)
                 conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
                 version = SCHEMA_VERSION
+    if version == 1:  # a file from before the recall index: add its tables (filled as sessions open)
+        with _write(conn):
+            if _schema_version(conn) == 1:
+                for statement in _RECALL_SCHEMA:
+                    conn.execute(statement)
+                conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+            version = SCHEMA_VERSION
     if version > SCHEMA_VERSION:
         raise StoreError(
             f"sqlite store: the file has schema version {version}, newer than {SCHEMA_VERSION}",

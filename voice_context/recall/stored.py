@@ -1,0 +1,58 @@
+"""Recall over a store's index: the search a server runs for a context.
+
+The store keeps every session's postings beside its turns (see
+:class:`voice_context.store.base.Store`), so a process serving hundreds of
+sessions holds none of their history. A search asks the store for the
+postings of the query's words, ranks with the same BM25 and fusion as the
+in-process :class:`~voice_context.recall.index.RecallIndex`, then asks for the
+few passages it shows: two short reads, whatever the session's length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from voice_context.core.recalled import Recalled
+from voice_context.recall.index import bm25, fuse, idf, index_terms, nearest, query_terms, render
+from voice_context.store.base import Store
+
+
+async def search_store(
+    store: Store,
+    name: str,
+    query: str,
+    *,
+    before: int,
+    limit: int,
+    query_vector: Any = None,
+    vectors: Mapping[int, Any] | None = None,
+    min_share: float = 0.25,
+) -> list[Recalled]:
+    """The passages of session ``name`` that bear on ``query``, best first, rendered to show.
+
+    Turns at ``before`` or later are left out (a context shows them verbatim);
+    ``query_vector`` with the session's ``vectors`` (doc key -> unit vector) adds
+    the vector ranking.
+    """
+    words = sorted(set(index_terms(query)))
+    if not words and query_vector is None:
+        return []
+    stats, postings = await store.recall_postings(name, words)
+    terms = query_terms(query, lambda t: len(postings.get(t, ())), stats.docs)
+
+    def keep(key: int) -> bool:
+        return key < 0 or key < before
+
+    lexical = bm25(terms, postings, stats.docs, stats.length, keep)
+    close = nearest(vectors, query_vector, keep, limit * 2) if query_vector is not None and vectors else []
+    top = fuse(lexical, close, limit=limit, min_share=min_share)
+    if not top:
+        return []
+    passages = await store.recall_passages(name, [key for key, _ in top])
+    weight: Callable[[str], float] = lambda t: idf(stats.docs, len(postings.get(t, ())))  # noqa: E731
+    wanted = set(terms)
+    return [render(passages[key], score, wanted, weight) for key, score in top if key in passages]
+
+
+__all__ = ["search_store"]
