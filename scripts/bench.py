@@ -248,7 +248,7 @@ async def bench_recall_served(n: int, size: int, texts: list[tuple[str, str]], q
             f"  cursor {session.cursor:,} of {session.total_turns:,}"
         )
         print(
-            f"{'served: what the session holds in the process':<52} {held / 1024:8.1f} KiB"
+            f"{'served: Python memory it took (bounded caches included)':<52} {held / 1024:8.1f} KiB"
             f"  (store on disk {disk / size:,.0f} bytes/turn)"
         )
         print(row("served: context, the newest user turn as query", plain))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -370,8 +370,9 @@ async def test_the_recall_index_takes_each_stored_turn_once_and_in_order(store: 
     assert (first.turns, first.docs) == (3, 3)
     assert (again.turns, again.docs) == (5, 5), "turns 1 and 2 were indexed already"
     assert gap == again and unstored == again, "nothing past the next turn, nothing not stored"
-    stats, postings = await store.recall_postings("room-1", ["line", "alic", "3", "absent"])
+    stats, df, postings = await store.recall_postings("room-1", ["line", "alic", "3", "absent"])
     assert stats == again and stats.length == sum(doc(i).length for i in range(5))
+    assert df == {"line": 5, "alic": 5, "3": 1}
     assert sorted(key for key, _, _ in postings["line"]) == [0, 1, 2, 3, 4]
     assert [key for key, _, _ in postings["3"]] == [3]
     assert "absent" not in postings
@@ -384,7 +385,7 @@ async def test_notes_join_the_index_under_negative_keys_and_come_back_as_passage
 
     first = await store.index_note("room-1", indexed(note_passage(note(7))))
     second = await store.index_note("room-1", indexed(note_passage(note(8))))
-    _, postings = await store.recall_postings("room-1", ["screen"])
+    _, _, postings = await store.recall_postings("room-1", ["screen"])
     passages = await store.recall_passages("room-1", [1, -1, -2, -3, 40])
 
     assert (first.notes, second.notes, second.docs) == (1, 2, 4)
@@ -393,6 +394,20 @@ async def test_notes_join_the_index_under_negative_keys_and_come_back_as_passage
     assert passages[-1].kind == "note" and "screen 7" in passages[-1].text and passages[-1].at == T0 + 7
     assert passages[-2].text.endswith("screen 8") or "screen 8" in passages[-2].text
     assert -3 not in passages and 40 not in passages
+
+
+@pytest.mark.asyncio
+async def test_only_the_postings_of_the_words_chosen_by_their_counts_are_read(store: Store) -> None:
+    await a_session_with_turns(store, "room-1", 4)
+    await store.index_turns("room-1", 0, [doc(i) for i in range(4)])
+
+    def rarest(words: Sequence[str], df: Callable[[str], int], docs: int) -> list[str]:
+        return [min(words, key=df)]
+
+    stats, df, postings = await store.recall_postings("room-1", ["line", "2"], rarest)
+
+    assert stats.docs == 4 and df == {"line": 4, "2": 1}
+    assert list(postings) == ["2"], "the common word's postings were never read"
 
 
 @pytest.mark.asyncio
@@ -415,8 +430,8 @@ async def test_a_deleted_session_takes_its_recall_index_with_it(store: Store) ->
     await store.delete("room-1")
     await store.create(SessionRecord("room-1"))
 
-    stats, postings = await store.recall_postings("room-1", ["line", "screen"])
-    assert (stats.docs, stats.turns, stats.notes, postings) == (0, 0, 0, {})
+    stats, df, postings = await store.recall_postings("room-1", ["line", "screen"])
+    assert (stats.docs, stats.turns, stats.notes, df, postings) == (0, 0, 0, {}, {})
     assert await store.load_vectors("room-1") == {}
 
 
@@ -517,7 +532,7 @@ async def test_a_file_from_before_the_recall_index_gains_it_and_keeps_its_sessio
     await a_session_with_turns(store, "room-1", 3)
     await store.aclose()
     with sqlite3.connect(tmp_path / "vc.db") as conn:  # what version 1 wrote
-        for table in ("recall_terms", "recall_notes", "recall_vectors", "recall_state"):
+        for table in ("recall_terms", "recall_df", "recall_notes", "recall_vectors", "recall_state"):
             conn.execute(f"DROP TABLE {table}")
         conn.execute("UPDATE schema_version SET version = 1")
 

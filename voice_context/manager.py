@@ -507,7 +507,7 @@ class SessionManager:
 
     async def _recall_state(self, name: str) -> _Recall:
         """Where a stored session's recall index stands (and its vectors, with an embedder)."""
-        stats, _ = await self.store.recall_postings(name, ())
+        stats, _, _ = await self.store.recall_postings(name, ())
         recall = _Recall(indexed=stats.turns)
         if self.embedder is not None:
             import numpy as np

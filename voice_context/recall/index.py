@@ -50,6 +50,8 @@ when they hold at least this share of its match and are clearly shorter than the
 
 MAX_QUERY_TERMS = 12
 """A search uses at most this many of the query's words: its rarest."""
+MAX_TERM_DOCS = 1000
+"""A word held by more docs than this is too common to search by (see :func:`query_terms`)."""
 MAX_OLDER_TURNS = 400
 """At most this many folded turns are offered to extend a context's verbatim run."""
 SPLIT_CACHE = 512
@@ -149,8 +151,16 @@ def idf(docs: int, df: int) -> float:
 
 def query_terms(query: str, df: Callable[[str], int], docs: int) -> list[str]:
     """The words a search uses: the rarest :data:`MAX_QUERY_TERMS` of the query's, which carry
-    its meaning and bound the postings walked."""
-    return sorted(set(index_terms(query)), key=lambda t: (-idf(docs, df(t)), t))[:MAX_QUERY_TERMS]
+    its meaning and bound the postings walked; a word held by more than :data:`MAX_TERM_DOCS`
+    docs says little (its idf is near the floor) and is left out, so a search reads at most
+    ``MAX_QUERY_TERMS * MAX_TERM_DOCS`` postings however long the session."""
+    return choose_terms(set(index_terms(query)), df, docs)
+
+
+def choose_terms(words: Iterable[str], df: Callable[[str], int], docs: int) -> list[str]:
+    """:func:`query_terms` for words already folded: the rarest that are not too common."""
+    kept = [t for t in words if df(t) <= MAX_TERM_DOCS]
+    return sorted(kept, key=lambda t: (-idf(docs, df(t)), t))[:MAX_QUERY_TERMS]
 
 
 def bm25(

@@ -5,7 +5,9 @@ The store keeps every session's postings beside its turns (see
 sessions holds none of their history. A search asks the store for the
 postings of the query's words, ranks with the same BM25 and fusion as the
 in-process :class:`~voice_context.recall.index.RecallIndex`, then asks for the
-few passages it shows: two short reads, whatever the session's length.
+few passages it shows: short reads, whatever the session's length (the store
+counts each word's docs, and the postings of words too common to search by are
+never read).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from voice_context.core.recalled import Recalled
-from voice_context.recall.index import bm25, fuse, idf, index_terms, nearest, query_terms, render
+from voice_context.recall.index import bm25, choose_terms, fuse, idf, index_terms, nearest, render
 from voice_context.store.base import Store
 
 
@@ -38,8 +40,8 @@ async def search_store(
     words = sorted(set(index_terms(query)))
     if not words and query_vector is None:
         return []
-    stats, postings = await store.recall_postings(name, words)
-    terms = query_terms(query, lambda t: len(postings.get(t, ())), stats.docs)
+    stats, df, postings = await store.recall_postings(name, words, choose_terms)
+    terms = choose_terms(words, lambda t: df.get(t, 0), stats.docs)
 
     def keep(key: int) -> bool:
         return key < 0 or key < before
@@ -50,7 +52,7 @@ async def search_store(
     if not top:
         return []
     passages = await store.recall_passages(name, [key for key, _ in top])
-    weight: Callable[[str], float] = lambda t: idf(stats.docs, len(postings.get(t, ())))  # noqa: E731
+    weight: Callable[[str], float] = lambda t: idf(stats.docs, df.get(t, 0))  # noqa: E731
     wanted = set(terms)
     return [render(passages[key], score, wanted, weight) for key, score in top if key in passages]
 

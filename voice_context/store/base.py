@@ -14,7 +14,7 @@ Backends translate their own exceptions into :class:`StoreError` at the edge.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -41,6 +41,10 @@ class SessionRecord:
     owner: str | None = None
     failures: int = 0
     compactions: int = 0
+
+
+ChooseTerms = Callable[[Sequence[str], Callable[[str], int], int], list[str]]
+"""Picks the words a search reads the postings of, from their doc counts and the doc total."""
 
 
 @runtime_checkable
@@ -114,9 +118,10 @@ class Store(Protocol):
         ...
 
     async def recall_postings(
-        self, name: str, terms: Sequence[str]
-    ) -> tuple[RecallStats, dict[str, list[Posting]]]:
-        """The index's stats and, for each of ``terms`` it holds, every doc holding it."""
+        self, name: str, terms: Sequence[str], choose: ChooseTerms | None = None
+    ) -> tuple[RecallStats, dict[str, int], dict[str, list[Posting]]]:
+        """The index's stats, how many docs hold each of ``terms`` (those it holds), and the
+        postings of the terms ``choose(terms, df, docs)`` picks (of all of them without it)."""
         ...
 
     async def recall_passages(self, name: str, keys: Sequence[int]) -> dict[int, Passage]:

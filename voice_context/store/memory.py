@@ -10,7 +10,7 @@ from typing import Any
 from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStats
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, TurnConflict
-from voice_context.store.base import SessionRecord
+from voice_context.store.base import ChooseTerms, SessionRecord
 
 
 @dataclass
@@ -144,10 +144,12 @@ class MemoryStore:
         )
 
     async def recall_postings(
-        self, name: str, terms: Sequence[str]
-    ) -> tuple[RecallStats, dict[str, list[Posting]]]:
+        self, name: str, terms: Sequence[str], choose: ChooseTerms | None = None
+    ) -> tuple[RecallStats, dict[str, int], dict[str, list[Posting]]]:
         entry = self._entry(name)
-        return entry.recall, {t: list(entry.postings[t]) for t in terms if t in entry.postings}
+        df = {t: len(entry.postings[t]) for t in terms if t in entry.postings}
+        read = choose(list(df), lambda t: df.get(t, 0), entry.recall.docs) if choose else list(df)
+        return entry.recall, df, {t: list(entry.postings[t]) for t in read if t in entry.postings}
 
     async def recall_passages(self, name: str, keys: Sequence[int]) -> dict[int, Passage]:
         entry = self._entry(name)

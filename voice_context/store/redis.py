@@ -11,6 +11,7 @@ Key layout, for a session named ``room-1`` and the default prefix ``vc``::
     vc:{room-1}:rstate  hash    the recall index's docs, length, turns, notes (counts)
     vc:{room-1}:rterms  set     the posting keys below (so a delete finds them)
     vc:{room-1}:rp:WORD string  WORD's postings: "key:tf:length " appended per doc
+    vc:{room-1}:rdf     hash    posting key -> how many docs hold the word
     vc:{room-1}:rnotes  hash    note key -> the note as recall shows it (JSON)
     vc:{room-1}:rvec    hash    doc key -> its vector (base64), when an embedder ran
 
@@ -64,7 +65,7 @@ from redis.backoff import ExponentialBackoff
 from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStats
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, StoreError, TurnConflict
-from voice_context.store.base import SessionRecord
+from voice_context.store.base import ChooseTerms, SessionRecord
 from voice_context.store.common import (
     decode_config,
     decode_notes,
@@ -191,6 +192,7 @@ for d = 0, n - 1 do
       local k = KEYS[tonumber(ARGV[pos])]
       redis.call('APPEND', k, key .. ':' .. ARGV[pos + 1] .. ':' .. len .. ' ')
       redis.call('SADD', KEYS[2], k)
+      redis.call('HINCRBY', KEYS[5], k, 1)
       pos = pos + 2
     end
     added = added + 1
@@ -216,6 +218,7 @@ for t = 0, nt - 1 do
   local k = KEYS[tonumber(ARGV[4 + 2 * t])]
   redis.call('APPEND', k, key .. ':' .. ARGV[5 + 2 * t] .. ':' .. len .. ' ')
   redis.call('SADD', KEYS[2], k)
+  redis.call('HINCRBY', KEYS[5], k, 1)
 end
 redis.call('HINCRBY', KEYS[1], 'notes', 1)
 redis.call('HINCRBY', KEYS[1], 'docs', 1)
@@ -223,10 +226,16 @@ redis.call('HINCRBY', KEYS[1], 'length', len)
 return redis.call('HMGET', KEYS[1], 'docs', 'length', 'turns', 'notes')
 """
 
-_POSTINGS = """
+_DF = """
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
-local out = {redis.call('HMGET', KEYS[1], 'docs', 'length', 'turns', 'notes')}
-for i = 3, #KEYS do out[#out + 1] = redis.call('GET', KEYS[i]) or '' end
+local stats = redis.call('HMGET', KEYS[1], 'docs', 'length', 'turns', 'notes')
+if #ARGV == 0 then return {stats, {}} end
+return {stats, redis.call('HMGET', KEYS[3], unpack(ARGV))}
+"""
+
+_POSTINGS = """
+local out = {}
+for i = 1, #KEYS do out[i] = redis.call('GET', KEYS[i]) or '' end
 return out
 """
 
@@ -277,6 +286,10 @@ class SessionKeys:
     @property
     def rterms(self) -> str:
         return self._sibling("rterms")
+
+    @property
+    def rdf(self) -> str:
+        return self._sibling("rdf")
 
     @property
     def rnotes(self) -> str:
@@ -342,6 +355,7 @@ class RedisStore:
         self._release = self._redis.register_script(_RELEASE)
         self._index = self._redis.register_script(_INDEX)
         self._note = self._redis.register_script(_NOTE)
+        self._df = self._redis.register_script(_DF)
         self._postings = self._redis.register_script(_POSTINGS)
         self._passages = self._redis.register_script(_PASSAGES)
         self._closed = False
@@ -476,7 +490,7 @@ class RedisStore:
             postings = list(await self._redis.smembers(k.rterms))
             for first in range(0, len(postings), 512):
                 await self._redis.delete(*postings[first : first + 512])
-            await self._redis.delete(*k.all, k.rstate, k.rterms, k.rnotes, k.rvec)
+            await self._redis.delete(*k.all, k.rstate, k.rterms, k.rdf, k.rnotes, k.rvec)
 
     # -- the recall index ------------------------------------------------------
 
@@ -485,7 +499,7 @@ class RedisStore:
 
     async def index_turns(self, name: str, start: int, docs: Sequence[IndexedDoc]) -> RecallStats:
         k = self.keys(name)
-        keys = [k.rstate, k.rterms, k.meta, k.turns]
+        keys = [k.rstate, k.rterms, k.meta, k.turns, k.rdf]
         slot: dict[str, int] = {}
         args: list[str | int] = [start, len(docs)]
         for doc in docs:
@@ -503,7 +517,7 @@ class RedisStore:
 
     async def index_note(self, name: str, doc: IndexedDoc) -> RecallStats:
         k = self.keys(name)
-        keys = [k.rstate, k.rterms, k.meta, k.rnotes]
+        keys = [k.rstate, k.rterms, k.meta, k.rnotes, k.rdf]
         p = doc.passage
         args: list[str | int] = [orjson.dumps([p.at, p.speaker, p.text]).decode(), doc.length, len(doc.terms)]
         for term, tf in doc.terms:
@@ -516,21 +530,27 @@ class RedisStore:
         return _stats(reply)
 
     async def recall_postings(
-        self, name: str, terms: Sequence[str]
-    ) -> tuple[RecallStats, dict[str, list[Posting]]]:
+        self, name: str, terms: Sequence[str], choose: ChooseTerms | None = None
+    ) -> tuple[RecallStats, dict[str, int], dict[str, list[Posting]]]:
         k = self.keys(name)
         wanted = list(dict.fromkeys(terms))
         with self._errors("recall_postings"):
-            reply = await self._postings(
-                keys=[k.rstate, k.meta, *(self._term_key(k, t) for t in wanted)], args=[]
+            reply = await self._df(
+                keys=[k.rstate, k.meta, k.rdf], args=[self._term_key(k, t) for t in wanted]
             )
         if reply == -1:
             raise SessionNotStored(name)
+        stats = _stats(reply[0])
+        df = {t: int(n) for t, n in zip(wanted, reply[1], strict=True) if n}
+        read = choose(list(df), lambda t: df.get(t, 0), stats.docs) if choose else list(df)
         out: dict[str, list[Posting]] = {}
-        for term, raw in zip(wanted, reply[1:], strict=True):
-            if raw:
-                out[term] = [_posting(item) for item in raw.split()]
-        return _stats(reply[0]), out
+        if read:
+            with self._errors("recall_postings"):
+                raw = await self._postings(keys=[self._term_key(k, t) for t in read], args=[])
+            for term, value in zip(read, raw, strict=True):
+                if value:
+                    out[term] = [_posting(item) for item in value.split()]
+        return stats, df, out
 
     async def recall_passages(self, name: str, keys: Sequence[int]) -> dict[int, Passage]:
         k = self.keys(name)

@@ -48,7 +48,7 @@ import anyio.to_thread
 from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStats
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, StoreError, TurnConflict
-from voice_context.store.base import SessionRecord
+from voice_context.store.base import ChooseTerms, SessionRecord
 from voice_context.store.common import (
     decode_config,
     decode_notes,
@@ -117,6 +117,14 @@ _RECALL_SCHEMA = (
         tf     INTEGER NOT NULL,
         length INTEGER NOT NULL,
         PRIMARY KEY (sid, term, key)
+    ) WITHOUT ROWID
+    """,
+    """
+    CREATE TABLE recall_df (
+        sid    INTEGER NOT NULL,
+        term   TEXT    NOT NULL,
+        df     INTEGER NOT NULL,
+        PRIMARY KEY (sid, term)
     ) WITHOUT ROWID
     """,
     """
@@ -375,7 +383,13 @@ class SQLiteStore:
                 conn.execute("DELETE FROM sessions WHERE name = ?", (name,))
                 row = conn.execute("SELECT sid FROM recall_state WHERE session = ?", (name,)).fetchone()
                 if row is not None:
-                    for table in ("recall_terms", "recall_notes", "recall_vectors", "recall_state"):
+                    for table in (
+                        "recall_terms",
+                        "recall_df",
+                        "recall_notes",
+                        "recall_vectors",
+                        "recall_state",
+                    ):
                         conn.execute(f"DELETE FROM {table} WHERE sid = ?", (row[0],))
 
         await self._run("delete", op)
@@ -402,10 +416,7 @@ class SQLiteStore:
                     length += doc.length
                 if not added:
                     return stats
-                conn.executemany(
-                    "INSERT OR IGNORE INTO recall_terms (sid, term, key, tf, length) VALUES (?, ?, ?, ?, ?)",
-                    rows,
-                )
+                _add_postings(conn, rows)
                 conn.execute(
                     "UPDATE recall_state SET docs = docs + ?, length = length + ?, turns = turns + ?"
                     " WHERE sid = ?",
@@ -427,10 +438,7 @@ class SQLiteStore:
                     "INSERT INTO recall_notes (sid, key, at, speaker, text) VALUES (?, ?, ?, ?, ?)",
                     (sid, key, p.at, p.speaker, p.text),
                 )
-                conn.executemany(
-                    "INSERT OR IGNORE INTO recall_terms (sid, term, key, tf, length) VALUES (?, ?, ?, ?, ?)",
-                    [(sid, term, key, tf, doc.length) for term, tf in doc.terms],
-                )
+                _add_postings(conn, [(sid, term, key, tf, doc.length) for term, tf in doc.terms])
                 conn.execute(
                     "UPDATE recall_state SET docs = docs + 1, length = length + ?, notes = notes + 1"
                     " WHERE sid = ?",
@@ -441,11 +449,11 @@ class SQLiteStore:
         return await self._run("index_note", op)
 
     async def recall_postings(
-        self, name: str, terms: Sequence[str]
-    ) -> tuple[RecallStats, dict[str, list[Posting]]]:
+        self, name: str, terms: Sequence[str], choose: ChooseTerms | None = None
+    ) -> tuple[RecallStats, dict[str, int], dict[str, list[Posting]]]:
         wanted = list(dict.fromkeys(terms))
 
-        def op(conn: sqlite3.Connection) -> tuple[RecallStats, dict[str, list[Posting]]]:
+        def op(conn: sqlite3.Connection) -> tuple[RecallStats, dict[str, int], dict[str, list[Posting]]]:
             with _read(conn):
                 row = conn.execute(
                     "SELECT sid, docs, length, turns, notes FROM recall_state WHERE session = ?", (name,)
@@ -453,16 +461,27 @@ class SQLiteStore:
                 if row is None:
                     if _total_turns(conn, name) < 0:
                         raise SessionNotStored(name)
-                    return RecallStats(), {}
-                out: dict[str, list[Posting]] = {}
+                    return RecallStats(), {}, {}
+                sid, stats = row[0], RecallStats(*row[1:])
+                df: dict[str, int] = {}
                 if wanted:
                     marks = ",".join("?" * len(wanted))
+                    df = dict(
+                        conn.execute(
+                            f"SELECT term, df FROM recall_df WHERE sid = ? AND term IN ({marks})",
+                            (sid, *wanted),
+                        ).fetchall()
+                    )
+                read = choose(list(df), lambda t: df.get(t, 0), stats.docs) if choose else list(df)
+                out: dict[str, list[Posting]] = {}
+                if read:
+                    marks = ",".join("?" * len(read))
                     for term, key, tf, length in conn.execute(
                         f"SELECT term, key, tf, length FROM recall_terms WHERE sid = ? AND term IN ({marks})",
-                        (row[0], *wanted),
+                        (sid, *read),
                     ):
                         out.setdefault(term, []).append((key, tf, length))
-                return RecallStats(*row[1:]), out
+                return stats, df, out
 
         return await self._run("recall_postings", op)
 
@@ -610,6 +629,16 @@ def _recall_state(conn: sqlite3.Connection, name: str) -> tuple[int, RecallStats
         "SELECT sid, docs, length, turns, notes FROM recall_state WHERE session = ?", (name,)
     ).fetchone()
     return int(row[0]), RecallStats(*row[1:])
+
+
+def _add_postings(conn: sqlite3.Connection, rows: Sequence[tuple[int, str, int, int, int]]) -> None:
+    """Postings (sid, term, key, tf, length) into the index, each word's doc count with them."""
+    conn.executemany("INSERT INTO recall_terms (sid, term, key, tf, length) VALUES (?, ?, ?, ?, ?)", rows)
+    conn.executemany(
+        "INSERT INTO recall_df (sid, term, df) VALUES (?, ?, 1)"
+        " ON CONFLICT (sid, term) DO UPDATE SET df = df + 1",
+        [(sid, term) for sid, term, _, _, _ in rows],
+    )
 
 
 def _select_turns(conn: sqlite3.Connection, name: str, start: int, end: int) -> list[Turn]:
