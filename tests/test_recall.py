@@ -82,6 +82,34 @@ def test_a_short_turn_is_shown_whole_and_turns_from_before_are_excluded() -> Non
     assert index.search("what is the budget", before=0) == []
 
 
+QUESTION = Turn("Caroline", "user", "So which pottery class did you sign up for in the end?", T0 + 600)
+ANSWER = Turn("Melanie", "user", "The Thursday wheel-throwing one at the community center!", T0 + 660)
+
+
+def test_a_turn_that_asks_is_recalled_with_the_answer_that_followed() -> None:
+    index = RecallIndex()
+    index.add_turns(0, [*chatter(10), QUESTION, ANSWER, *chatter(10, 12)])
+    (hit, *_) = index.search("What pottery class did Melanie sign up for?")
+    assert hit.turn == 10
+    assert hit.line == (
+        "[8 May 2023, 14:06] Caroline: So which pottery class did you sign up for in the end? "
+        "Melanie: The Thursday wheel-throwing one at the community center!"
+    )
+
+
+@pytest.mark.asyncio
+async def test_a_server_recalls_a_question_with_its_answer_from_the_stores_index(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "sessions.db")
+    async with SessionManager(DeterministicSummarizer(), store=store) as manager:
+        await manager.open("room", SMALL)
+        await speak(manager, "room", [*chatter(10), QUESTION, ANSWER, *chatter(60, 12)])
+        await manager.wait_indexed("room")
+        ctx = await manager.context("room", "messages", query="Which pottery class?")
+    await store.aclose()
+    assert ctx.recalled[0].turn == 10
+    assert ctx.recalled[0].line.endswith("Melanie: The Thursday wheel-throwing one at the community center!")
+
+
 def test_weak_matches_are_noise_and_left_out() -> None:
     index = RecallIndex()
     index.add_turns(0, chatter(30, detail_at=7))

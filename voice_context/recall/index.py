@@ -227,11 +227,31 @@ def split(text: str) -> tuple[tuple[str, frozenset[str]], ...]:
     return tuple((p, frozenset(index_terms(p))) for p in sentences(normalize(text).replace("\n", " ")))
 
 
-def render(passage: Passage, score: float, wanted: set[str], weight: Callable[[str], float]) -> Recalled:
+REPLY_CHARS = 240
+"""A hit that asks a question is shown with the start of the turn that answered it, up to this."""
+
+
+def asks(text: str) -> bool:
+    """Whether a turn ends by asking something (its answer is then the next turn)."""
+    return text.rstrip().rstrip("\"')”’ ").endswith("?")
+
+
+def render(
+    passage: Passage,
+    score: float,
+    wanted: set[str],
+    weight: Callable[[str], float],
+    *,
+    reply: Passage | None = None,
+) -> Recalled:
     """The line a context shows for a hit: dated, attributed, cut to its matching sentences
-    when they carry the match in clearly fewer chars (``weight`` is a word's idf)."""
+    when they carry the match in clearly fewer chars (``weight`` is a word's idf). A hit that
+    asks a question carries the start of its ``reply`` (the next turn), where the answer is."""
     text, granularity = best_span(passage.text, wanted, weight)
     text = annotate_dates(text, passage.at) if passage.kind == "turn" else text
+    if reply is not None and reply.speaker != passage.speaker:
+        answer = clip(annotate_dates(reply.text, reply.at), REPLY_CHARS)
+        text = f"{text} {reply.speaker}: {answer}" if reply.speaker else f"{text} {answer}"
     when = stamp(passage.at)
     head = f"[{when}] " if when else ""
     if passage.kind == "turn" and passage.speaker:
@@ -431,10 +451,15 @@ class RecallIndex:
         if query_vector is not None and self.vectors:
             close = nearest(self.vectors, query_vector, self._keep(before) or (lambda _: True), limit * 2)
         wanted = set(terms)
-        return [
-            render(self.docs[doc].passage, score, wanted, self.idf)
-            for doc, score in fuse(lexical, close, limit=limit, min_share=min_share)
-        ]
+        out = []
+        for doc, score in fuse(lexical, close, limit=limit, min_share=min_share):
+            passage = self.docs[doc].passage
+            reply = None
+            if passage.turn is not None and asks(passage.text):
+                answer = self._turn_doc.get(passage.turn + 1)
+                reply = self.docs[answer].passage if answer is not None else None
+            out.append(render(passage, score, wanted, self.idf, reply=reply))
+        return out
 
 
 def summary_passages(summary: str) -> list[str]:

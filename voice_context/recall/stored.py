@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from voice_context.core.recalled import Recalled
-from voice_context.recall.index import bm25, choose_terms, fuse, idf, index_terms, nearest, render
+from voice_context.recall.index import asks, bm25, choose_terms, fuse, idf, index_terms, nearest, render
 from voice_context.store.base import Store
 
 
@@ -51,10 +51,19 @@ async def search_store(
     top = fuse(lexical, close, limit=limit, min_share=min_share)
     if not top:
         return []
-    passages = await store.recall_passages(name, [key for key, _ in top])
+    # each turn with the one after it: a hit that asks a question is shown with its answer
+    keys = [key for key, _ in top]
+    passages = await store.recall_passages(name, [*keys, *(key + 1 for key in keys if key >= 0)])
     weight: Callable[[str], float] = lambda t: idf(stats.docs, df.get(t, 0))  # noqa: E731
     wanted = set(terms)
-    return [render(passages[key], score, wanted, weight) for key, score in top if key in passages]
+    out = []
+    for key, score in top:
+        passage = passages.get(key)
+        if passage is None:
+            continue
+        reply = passages.get(key + 1) if key >= 0 and asks(passage.text) else None
+        out.append(render(passage, score, wanted, weight, reply=reply))
+    return out
 
 
 __all__ = ["search_store"]
