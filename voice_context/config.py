@@ -4,7 +4,8 @@ Groups, each a frozen value with named defaults::
 
     [server]      host, port, max_frame_bytes, max_text_chars, max_sessions_per_connection,
                   turns_per_second, turn_burst, auth_tokens, record_dir, shutdown_timeout,
-                  max_connections, max_outbox_chars, replica
+                  max_connections, max_outbox_chars, replica, owner_turns_per_second,
+                  owner_turn_burst, max_connections_per_owner
     [summarizer]  kind ("deterministic" | "openai"), base_url, model, api_key, timeout (per
                   attempt; derived from compaction_timeout when unset), max_retries,
                   compaction_timeout
@@ -55,6 +56,13 @@ class ServerSettings:
     #: server takes its own leases back at once. By default ``<hostname>:<port>`` (random
     #: when the port is 0); set it when several servers share a host name and a port.
     replica: str | None = None
+    #: turns and notes per second for all the sessions of one token together (bursts of
+    #: ``owner_turn_burst``), on each replica; only with ``auth_tokens`` (without them there
+    #: is no owner to tell apart, and ``max_connections`` bounds everyone)
+    owner_turns_per_second: float = 100.0
+    owner_turn_burst: int = 200
+    #: connections one token may hold open at once on each replica; the next handshake gets 503
+    max_connections_per_owner: int = 100
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -66,12 +74,15 @@ class ServerSettings:
             "turn_burst",
             "max_connections",
             "max_outbox_chars",
+            "owner_turn_burst",
+            "max_connections_per_owner",
         )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"server.{name} must be positive")
-        if self.turns_per_second <= 0:
-            raise ConfigError("server.turns_per_second must be positive")
+        for name in ("turns_per_second", "owner_turns_per_second"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"server.{name} must be positive")
 
 
 RETRY_ALLOWANCE = 2.0

@@ -113,6 +113,11 @@ class TokenBucket:
         self.tokens = float(burst)
         self.updated = now
 
+    def wait(self, now: float) -> float:
+        """Seconds until a token is available at ``now`` (0.0 if one is), spending nothing."""
+        tokens = min(self.burst, self.tokens + max(0.0, now - self.updated) * self.rate)
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
+
     def full(self, now: float) -> bool:
         """Whether the bucket has refilled to ``burst`` by ``now``: then it remembers nothing."""
         return self.tokens + max(0.0, now - self.updated) * self.rate >= self.burst
@@ -212,6 +217,14 @@ class _SessionLimits:
 
 
 @dataclass(eq=False)
+class _OwnerLimits:
+    """What one token spends across all its connections and sessions on this replica."""
+
+    bucket: TokenBucket
+    connections: int = 0
+
+
+@dataclass(eq=False)
 class _Connection:
     id: str
     ws: ServerConnection
@@ -291,6 +304,8 @@ class Server:
         self._connections: set[_Connection] = set()
         self._holders: dict[str, set[_Connection]] = {}
         self._limits: dict[str, _SessionLimits] = {}
+        #: one per token that connected (tokens are configured, so these are few)
+        self._owners: dict[str, _OwnerLimits] = {}
         self._stopping = False
         self._stopped = anyio.Event()
         self._ids = itertools.count(1)
@@ -458,6 +473,18 @@ class Server:
                 "application/json",
                 ("WWW-Authenticate", 'Bearer realm="voice-context"'),
             )
+        owner = owner_of(bearer_token(request.headers)) if tokens else None
+        held = self._owners[owner].connections if owner in self._owners else 0
+        cap = self.settings.server.max_connections_per_owner
+        if owner is not None and held >= cap:
+            self.metrics.errors.labels(code=RATE_LIMITED).inc()
+            log.warning("voice_context_connection_refused", reason="owner_connections", connections=held)
+            full = codec.encode_error(
+                RATE_LIMITED,
+                f"this token has {held} connections open (limit {cap}): close one first",
+                limit="owner_connections",
+            )
+            return _response(HTTPStatus.SERVICE_UNAVAILABLE, full.encode(), "application/json")
         return None
 
     # -- one connection ----------------------------------------------------------------
@@ -472,6 +499,9 @@ class Server:
         conn = _Connection(f"c{next(self._ids)}-{uuid.uuid4().hex[:6]}", ws, owner, outbox, inbox)
         conn.on_drop = self.metrics.pushes_dropped.inc
         conn.max_queued = self.settings.server.max_outbox_chars
+        owned = self._owner_limits(owner)
+        if owned is not None:
+            owned.connections += 1
         self._connections.add(conn)
         self.metrics.connections.inc()
         close: tuple[int, str] | None = None
@@ -498,6 +528,8 @@ class Server:
                 await self._detach_all(conn)
             self._connections.discard(conn)
             self.metrics.connections.dec()
+            if owned is not None:
+                owned.connections -= 1
 
     async def _send_loop(self, conn: _Connection) -> None:
         async with conn.inbox:
@@ -607,7 +639,7 @@ class Server:
         if isinstance(message, NoteAppend):
             limits = self._limits[name]
             async with limits.lock:
-                self._take(limits)
+                self._take(conn, limits)
                 changed = await manager.append_note(name, message.note, owner=owner)
             self.metrics.notes.inc()
             return codec.encode_note_appended(name, changed, message.id), True
@@ -683,7 +715,7 @@ class Server:
             duplicate = find_duplicate(session, message.turn)
             if duplicate is not None:
                 return codec.encode_turn_appended(name, duplicate, message.id, duplicate=True), False
-            self._take(limits)
+            self._take(conn, limits)
             index = await self.manager.append_turn(name, message.turn, owner=conn.owner)
         self.metrics.turns.inc()
         return codec.encode_turn_appended(name, index, message.id), True
@@ -698,17 +730,43 @@ class Server:
             if name not in self._holders and limits.bucket.full(now):
                 del self._limits[name]
 
-    def _take(self, limits: _SessionLimits) -> None:
-        """Spend one of the session's tokens for a turn or a note, or refuse the request."""
-        wait = limits.bucket.take(self._monotonic())
+    def _owner_limits(self, owner: str | None) -> _OwnerLimits | None:
+        """The limits of a token's owner (made at its first connection); ``None`` without tokens."""
+        if owner is None:
+            return None
+        owned = self._owners.get(owner)
+        if owned is None:
+            cfg = self.settings.server
+            bucket = TokenBucket(cfg.owner_turns_per_second, cfg.owner_turn_burst, self._monotonic())
+            owned = self._owners[owner] = _OwnerLimits(bucket)
+        return owned
+
+    def _take(self, conn: _Connection, limits: _SessionLimits) -> None:
+        """Spend one of the session's tokens and one of its owner's for a turn or a note, or
+        refuse the request (spending neither)."""
+        now = self._monotonic()
+        cfg = self.settings.server
+        owned = self._owner_limits(conn.owner)
+        wait = limits.bucket.wait(now)
         if wait > 0:
-            rate = self.settings.server.turns_per_second
             raise _Reject(
                 RATE_LIMITED,
-                f"too many turns and notes for this session (limit {rate:g} per second)",
+                f"too many turns and notes for this session (limit {cfg.turns_per_second:g} per second)",
                 limit="turns_per_second",
                 retry_after=math.ceil(wait * 1000) / 1000,
             )
+        wait = owned.bucket.wait(now) if owned is not None else 0.0
+        if wait > 0:
+            raise _Reject(
+                RATE_LIMITED,
+                "too many turns and notes for this token's sessions together"
+                f" (limit {cfg.owner_turns_per_second:g} per second)",
+                limit="owner_turns_per_second",
+                retry_after=math.ceil(wait * 1000) / 1000,
+            )
+        limits.bucket.take(now)
+        if owned is not None:
+            owned.bucket.take(now)
 
     async def _detach(self, conn: _Connection, name: str) -> None:
         """This connection is done with a session; the last one to leave closes it here."""
