@@ -24,6 +24,7 @@ connection's outbox is full, the event is dropped and counted.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import hmac
@@ -77,6 +78,7 @@ from voice_context.config import Settings, make_summarizer
 from voice_context.core.config import check_client_overrides
 from voice_context.core.session import Session
 from voice_context.core.turns import Turn
+from voice_context.descriptors import DescriptorGuard, refusal_body
 from voice_context.errors import ConfigError, RateLimited, SessionClosed, StoreError, UnknownSession
 from voice_context.manager import CompactionEvent, SessionManager
 from voice_context.metrics import CONTENT_TYPE, Metrics
@@ -310,6 +312,9 @@ class Server:
         self._stopped = anyio.Event()
         self._ids = itertools.count(1)
         self._record_dir = Path(self.settings.server.record_dir) if self.settings.server.record_dir else None
+        self._descriptors = DescriptorGuard(
+            monotonic=monotonic, on_refuse=lambda how: self.metrics.descriptors_refused.labels(how=how).inc()
+        )
         self.port = 0
 
     # -- lifetime ------------------------------------------------------------------
@@ -366,6 +371,7 @@ class Server:
                 lambda: manager.counters, lambda: manager.sessions, lambda: manager.in_flight
             )
             self._tg = await stack.enter_async_context(anyio.create_task_group())
+            self._guard_descriptors(stack)
             self._ws = await serve(
                 self._handle,
                 cfg.host,
@@ -382,6 +388,24 @@ class Server:
         self._stack = stack
         log.info("voice_context_server_listening", url=self.url, summarizer=self.summarizer.model)
         return self
+
+    def _guard_descriptors(self, stack: AsyncExitStack) -> None:
+        """Send the event loop's accept failures for want of descriptors to the guard
+        (see :mod:`voice_context.descriptors`), until the server stops."""
+        guard = self._descriptors
+        guard.open()
+        stack.callback(guard.close)
+        loop = asyncio.get_running_loop()
+        previous = loop.get_exception_handler()
+
+        def fallback(context: dict[str, Any]) -> None:
+            if previous is not None:
+                previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+
+        loop.set_exception_handler(guard.exception_handler(fallback))
+        stack.callback(loop.set_exception_handler, previous)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -452,6 +476,10 @@ class Server:
         if path != PATH:
             missing = {"type": "error", "code": "not_found", "message": f"no such path: {path}"}
             return _response(HTTPStatus.NOT_FOUND, orjson.dumps(missing), "application/json")
+        if self._descriptors.short():
+            self.metrics.errors.labels(code=RATE_LIMITED).inc()
+            self._descriptors.refuse("handshake")
+            return _response(HTTPStatus.SERVICE_UNAVAILABLE, refusal_body(), "application/json")
         limit = self.settings.server.max_connections
         if len(self._connections) >= limit:
             self.metrics.errors.labels(code=RATE_LIMITED).inc()
