@@ -5,7 +5,7 @@ Groups, each a frozen value with named defaults::
     [server]      host, port, max_frame_bytes, max_text_chars, max_sessions_per_connection,
                   turns_per_second, turn_burst, auth_tokens, record_dir, shutdown_timeout,
                   max_connections, max_outbox_chars, replica, owner_turns_per_second,
-                  owner_turn_burst, max_connections_per_owner
+                  owner_turn_burst, max_connections_per_owner, lease_ttl
     [summarizer]  kind ("deterministic" | "openai"), base_url, model, api_key, timeout (per
                   attempt; derived from compaction_timeout when unset), max_retries,
                   compaction_timeout
@@ -63,6 +63,9 @@ class ServerSettings:
     owner_turn_burst: int = 200
     #: connections one token may hold open at once on each replica; the next handshake gets 503
     max_connections_per_owner: int = 100
+    #: seconds a compaction lease lasts unless renewed (every third of that while the fold
+    #: runs): a replica that dies holding one delays the session's next fold by at most this
+    lease_ttl: float = 20.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -80,7 +83,7 @@ class ServerSettings:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"server.{name} must be positive")
-        for name in ("turns_per_second", "owner_turns_per_second"):
+        for name in ("turns_per_second", "owner_turns_per_second", "lease_ttl"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"server.{name} must be positive")
 

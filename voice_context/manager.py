@@ -55,6 +55,10 @@ from voice_context.summarizers.base import Summarizer, SummaryRequest
 
 log = structlog.get_logger("voice_context")
 
+LEASE_TTL = 20.0
+"""Seconds a compaction lease lasts unless renewed; it is renewed every third of that while
+the fold runs, so a replica that dies holding one delays the next fold by at most this."""
+
 EMBED_BATCH = 256
 """At most this many turns embedded by one background pass (the next request starts the next)."""
 
@@ -103,6 +107,16 @@ class _Live:
     last_skip: tuple[SkipReason, object] | None = None
 
 
+@dataclass(eq=False)
+class _Lease:
+    """A compaction lease held while a fold runs: its fencing token, whether a renewal found
+    it superseded, and the summarizer call to cancel then."""
+
+    fence: int
+    lost: bool = False
+    fold: anyio.CancelScope | None = None
+
+
 class SessionManager:
     """Owns the live sessions and runs their compactions. See the module docstring."""
 
@@ -117,12 +131,16 @@ class SessionManager:
         clock: Callable[[], float] = time.time,
         replica: str | None = None,
         embedder: Embedder | None = None,
+        lease_ttl: float = LEASE_TTL,
     ) -> None:
+        if lease_ttl <= 0:
+            raise ValueError("lease_ttl must be positive")
         self.summarizer = summarizer
         self.embedder = embedder
         self.config = config or session_defaults(summarizer)
         self.store: Store = store if store is not None else MemoryStore()
         self.compaction_timeout = compaction_timeout
+        self.lease_ttl = lease_ttl
         self.close_timeout = close_timeout
         self.clock = clock
         self.replica = replica or uuid.uuid4().hex[:12]
@@ -527,13 +545,19 @@ class SessionManager:
                 if scope.cancel_called:  # closed before this task ran: not even a lease
                     return
                 fence = await self._lease(live, session, plan)
-                if fence is None:
+                if fence is None or not await self._still_due(live, session, plan):
                     return
-                current: CompactionPlan | None = plan
-                while current is not None:
-                    running = current
-                    current = await self._run_plan(live, session, current, fence)
+                lease = _Lease(fence)
+                async with anyio.create_task_group() as renewals:
+                    renewals.start_soon(self._renew_lease, session.name, lease)
+                    current: CompactionPlan | None = plan
+                    while current is not None:
+                        running = current
+                        current = await self._run_plan(live, session, current, lease)
+                    renewals.cancel_scope.cancel()
         except Exception as exc:  # a bug, here or in a backend, must not escape into the task group
+            if isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+                exc = exc.exceptions[0]  # raised inside the renewals' task group
             log.exception("voice_context_compaction_crashed", session=session.name, plan=running.plan_id)
             if session.in_flight is not None and session.in_flight.plan_id == running.plan_id:
                 self._record_failure(
@@ -559,13 +583,57 @@ class SessionManager:
             except Exception as exc:  # the lease expires on its own; never fail a task over it
                 log.warning("voice_context_lease_release_failed", session=name, error=str(exc)[:300])
 
+    async def _renew_lease(self, name: str, lease: _Lease) -> None:
+        """Renew the lease every third of its ttl while the fold runs. Superseded (another
+        replica was granted it after it lapsed): cancel the summarizer call, whose result
+        must not be committed. A store that fails a renewal is tried again at the next one
+        (the commit is fenced anyway)."""
+        while True:
+            await anyio.sleep(self.lease_ttl / 3)
+            try:
+                kept = await self.store.renew_lease(name, self.replica, lease.fence, self.lease_ttl)
+            except StoreError as exc:
+                log.warning("voice_context_lease_renewal_failed", session=name, error=str(exc)[:300])
+                continue
+            if not kept:
+                lease.lost = True
+                log.warning("voice_context_lease_lost", session=name, fence=lease.fence)
+                if lease.fold is not None:
+                    lease.fold.cancel()
+                return
+
+    async def _still_due(self, live: _Live, session: Session, plan: CompactionPlan) -> bool:
+        """Decide again once the lease is held: another replica may have folded this batch
+        while this one waited for the lease. Then the plan is dropped, and the session
+        catches up with the store instead of folding the same turns again."""
+        try:
+            record = await self.store.load(session.name)
+        except StoreError as exc:
+            self._record_failure(live, session, plan, "store", exc.retryable, str(exc))
+            return False
+        if record is None or record.cursor == plan.start:
+            return True  # (a session gone from the store fails at its commit)
+        if session.in_flight is not None and session.in_flight.plan_id == plan.plan_id:
+            session.abandon()
+        self.counters["stale"] += 1
+        log.info(
+            "voice_context_compaction_stale",
+            session=session.name,
+            plan=plan.plan_id,
+            current=None,
+            reason="folded_elsewhere",
+            cursor=record.cursor,
+        )
+        async with live.lock:
+            with contextlib.suppress(StoreError):
+                await self._catch_up_locked(live)
+        return False
+
     async def _lease(self, live: _Live, session: Session, plan: CompactionPlan) -> int | None:
         """Take the store's compaction lease (its fencing token); ``None`` when the plan
         cannot go ahead (another replica holds the lease, or the store failed)."""
         try:
-            token = await self.store.acquire_lease(
-                session.name, self.replica, self.compaction_timeout * 2 + 5
-            )
+            token = await self.store.acquire_lease(session.name, self.replica, self.lease_ttl)
         except StoreError as exc:
             self._record_failure(live, session, plan, "store", exc.retryable, str(exc))
             return None
@@ -582,8 +650,11 @@ class SessionManager:
         return token
 
     async def _run_plan(
-        self, live: _Live, session: Session, plan: CompactionPlan, fence: int | None
+        self, live: _Live, session: Session, plan: CompactionPlan, lease: _Lease
     ) -> CompactionPlan | None:
+        if lease.lost:
+            self._lease_lost(live, session, plan)
+            return None
         self.counters["started"] += 1
         log.info(
             "voice_context_compaction_started",
@@ -596,25 +667,38 @@ class SessionManager:
             recompact=plan.recompact,
         )
         request = SummaryRequest.for_plan(plan, session.name)
-        try:
-            with anyio.fail_after(self.compaction_timeout):
-                text = await self.summarizer.summarize(request)
-        except SummarizerError as exc:
-            self._record_failure(live, session, plan, exc.kind, exc.retryable, str(exc), exc.retry_after)
-            return None
-        except TimeoutError:
-            self._record_failure(
-                live, session, plan, "timeout", True, f"no answer in {self.compaction_timeout:g}s"
-            )
-            return None
-        except Exception as exc:  # a summarizer bug must not take the server down
-            self._record_failure(live, session, plan, type(exc).__name__, False, str(exc))
+        text: str | None = None
+        with anyio.CancelScope() as fold:  # cancelled when a renewal finds the lease superseded
+            lease.fold = fold
+            try:
+                with anyio.fail_after(self.compaction_timeout):
+                    text = await self.summarizer.summarize(request)
+            except SummarizerError as exc:
+                self._record_failure(live, session, plan, exc.kind, exc.retryable, str(exc), exc.retry_after)
+                return None
+            except TimeoutError:
+                self._record_failure(
+                    live, session, plan, "timeout", True, f"no answer in {self.compaction_timeout:g}s"
+                )
+                return None
+            except Exception as exc:  # a summarizer bug must not take the server down
+                self._record_failure(live, session, plan, type(exc).__name__, False, str(exc))
+                return None
+            finally:
+                lease.fold = None
+        if text is None or lease.lost:
+            self._lease_lost(live, session, plan)
             return None
         # Landing holds the session's lock, so a turn or a note written meanwhile cannot
         # interleave with the commit: the pending notes the store keeps are the ones the
         # session keeps.
         async with live.lock:
-            return await self._land(live, session, plan, text, fence)
+            return await self._land(live, session, plan, text, lease.fence)
+
+    def _lease_lost(self, live: _Live, session: Session, plan: CompactionPlan) -> None:
+        self._record_failure(
+            live, session, plan, "lease_lost", True, "another replica was granted the compaction lease"
+        )
 
     async def _land(
         self, live: _Live, session: Session, plan: CompactionPlan, text: str, fence: int | None

@@ -363,6 +363,7 @@ class Server:
                 compaction_timeout=self.settings.summarizer.compaction_timeout,
                 close_timeout=cfg.shutdown_timeout,
                 replica=replica_name(cfg.replica, cfg.port),
+                lease_ttl=cfg.lease_ttl,
                 # loading (a first use distils the static table: some 20 s) runs off the event loop
                 embedder=await anyio.to_thread.run_sync(load_embedder, self.settings.recall.embedder),
             )

@@ -87,6 +87,15 @@ class Store(Protocol):
         token that grows with every grant, or ``None`` while another holder has it."""
         ...
 
+    async def renew_lease(self, name: str, holder: str, fence: int, ttl: float) -> bool:
+        """Extend the lease granted with token ``fence`` to ``ttl`` seconds from now.
+
+        Returns ``False`` when a later grant superseded it (the fencing token moved on),
+        or the session is gone: the holder has lost the lease. A lease that lapsed and
+        was granted to nobody since is taken back.
+        """
+        ...
+
     async def release_lease(self, name: str, holder: str) -> None: ...
 
     async def delete(self, name: str) -> None:

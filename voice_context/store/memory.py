@@ -103,6 +103,13 @@ class MemoryStore:
         entry.fence += 1
         return entry.fence
 
+    async def renew_lease(self, name: str, holder: str, fence: int, ttl: float) -> bool:
+        entry = self._sessions.get(name)
+        if entry is None or entry.fence != fence:
+            return False
+        entry.lease_holder, entry.lease_until = holder, self._clock() + ttl
+        return True
+
     async def release_lease(self, name: str, holder: str) -> None:
         entry = self._sessions.get(name)
         if entry is not None and entry.lease_holder == holder:

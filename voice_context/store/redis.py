@@ -29,6 +29,9 @@ Every change is one Lua script, atomic on the server:
   caller's (``SET ... PX``), and returns ``HINCRBY meta fence 1``: every
   grant gets a larger token, so a holder that stalled past its expiry can
   never land a commit once someone else has been granted the lease.
+- ``renew``: extends the lease (``SET ... PX``) only while the session's fence is
+  still the token the caller was granted: no grant since, so nobody else holds it
+  (a lease that lapsed meanwhile is taken back).
 - ``release``: deletes the lease only if the caller still holds it.
 
 Durability is the Redis server's: run it with ``appendonly yes`` and
@@ -166,6 +169,13 @@ redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 return redis.call('HINCRBY', KEYS[1], 'fence', 1)
 """
 
+_RENEW = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if tonumber(redis.call('HGET', KEYS[1], 'fence') or '0') ~= tonumber(ARGV[2]) then return 0 end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
+return 1
+"""
+
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -243,6 +253,7 @@ class RedisStore:
         self._commit = self._redis.register_script(_COMMIT)
         self._read = self._redis.register_script(_READ)
         self._acquire = self._redis.register_script(_ACQUIRE)
+        self._renew = self._redis.register_script(_RENEW)
         self._release = self._redis.register_script(_RELEASE)
         self._closed = False
         self.operations = 0
@@ -365,6 +376,16 @@ class RedisStore:
         if token == -1:
             raise SessionNotStored(name)
         return int(token) if token > 0 else None
+
+    async def renew_lease(self, name: str, holder: str, fence: int, ttl: float) -> bool:
+        if ttl <= 0:
+            raise ValueError("a lease needs a positive ttl")
+        k = self.keys(name)
+        with self._errors("renew_lease"):
+            renewed = await self._renew(
+                keys=[k.meta, k.lease], args=[holder, fence, max(1, round(ttl * 1000))]
+            )
+        return bool(renewed)
 
     async def release_lease(self, name: str, holder: str) -> None:
         with self._errors("release_lease"):

@@ -313,6 +313,21 @@ class SQLiteStore:
 
         return await self._run("acquire_lease", op)
 
+    async def renew_lease(self, name: str, holder: str, fence: int, ttl: float) -> bool:
+        if ttl <= 0:
+            raise ValueError("a lease needs a positive ttl")
+
+        def op(conn: sqlite3.Connection) -> bool:
+            with _write(conn):
+                # every grant moves the fence: the same fence means no grant since this one
+                renewed = conn.execute(
+                    "UPDATE sessions SET lease_holder = ?, lease_until = ? WHERE name = ? AND fence = ?",
+                    (holder, self._clock() + ttl, name, fence),
+                ).rowcount
+                return renewed == 1
+
+        return await self._run("renew_lease", op)
+
     async def release_lease(self, name: str, holder: str) -> None:
         def op(conn: sqlite3.Connection) -> None:
             with _write(conn):
