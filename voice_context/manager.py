@@ -268,6 +268,8 @@ class SessionManager:
     async def _open_from_store(
         self, name: str, overrides: dict[str, Any] | None, owner: str | None
     ) -> Opened:
+        # in use from now on: a retention sweep between this read and the next must not forget it
+        await self.store.touch([name])
         record = await self.store.load(name)
         if record is not None:
             if record.owner != owner:
@@ -407,6 +409,17 @@ class SessionManager:
         async with self._opening(name):
             await self.close(name, owner=owner)
             await self.store.delete(name)
+
+    async def retain(self) -> list[str]:
+        """Apply the store's retention policy once (``session_ttl``; nothing without one): the
+        sessions open here are in use (their idle time starts again), and every session idle
+        for longer is forgotten. Returns the forgotten sessions' names when the store knows
+        them (Redis forgets idle keys by itself). The server calls it periodically; call it
+        yourself, more often than the ttl, when you use a manager on a store with a ttl."""
+        if self.store.session_ttl is None:
+            return []
+        await self.store.touch(self.names())
+        return await self.store.expire()
 
     # -- internals -------------------------------------------------------------
 

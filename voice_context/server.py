@@ -348,7 +348,11 @@ class Server:
             cfg = self.settings.server
             store = self._store
             if store is None:
-                store = open_store(self.settings.store.url, data_dir=self.settings.store.data_dir)
+                store = open_store(
+                    self.settings.store.url,
+                    data_dir=self.settings.store.data_dir,
+                    session_ttl=self.settings.store.session_ttl,
+                )
                 self._store = store
                 stack.push_async_callback(store.aclose)
             aclose = getattr(self.summarizer, "aclose", None)
@@ -373,6 +377,10 @@ class Server:
             )
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             self._guard_descriptors(stack)
+            if store.session_ttl is not None:
+                retention = anyio.CancelScope()
+                self._tg.start_soon(self._retain, store.session_ttl, retention)
+                stack.callback(retention.cancel)  # before the task group waits for its tasks
             self._ws = await serve(
                 self._handle,
                 cfg.host,
@@ -824,6 +832,42 @@ class Server:
             with structlog.contextvars.bound_contextvars(session=name):
                 await self._detach(conn, name)
 
+    # -- retention ---------------------------------------------------------------------
+
+    async def _retain(self, ttl: float, scope: anyio.CancelScope) -> None:
+        """The retention policy, every sweep interval, off the path of any reply: the
+        sessions open here are kept, those idle past ``ttl`` are forgotten, and so are their
+        recordings."""
+        interval = self.settings.store.retention_interval or ttl / 4
+        with scope:
+            while True:
+                await anyio.sleep(interval)
+                try:
+                    expired = await self.manager.retain()
+                except StoreError as exc:  # the next sweep tries again, well within the ttl
+                    log.warning("voice_context_retention_failed", error=str(exc)[:300])
+                    continue
+                if expired:
+                    log.info("voice_context_sessions_expired", count=len(expired), sessions=expired[:20])
+                if self._record_dir is not None:
+                    await self._expire_recordings(self._record_dir, ttl)
+
+    async def _expire_recordings(self, record_dir: Path, ttl: float) -> None:
+        """Delete the recordings untouched for ``ttl`` whose session the store no longer holds
+        (it expired, here or on another replica)."""
+        live = set(self.manager.names())
+        for name, path in await anyio.to_thread.run_sync(_stale_recordings, record_dir, time.time() - ttl):
+            if name in live:
+                continue
+            try:
+                if await self.manager.store.load(name) is not None:
+                    continue
+            except StoreError:
+                return  # decide at the next sweep
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            log.info("voice_context_recording_expired", session=name, path=str(path))
+
     # -- recording ---------------------------------------------------------------------
 
     def _record(self, session: str | None, sent: dict[str, Any]) -> None:
@@ -837,6 +881,22 @@ class Server:
                 out.write(line)
         except (OSError, orjson.JSONEncodeError) as exc:  # the request was applied: answer it anyway
             log.warning("voice_context_record_failed", path=str(path), error=str(exc))
+
+
+def _stale_recordings(record_dir: Path, before: float) -> list[tuple[str, Path]]:
+    """The recordings last written before ``before``, with the session each one records."""
+    found = []
+    for path in record_dir.glob("*.jsonl"):
+        try:
+            if path.stat().st_mtime >= before:
+                continue
+            with path.open("rb") as handle:
+                first = orjson.loads(handle.readline())
+        except (OSError, orjson.JSONDecodeError):
+            continue
+        if isinstance(first, dict) and isinstance(first.get("session"), str):
+            found.append((first["session"], path))
+    return found
 
 
 def _response(status: HTTPStatus, body: bytes, content_type: str, *extra: tuple[str, str]) -> Response:

@@ -3,7 +3,8 @@
 A store keeps, per session: the full transcript (append-only, by index), the
 cursor and the summary (which always move together), the live and pending
 screen notes, the session's config overrides and owner, and a compaction
-lease with a fencing token so that only one replica folds a session at a time.
+lease with a fencing token so that only one replica folds a session at a time;
+with a ``session_ttl``, only until the session has been idle that long.
 
 Backends translate their own exceptions into :class:`StoreError` at the edge.
 """
@@ -42,6 +43,10 @@ class SessionRecord:
 class Store(Protocol):
     """Durable session state. Every method raises ``StoreError`` on failure, and
     ``SessionNotStored`` (a ``StoreError``) when it needs a session the store does not hold."""
+
+    #: Seconds after its last activity (a write, or a ``touch``) that a session is forgotten;
+    #: ``None`` keeps every session until it is deleted.
+    session_ttl: float | None
 
     async def load(self, name: str) -> SessionRecord | None:
         """The session's record, or ``None`` if the store has never seen it."""
@@ -97,6 +102,16 @@ class Store(Protocol):
         ...
 
     async def release_lease(self, name: str, holder: str) -> None: ...
+
+    async def touch(self, names: Sequence[str]) -> None:
+        """These sessions are in use: their idle time starts again now (unknown names are
+        ignored; nothing to do without a ``session_ttl``)."""
+        ...
+
+    async def expire(self) -> list[str]:
+        """Forget every session idle for longer than ``session_ttl``; returns their names
+        (a backend that forgets them by itself, as Redis does, returns none)."""
+        ...
 
     async def delete(self, name: str) -> None:
         """Forget the session entirely."""

@@ -24,6 +24,9 @@ class _Entry:
 class MemoryStore:
     """Keeps every session in a dict. Nothing survives the process."""
 
+    #: nothing outlives the process anyway: sessions are kept until deleted or the process ends
+    session_ttl: float | None = None
+
     def __init__(self, *, clock: Any = time.monotonic) -> None:
         self._sessions: dict[str, _Entry] = {}
         self._clock = clock
@@ -114,6 +117,12 @@ class MemoryStore:
         entry = self._sessions.get(name)
         if entry is not None and entry.lease_holder == holder:
             entry.lease_holder, entry.lease_until = None, 0.0
+
+    async def touch(self, names: Sequence[str]) -> None:
+        return None
+
+    async def expire(self) -> list[str]:
+        return []
 
     async def delete(self, name: str) -> None:
         self._sessions.pop(name, None)

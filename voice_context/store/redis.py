@@ -34,6 +34,12 @@ Every change is one Lua script, atomic on the server:
   (a lease that lapsed meanwhile is taken back).
 - ``release``: deletes the lease only if the caller still holds it.
 
+Retention: with ``session_ttl`` every one of those scripts (and ``touch``, which the
+server runs for the sessions it serves) sets the session's keys to expire
+``session_ttl`` seconds from now, together, so Redis itself forgets a session idle
+for that long; ``expire`` has nothing to do. ``create`` clears whatever a forgotten
+session of the same name left. Without it, keys never expire.
+
 Durability is the Redis server's: run it with ``appendonly yes`` and
 ``appendfsync always`` for "acknowledged means on disk" (``everysec`` may
 lose the last second if the Redis host dies).
@@ -92,6 +98,7 @@ _TRANSIENT_REPLIES = (
 
 _CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('DEL', KEYS[2], KEYS[3])
 redis.call('HSET', KEYS[1], 'name', ARGV[1], 'cursor', 0, 'summary', '', 'config', ARGV[2],
            'owner', ARGV[3], 'fence', 0, 'compactions', 0, 'created_at', ARGV[4])
 return 1
@@ -169,6 +176,26 @@ redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 return redis.call('HINCRBY', KEYS[1], 'fence', 1)
 """
 
+_TOUCH = """
+return 1
+"""
+
+
+def _kept(script: str) -> str:
+    """``script`` followed by the retention rule: when the last argument is a ttl in ms
+    (not ``''``) and the session exists, every key of the call expires that long from now."""
+    return f"""local function body()
+{script}
+end
+local result = body()
+local ttl = ARGV[#ARGV]
+if ttl ~= '' and redis.call('EXISTS', KEYS[1]) == 1 then
+  for _, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ttl) end
+end
+return result
+"""
+
+
 _RENEW = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 if tonumber(redis.call('HGET', KEYS[1], 'fence') or '0') ~= tonumber(ARGV[2]) then return 0 end
@@ -221,7 +248,11 @@ class RedisStore:
         backoff_cap: float = BACKOFF_CAP,
         socket_timeout: float = SOCKET_TIMEOUT,
         connect_timeout: float = CONNECT_TIMEOUT,
+        session_ttl: float | None = None,
     ) -> None:
+        if session_ttl is not None and session_ttl <= 0:
+            raise ValueError("session_ttl must be positive (or None: kept until deleted)")
+        self.session_ttl = session_ttl
         if not prefix or any(c in prefix for c in "{}"):
             raise ValueError(f"a key prefix must be non-empty and hold no braces, got {prefix!r}")
         if retries < 0:
@@ -245,12 +276,13 @@ class RedisStore:
         self._redis: aioredis.Redis | AsyncRedisCluster = (
             AsyncRedisCluster.from_url(url, **options) if cluster else aioredis.Redis.from_url(url, **options)
         )
-        self._create = self._redis.register_script(_CREATE)
+        self._create = self._redis.register_script(_kept(_CREATE))
         self._load = self._redis.register_script(_LOAD)
-        self._append = self._redis.register_script(_APPEND)
-        self._save_notes = self._redis.register_script(_SAVE_NOTES)
-        self._save_config = self._redis.register_script(_SAVE_CONFIG)
-        self._commit = self._redis.register_script(_COMMIT)
+        self._append = self._redis.register_script(_kept(_APPEND))
+        self._save_notes = self._redis.register_script(_kept(_SAVE_NOTES))
+        self._save_config = self._redis.register_script(_kept(_SAVE_CONFIG))
+        self._commit = self._redis.register_script(_kept(_COMMIT))
+        self._touch = self._redis.register_script(_kept(_TOUCH))
         self._read = self._redis.register_script(_READ)
         self._acquire = self._redis.register_script(_ACQUIRE)
         self._renew = self._redis.register_script(_RENEW)
@@ -309,12 +341,17 @@ class RedisStore:
         config = encode_config(record.config)
         owner = orjson.dumps(record.owner).decode()
         with self._errors("create"):
-            await self._create(keys=[k.meta], args=[record.name, config, owner, repr(time.time())])
+            await self._create(
+                keys=[k.meta, k.turns, k.notes],
+                args=[record.name, config, owner, repr(time.time()), self._ttl],
+            )
 
     async def append_turn(self, name: str, index: int, turn: Turn) -> None:
         k = self.keys(name)
         with self._errors("append_turn"):
-            status, stored = await self._append(keys=[k.meta, k.turns], args=[index, encode_turn(turn)])
+            status, stored = await self._append(
+                keys=[k.meta, k.turns, k.notes], args=[index, encode_turn(turn), self._ttl]
+            )
         if status == -1:
             raise SessionNotStored(name)
         if status < 0:
@@ -324,7 +361,7 @@ class RedisStore:
         k = self.keys(name)
         with self._errors("save_notes"):
             saved = await self._save_notes(
-                keys=[k.meta, k.notes], args=[encode_notes(live), encode_notes(pending)]
+                keys=[k.meta, k.notes, k.turns], args=[encode_notes(live), encode_notes(pending), self._ttl]
             )
         if not saved:
             raise SessionNotStored(name)
@@ -332,7 +369,9 @@ class RedisStore:
     async def save_config(self, name: str, config: dict[str, Any]) -> None:
         k = self.keys(name)
         with self._errors("save_config"):
-            saved = await self._save_config(keys=[k.meta], args=[encode_config(config)])
+            saved = await self._save_config(
+                keys=[k.meta, k.turns, k.notes], args=[encode_config(config), self._ttl]
+            )
         if not saved:
             raise SessionNotStored(name)
 
@@ -351,7 +390,7 @@ class RedisStore:
         k = self.keys(name)
         pending = encode_notes(pending_notes)
         token: str | int = "" if fence is None else fence
-        args: list[str | int] = [expected_cursor, new_cursor, summary, pending, token]
+        args: list[str | int] = [expected_cursor, new_cursor, summary, pending, token, self._ttl]
         with self._errors("commit_compaction"):
             status = await self._commit(keys=[k.meta, k.notes, k.turns], args=args)
         if status == -1:
@@ -391,6 +430,17 @@ class RedisStore:
         with self._errors("release_lease"):
             await self._release(keys=[self.keys(name).lease], args=[holder])
 
+    async def touch(self, names: Sequence[str]) -> None:
+        if self.session_ttl is None:
+            return
+        with self._errors("touch"):
+            for name in names:  # one script a session: each touches one Cluster slot
+                k = self.keys(name)
+                await self._touch(keys=[k.meta, k.turns, k.notes], args=[self._ttl])
+
+    async def expire(self) -> list[str]:
+        return []  # Redis forgets an idle session's keys by itself
+
     async def delete(self, name: str) -> None:
         with self._errors("delete"):
             await self._redis.delete(*self.keys(name).all)
@@ -401,6 +451,11 @@ class RedisStore:
             await self._redis.aclose()
 
     # -- internals -------------------------------------------------------------
+
+    @property
+    def _ttl(self) -> str | int:
+        """The last argument of every write script: the keys' ttl in ms, or ``''`` for none."""
+        return "" if self.session_ttl is None else max(1, round(self.session_ttl * 1000))
 
     @contextlib.contextmanager
     def _errors(self, where: str) -> Iterator[None]:

@@ -23,6 +23,11 @@ Several processes on one machine may share one file: leases and conditional
 commits are single transactions, so they are exclusive across processes too.
 (Not on a network file system: WAL needs shared memory between the processes.)
 
+Retention: with ``session_ttl``, :meth:`SQLiteStore.expire` deletes the sessions
+whose ``updated_at`` (set by every write, and by ``touch``) is older than that, a
+hundred sessions per transaction; the server calls it periodically, never on the
+path of a reply.
+
 Schema, version 1::
 
     schema_version(version)
@@ -61,6 +66,8 @@ T = TypeVar("T")
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT = 5.0
+#: Sessions deleted per transaction by ``expire`` (each with all its turns).
+EXPIRE_BATCH = 100
 
 _SCHEMA = (
     """
@@ -123,9 +130,13 @@ class SQLiteStore:
         *,
         busy_timeout: float = BUSY_TIMEOUT,
         clock: Callable[[], float] = time.time,
+        session_ttl: float | None = None,
     ) -> None:
         if busy_timeout < 0:
             raise ValueError("busy_timeout must be >= 0")
+        if session_ttl is not None and session_ttl <= 0:
+            raise ValueError("session_ttl must be positive (or None: kept until deleted)")
+        self.session_ttl = session_ttl
         self.path = Path(path)
         self.busy_timeout = busy_timeout
         self._clock = clock
@@ -338,6 +349,43 @@ class SQLiteStore:
                 )
 
         await self._run("release_lease", op)
+
+    async def touch(self, names: Sequence[str]) -> None:
+        if self.session_ttl is None or not names:
+            return
+
+        def op(conn: sqlite3.Connection) -> None:
+            with _write(conn):
+                now = self._clock()
+                conn.executemany(
+                    "UPDATE sessions SET updated_at = ? WHERE name = ?", [(now, name) for name in names]
+                )
+
+        await self._run("touch", op)
+
+    async def expire(self) -> list[str]:
+        ttl = self.session_ttl
+        if ttl is None:
+            return []
+
+        def op(conn: sqlite3.Connection) -> list[str]:
+            with _write(conn):
+                rows = conn.execute(
+                    "SELECT name FROM sessions WHERE updated_at < ? LIMIT ?",
+                    (self._clock() - ttl, EXPIRE_BATCH),
+                ).fetchall()
+                names = [str(row[0]) for row in rows]
+                for name in names:
+                    conn.execute("DELETE FROM turns WHERE session = ?", (name,))
+                    conn.execute("DELETE FROM sessions WHERE name = ?", (name,))
+                return names
+
+        expired: list[str] = []
+        while True:  # a batch per transaction, so that other writers get their turn between them
+            batch = await self._run("expire", op)
+            expired.extend(batch)
+            if len(batch) < EXPIRE_BATCH:
+                return expired
 
     async def delete(self, name: str) -> None:
         def op(conn: sqlite3.Connection) -> None:
