@@ -35,14 +35,23 @@ from voice_context.config import session_defaults
 from voice_context.core.budget import Context, Format, build_context
 from voice_context.core.config import SessionConfig
 from voice_context.core.session import (
-    Accepted,
     Applied,
+    CommitCompaction,
+    CompactionFailed,
     CompactionPlan,
+    CompactionStored,
+    ContextRequested,
+    Effect,
     Failed,
+    NoteReceived,
     NotesChanged,
+    NotesStored,
+    PersistNotes,
     Session,
     SessionStats,
     Stale,
+    StartCompaction,
+    SummaryReturned,
 )
 from voice_context.core.turns import Note, Turn
 from voice_context.core.window import Skip, SkipReason
@@ -327,17 +336,14 @@ class SessionManager:
     async def append_note(self, name: str, note: Note, *, owner: str | None = None) -> NotesChanged:
         """Add a screen-watch note; evicted notes queue for the next compaction."""
         live = self._get(name, owner)
-        async with live.lock:
+        async with live.lock:  # the session is not rebuilt, nor its notes changed, while held
             session = live.session
-            before = (session.live_notes, session.pending_notes)
-            changed = session.append_note(note)
-            try:
-                await self.store.save_notes(name, session.live_notes, session.pending_notes)
-            except BaseException:
-                session.restore_notes(*before)
-                raise
+            [persist] = session.receive(NoteReceived(note))
+            assert isinstance(persist, PersistNotes)
+            await self.store.save_notes(name, persist.live, persist.pending)  # a failure changes nothing
+            session.receive(NotesStored(persist.staged))
             live.recall.add_note(note)
-            return changed
+            return persist.changed
 
     async def context(
         self,
@@ -518,7 +524,7 @@ class SessionManager:
 
     def _maybe_compact(self, live: _Live) -> None:
         session = live.session
-        decision = session.plan_compaction(self.clock())
+        [decision] = session.receive(ContextRequested(self.clock()))
         if isinstance(decision, Skip):
             # a skip worth telling is told once: per plan in flight, per backoff
             repeat = {
@@ -546,8 +552,9 @@ class SessionManager:
             raise RuntimeError("SessionManager must be used as 'async with SessionManager(...)'")
         self._in_flight += 1
         self._idle = anyio.Event() if self._in_flight == 1 else self._idle
+        assert isinstance(decision, StartCompaction)
         live.scope = anyio.CancelScope()  # a close before the task runs must cancel it too
-        self._tg.start_soon(self._compact, live, decision, live.scope)
+        self._tg.start_soon(self._compact, live, decision.plan, live.scope)
 
     async def _compact(self, live: _Live, plan: CompactionPlan, scope: anyio.CancelScope) -> None:
         session = live.session
@@ -722,48 +729,85 @@ class SessionManager:
             self.counters["stale"] += 1
             log.info("voice_context_compaction_stale", session=session.name, plan=plan.plan_id, current=None)
             return None
-        verdict = session.check_result(plan.plan_id, text)
-        if isinstance(verdict, Accepted):
-            try:
-                committed = await self.store.commit_compaction(
-                    session.name,
-                    expected_cursor=plan.start,
-                    new_cursor=plan.end,
-                    summary=verdict.summary,
-                    pending_notes=session.pending_after(plan),
-                    fence=fence,
+        effects = session.receive(SummaryReturned(plan.plan_id, text, self.clock()))
+        return await self._perform(live, session, effects, fence, "empty summary")
+
+    async def _perform(
+        self, live: _Live, session: Session, effects: list[Effect], fence: int | None, message: str = ""
+    ) -> CompactionPlan | None:
+        """Do and tell what a compaction's event came to; returns the next plan to run under
+        the same lease (a re-compaction pass), if any."""
+        next_plan: CompactionPlan | None = None
+        for effect in effects:
+            if isinstance(effect, StartCompaction):
+                next_plan = effect.plan
+            elif isinstance(effect, CommitCompaction):
+                next_plan = await self._commit(live, session, effect, fence)
+            elif isinstance(effect, Applied):
+                self._log_applied(live, session, effect)
+            elif isinstance(effect, Failed):
+                self._log_failure(live, session, effect, message)
+            elif isinstance(effect, Stale):
+                self.counters["stale"] += 1
+                log.info(
+                    "voice_context_compaction_stale",
+                    session=session.name,
+                    plan=effect.plan_id,
+                    current=effect.current_plan_id,
                 )
-            except StoreError as exc:
-                self._record_failure(live, session, plan, "store", exc.retryable, str(exc))
-                return None
-            if not committed:
-                self._record_failure(
-                    live, session, plan, "fenced", True, "the store moved on (another replica compacted)"
-                )
-                with contextlib.suppress(StoreError):
-                    await self._catch_up_locked(live)
-                return None
-        outcome = session.compaction_succeeded(plan.plan_id, text, self.clock())
-        if isinstance(outcome, CompactionPlan):
-            return outcome
-        if isinstance(outcome, Stale):
-            self.counters["stale"] += 1
-            log.info(
-                "voice_context_compaction_stale",
-                session=session.name,
-                plan=outcome.plan_id,
-                current=outcome.current_plan_id,
+        return next_plan
+
+    async def _commit(
+        self, live: _Live, session: Session, commit: CommitCompaction, fence: int | None
+    ) -> CompactionPlan | None:
+        """Cursor, summary and the notes left, into the store together; then into the session."""
+        plan = commit.plan
+        try:
+            committed = await self.store.commit_compaction(
+                session.name,
+                expected_cursor=plan.start,
+                new_cursor=plan.end,
+                summary=commit.summary,
+                pending_notes=commit.pending_notes,
+                fence=fence,
             )
+        except StoreError as exc:
+            self._record_failure(live, session, plan, "store", exc.retryable, str(exc))
             return None
-        if isinstance(outcome, Failed):
-            self._log_failure(live, session, outcome, "empty summary")
+        if not committed:
+            self._record_failure(
+                live, session, plan, "fenced", True, "the store moved on (another replica compacted)"
+            )
+            with contextlib.suppress(StoreError):
+                await self._catch_up_locked(live)
             return None
-        assert isinstance(outcome, Applied)
+        effects = session.receive(CompactionStored(plan.plan_id, self.clock()))
+        return await self._perform(live, session, effects, fence)
+
+    def _record_failure(
+        self,
+        live: _Live,
+        session: Session,
+        plan: CompactionPlan,
+        kind: str,
+        retryable: bool,
+        message: str,
+        retry_after: float | None = None,
+    ) -> None:
+        failed = CompactionFailed(plan.plan_id, kind, retryable, self.clock(), retry_after)
+        for effect in session.receive(failed):
+            if isinstance(effect, Failed):
+                self._log_failure(live, session, effect, message)
+            else:
+                self.counters["stale"] += 1
+                log.info("voice_context_compaction_stale", session=session.name, plan=plan.plan_id)
+
+    def _log_applied(self, live: _Live, session: Session, outcome: Applied) -> None:
         self.counters["completed"] += 1
         log.info(
             "voice_context_compaction_completed",
             session=session.name,
-            plan=plan.plan_id,
+            plan=outcome.plan.plan_id,
             old_cursor=outcome.old_cursor,
             new_cursor=outcome.new_cursor,
             covered_through=outcome.covered_through,
@@ -783,24 +827,6 @@ class SessionManager:
                 old_cursor=outcome.old_cursor,
             ),
         )
-        return None
-
-    def _record_failure(
-        self,
-        live: _Live,
-        session: Session,
-        plan: CompactionPlan,
-        kind: str,
-        retryable: bool,
-        message: str,
-        retry_after: float | None = None,
-    ) -> None:
-        outcome = session.compaction_failed(plan.plan_id, kind, retryable, self.clock(), retry_after)
-        if isinstance(outcome, Stale):
-            self.counters["stale"] += 1
-            log.info("voice_context_compaction_stale", session=session.name, plan=plan.plan_id)
-            return
-        self._log_failure(live, session, outcome, message)
 
     def _log_failure(self, live: _Live, session: Session, outcome: Failed, message: str) -> None:
         self.counters["failed"] += 1
