@@ -25,7 +25,8 @@ from voice_context.testing.openai_server import OpenAIServer, Reply, Stall
 from voice_context.testing.redis_server import RedisServer
 
 SMALL = {"recent_window": 2, "batch_size": 1}
-LEASE_TTL = 0.5
+#: Short, yet three renewals a ttl leave a busy machine two thirds of it to spare.
+LEASE_TTL = TIMEOUT / 5
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,7 @@ async def stores(redis_server: RedisServer, count: int) -> AsyncIterator[list[Re
 async def test_a_fold_slower_than_its_lease_keeps_it_and_no_other_replica_folds_that_batch(
     redis_server: RedisServer,
 ) -> None:
-    slow = SlowSummarizer(ScriptedSummarizer(), delay=LEASE_TTL * 4)
+    slow = SlowSummarizer(ScriptedSummarizer(), delay=LEASE_TTL * 3)
     quick = ScriptedSummarizer()
     async with stores(redis_server, 2) as (east_store, west_store), AsyncExitStack() as stack:
         east = await stack.enter_async_context(
@@ -64,7 +65,7 @@ async def test_a_fold_slower_than_its_lease_keeps_it_and_no_other_replica_folds_
         await on_east.open("room-1", config=SMALL)
         for i in range(4):
             await on_east.append("room-1", i)
-        await on_east.request("context.get", session="room-1")  # east folds turn 0, for 2 s
+        await on_east.request("context.get", session="room-1")  # east folds turn 0, for 3 ttls
         await on_west.open("room-1")
 
         asked = 0
@@ -82,7 +83,7 @@ async def test_a_fold_slower_than_its_lease_keeps_it_and_no_other_replica_folds_
 
         record = await east_store.load("room-1")
         assert record is not None and (record.cursor, record.compactions) == (1, 1)
-        assert asked > 50
+        assert asked > 10
         assert (slow.started, quick.requests) == (1, []), "the batch was folded once, by east"
         assert state["cursor"] == 1, "west caught up with the store instead"
 
@@ -164,6 +165,6 @@ async def test_a_replica_killed_during_a_fold_holds_up_the_next_one_on_another_r
             ctx = await compacted(room, 2)
             waited = time.monotonic() - killed
         assert ctx["summary"] == "Alice and Bob agreed to meet on day 1."
-        assert waited < ttl + 2.0, waited
+        assert waited < ttl + 3.0, waited  # the lease used to run for 125 s
         assert len(provider.completions) == 2
         assert west.stop() == 0

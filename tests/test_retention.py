@@ -21,7 +21,8 @@ from voice_context.store.redis import RedisStore
 from voice_context.store.sqlite import SQLiteStore
 from voice_context.testing.redis_server import RedisServer
 
-TTL = 1.0
+#: Short, yet ten sweeps a ttl leave a busy machine most of it to spare.
+TTL = 1.5
 
 
 @pytest.fixture(scope="module")
