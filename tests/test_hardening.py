@@ -625,6 +625,72 @@ async def test_notes_spend_the_same_rate_limit_as_turns() -> None:
         assert (await bot.append("room-1", 0))["code"] == "rate_limited"
 
 
+# -- defect 15: one token cannot multiply its limits by opening many sessions and connections -----
+
+OWNER_LIMITS = settings(
+    auth_tokens=("alpha-token", "beta-token"),
+    owner_turns_per_second=0.5,
+    owner_turn_burst=10,
+    max_connections_per_owner=3,
+)
+
+
+@pytest.mark.asyncio
+async def test_a_token_holds_at_most_its_connections_and_the_next_handshake_gets_503() -> None:
+    async with (
+        running(OWNER_LIMITS) as server,
+        wire(server, token="alpha-token"),
+        wire(server, token="alpha-token"),
+        wire(server, token="alpha-token") as third,
+    ):
+        with pytest.raises(InvalidStatus) as refused:
+            async with wire(server, token="alpha-token"):
+                pass
+        assert refused.value.response.status_code == 503
+        assert orjson.loads(refused.value.response.body) == {
+            "type": "error",
+            "code": "rate_limited",
+            "message": "this token has 3 connections open (limit 3): close one first",
+            "limit": "owner_connections",
+        }
+        async with wire(server, token="beta-token") as beta:  # another token is not held back
+            assert (await beta.request("ping"))["type"] == "pong"
+        await third.ws.close()
+        await wait_until(lambda: server.connections == 2)
+        async with wire(server, token="alpha-token") as again:
+            assert (await again.request("ping"))["type"] == "pong"
+
+
+@pytest.mark.asyncio
+async def test_a_tokens_turns_across_many_sessions_and_connections_share_one_rate_limit() -> None:
+    async with (
+        running(OWNER_LIMITS) as server,
+        wire(server, token="alpha-token") as a1,
+        wire(server, token="alpha-token") as a2,
+        wire(server, token="alpha-token") as a3,
+        wire(server, token="beta-token") as beta,
+    ):
+        bots = [a1, a2, a3]
+        for k, bot in enumerate(bots):
+            for room in range(3):
+                await bot.open(f"room-{k}-{room}")
+        answers = []
+        for n in range(30):  # each session's own bucket (burst 1000) would take all of them
+            bot = bots[n % 3]
+            answers.append(await bot.append(f"room-{n % 3}-{n // 3 % 3}", n // 9))
+        accepted = [a for a in answers if a["type"] == "turn.appended"]
+        refused = [a for a in answers if a["type"] == "error"]
+        assert len(accepted) == 10, "the token's burst, whatever the sessions and connections"
+        assert {(r["code"], r["limit"]) for r in refused} == {("rate_limited", "owner_turns_per_second")}
+        assert all(0 < r["retry_after"] <= 2 for r in refused)
+        note = {"text": "screen", "at": T0}
+        assert (await a1.request("note.append", session="room-0-0", note=note))["code"] == "rate_limited"
+        await beta.open("room-1")
+        assert (await beta.append("room-1", 0))["type"] == "turn.appended", "beta has its own budget"
+        state = await a1.request("session.state", session="room-0-0")
+        assert state["turns"] == 2, "a refused turn is not stored"
+
+
 def test_a_bucket_is_full_again_once_it_has_had_time_to_refill() -> None:
     bucket = TokenBucket(rate=2.0, burst=3, now=100.0)
     assert bucket.full(100.0)

@@ -11,6 +11,7 @@ import pytest
 from serving import running
 
 from voice_context.cli import main
+from voice_context.codec import TurnAppend
 from voice_context.config import Settings
 from voice_context.core.config import SessionConfig
 from voice_context.errors import ConfigError
@@ -66,20 +67,46 @@ def test_the_reader_skips_what_it_cannot_use_and_says_so() -> None:
         [
             line({"type": "session.open", "session": "room-1"}),
             "",
-            "not json",
             "[1, 2]",
             line({"type": "ping"}),
             line({"session": "room-1"}),
+            line({"type": "turn.spoken", "session": "room-1"}),
             turn(0),
         ]
     )
     assert [m["type"] for m in rec.messages] == ["session.open", "turn.append"]
+    assert [type(m).__name__ for m in rec.decoded] == ["SessionOpen", "TurnAppend"]
     assert rec.skipped == [
-        "line 3: not JSON (Expecting value)",
-        "line 4: not an object",
-        "line 5: unknown type 'ping'",
-        "line 6: unknown type None",
+        "line 3: bad_request: a message must be a JSON object",
+        "line 4: ping is never recorded",
+        "line 5: bad_request: type is required",
+        "line 6: unknown_type: unknown message type 'turn.spoken'",
     ]
+
+
+def test_a_replay_sees_exactly_what_a_server_accepts() -> None:
+    """Lines a server would have refused are not replayed: the codec reads recordings too."""
+    refused = {
+        "a time in milliseconds": {"speaker": "Alice", "role": "user", "text": "hi", "at": T0 * 1000},
+        "a role nobody knows": {"speaker": "Alice", "role": "narrator", "text": "hi", "at": T0},
+        "no text": {"speaker": "Alice", "role": "user", "at": T0},
+        "a text too long": {"speaker": "Alice", "role": "user", "text": "x" * 9000, "at": T0},
+    }
+    lines = [line({"type": "turn.append", "session": "room-1", "turn": body}) for body in refused.values()]
+    rec = recording(*lines, turn(0), "not json")
+    assert [m.turn.text for m in rec.decoded if isinstance(m, TurnAppend)] == ["turn 0 about Porto"]
+    reasons = [skip.split(": ", 2)[1:] for skip in rec.skipped]
+    assert [code for code, _ in reasons] == [
+        "bad_request",
+        "bad_request",
+        "bad_request",
+        "too_large",
+        "bad_request",
+    ]
+    assert "milliseconds" in reasons[0][1] and "not valid JSON" in reasons[4][1]
+    result = replay(recording(*lines, turn(0), get("cp")))
+    assert result.contexts[0]["state"]["turns"] == 1
+    assert parse_recording(lines[3:], max_text_chars=10_000).skipped == [], "the server's own limit"
 
 
 def test_compactions_start_where_the_batch_rule_says_and_land_before_the_next_event() -> None:

@@ -9,15 +9,24 @@ from voice_context.core.config import SessionConfig
 from voice_context.core.session import (
     Accepted,
     Applied,
+    CommitCompaction,
+    CompactionFailed,
     CompactionPlan,
+    CompactionStored,
+    ContextRequested,
     Failed,
+    NoteReceived,
     NotesChanged,
+    NotesStored,
+    PersistNotes,
     Rejected,
     Session,
     SessionStats,
     Skip,
     SkipReason,
     Stale,
+    StartCompaction,
+    SummaryReturned,
 )
 from voice_context.core.text import clamp_sentences
 from voice_context.core.turns import Note
@@ -463,29 +472,29 @@ def test_a_note_dropped_from_pending_while_in_flight_is_not_resurrected() -> Non
     assert session.pending_notes == tuple(notes(2, start_at=2))
 
 
-def test_restore_notes_puts_the_buffers_back() -> None:
+def test_a_note_changes_nothing_until_the_store_holds_it() -> None:
     session = Session("notes", SessionConfig(live_note_entries=2))
     for note in notes(3):
         session.append_note(note)
     before = (session.live_notes, session.pending_notes)
-    session.append_note(Note("rolled back", 9.0))
-    session.restore_notes(*before)
-    assert (session.live_notes, session.pending_notes) == before
+    [persist] = session.receive(NoteReceived(Note("new", 9.0)))
+    assert isinstance(persist, PersistNotes)
+    assert (persist.live, persist.pending) == ((notes(3)[2], Note("new", 9.0)), tuple(notes(2)))
+    assert (session.live_notes, session.pending_notes) == before, "a preview, not a change"
+    assert session.receive(NotesStored(persist.staged)) == []
+    assert (session.live_notes, session.pending_notes) == (persist.live, persist.pending)
 
 
-def test_restore_notes_while_in_flight_keeps_what_the_plan_folds() -> None:
-    """A failed note write is rolled back while a compaction is in flight: when the
-    compaction lands, the notes it folded must still leave the pending queue."""
+def test_a_note_never_stored_while_in_flight_leaves_what_the_plan_folds() -> None:
+    """A note write fails while a compaction is in flight: when the compaction lands, the
+    notes it folded leave the pending queue, and the next note evicts as if nothing happened."""
     session = session_with(61, SessionConfig(live_note_entries=1))
     session.append_note(Note("folded", 0.0))
     session.append_note(Note("live", 1.0))
     plan = plan_of(session, 2.0)
     assert plan.notes == (Note("folded", 0.0),)
 
-    before = (session.live_notes, session.pending_notes)
-    session.append_note(Note("never stored", 3.0))
-    session.restore_notes(*before)
-    assert (session.live_notes, session.pending_notes) == before
+    session.receive(NoteReceived(Note("never stored", 3.0)))  # the write failed: never confirmed
 
     applied(session.compaction_succeeded(plan.plan_id, "Folded.", 4.0))
     assert session.pending_notes == ()  # not folded a second time by the next compaction
@@ -493,19 +502,49 @@ def test_restore_notes_while_in_flight_keeps_what_the_plan_folds() -> None:
     assert list(session.pending_notes) == [Note("live", 1.0)]
 
 
-def test_restore_notes_while_in_flight_after_a_drop() -> None:
-    session = session_with(61, SessionConfig(live_note_entries=1, max_pending_notes=2))
-    for note in notes(3):
-        session.append_note(note)
-    plan = plan_of(session, 0.0)
-    assert plan.notes == tuple(notes(2))
-    before = (session.live_notes, session.pending_notes)
-    session.append_note(Note("never stored", 3.0))  # evicts note 2, drops note 0
-    session.restore_notes(*before)
-    assert (session.live_notes, session.pending_notes) == before
-    applied(session.compaction_succeeded(plan.plan_id, "Folded.", 1.0))
-    assert session.pending_notes == ()
-    assert session.live_notes == (notes(3)[-1],)
+def test_notes_staged_before_another_change_cannot_be_taken() -> None:
+    session = Session("notes", SessionConfig(live_note_entries=1, max_pending_notes=2))
+    [early] = session.receive(NoteReceived(Note("early", 1.0)))
+    session.append_note(Note("meanwhile", 2.0))
+    assert isinstance(early, PersistNotes)
+    with pytest.raises(ValueError, match="changed since"):
+        session.receive(NotesStored(early.staged))
+    assert session.live_notes == (Note("meanwhile", 2.0),)
+
+
+def test_a_result_is_committed_to_the_store_before_the_session_applies_it() -> None:
+    session = session_with(61)
+    [start] = session.receive(ContextRequested(0.0))
+    assert isinstance(start, StartCompaction)
+    [commit] = session.receive(SummaryReturned(start.plan.plan_id, "Folded.", 1.0))
+    assert isinstance(commit, CommitCompaction)
+    assert (commit.plan, commit.summary, commit.pending_notes) == (start.plan, "Folded.", ())
+    assert (session.cursor, session.summary, session.in_flight) == (0, "", start.plan), "not yet"
+
+    [landed] = session.receive(CompactionStored(start.plan.plan_id, 2.0))
+    assert isinstance(landed, Applied)
+    assert (session.cursor, session.summary, session.in_flight) == (10, "Folded.", None)
+    assert session.receive(CompactionStored(start.plan.plan_id, 3.0)) == [Stale(start.plan.plan_id, None)]
+
+
+def test_a_commit_the_store_refused_is_a_failure_and_moves_nothing() -> None:
+    session = session_with(61)
+    [start] = session.receive(ContextRequested(0.0))
+    assert isinstance(start, StartCompaction)
+    session.receive(SummaryReturned(start.plan.plan_id, "Folded.", 1.0))
+    [failed] = session.receive(CompactionFailed(start.plan.plan_id, "fenced", True, 1.5))
+    assert isinstance(failed, Failed) and (failed.kind, failed.failures) == ("fenced", 1)
+    assert session.receive(CompactionStored(start.plan.plan_id, 2.0)) == [Stale(start.plan.plan_id, None)]
+    assert (session.cursor, session.summary, session.in_flight) == (0, "", None)
+
+
+def test_an_overlong_result_starts_its_recompaction_and_a_context_request_may_skip() -> None:
+    session = session_with(61, SessionConfig(max_summary_chars=40))
+    [start] = session.receive(ContextRequested(0.0))
+    assert isinstance(start, StartCompaction)
+    [again] = session.receive(SummaryReturned(start.plan.plan_id, "A long sentence here. " * 5, 1.0))
+    assert isinstance(again, StartCompaction) and again.plan.recompact
+    assert session.receive(ContextRequested(1.5)) == [Skip(SkipReason.ALREADY_IN_FLIGHT, 11)]
 
 
 # -- reconfigure, restore, repr, stats ---------------------------------------------

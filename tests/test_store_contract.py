@@ -319,6 +319,28 @@ async def test_a_lease_nobody_releases_expires(store: Store) -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_lease_is_renewed_by_its_holder_until_a_later_grant_supersedes_it(store: Store) -> None:
+    await store.create(SessionRecord("room-1"))
+    fence = await store.acquire_lease("room-1", "replica-a", 0.3)
+    assert fence is not None
+    for _ in range(4):  # renewed well within its ttl, it outlives it many times over
+        await anyio.sleep(0.1)
+        assert await store.renew_lease("room-1", "replica-a", fence, 0.3)
+    assert await store.acquire_lease("room-1", "replica-b", 30) is None
+
+    await anyio.sleep(0.5)  # lapsed, and nobody took it since: renewing takes it back
+    assert await store.renew_lease("room-1", "replica-a", fence, 0.3)
+    assert await store.acquire_lease("room-1", "replica-b", 30) is None
+
+    await store.release_lease("room-1", "replica-a")
+    newer = await store.acquire_lease("room-1", "replica-b", 30)
+    assert newer is not None and newer > fence
+    assert not await store.renew_lease("room-1", "replica-a", fence, 30), "superseded"
+    assert await store.acquire_lease("room-1", "replica-a", 30) is None, "and it stays replica-b's"
+    assert not await store.renew_lease("ghost", "replica-a", fence, 30)
+
+
+@pytest.mark.asyncio
 async def test_sessions_do_not_share_leases(store: Store) -> None:
     await store.create(SessionRecord("room-1"))
     await store.create(SessionRecord("room-2"))

@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
 
+from voice_context.codec import NoteAppend, TurnAppend
 from voice_context.core.text import normalize, sentences
 from voice_context.core.times import utc
-from voice_context.replay import Recording, note_from, turn_from
+from voice_context.replay import Recording
 from voice_context.scoring import content_terms
 
 #: A sentence is judged only when its best source holds at least this share of its word weight.
@@ -157,16 +158,14 @@ class Sources:
     @classmethod
     def from_recording(cls, recording: Recording, session: str) -> Sources:
         found: list[Source] = []
-        now = 0.0
-        for message in recording.messages:
-            if str(message.get("session") or "") != session:
+        for message in recording.decoded:
+            if message.session != session:
                 continue
-            if message["type"] == "turn.append" and isinstance(message.get("turn"), dict):
-                turn = turn_from(message["turn"], now)
-                now = turn.at
+            if isinstance(message, TurnAppend):
+                turn = message.turn
                 found.append(_source(turn.speaker or turn.role.capitalize(), turn.text, turn.at))
-            elif message["type"] == "note.append" and isinstance(message.get("note"), dict):
-                note = note_from(message["note"], now)
+            elif isinstance(message, NoteAppend):
+                note = message.note
                 found.append(_source(_note_label(note.speaker, note.source), note.text, note.at))
         return cls(found)
 

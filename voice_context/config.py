@@ -4,12 +4,13 @@ Groups, each a frozen value with named defaults::
 
     [server]      host, port, max_frame_bytes, max_text_chars, max_sessions_per_connection,
                   turns_per_second, turn_burst, auth_tokens, record_dir, shutdown_timeout,
-                  max_connections, max_outbox_chars, replica
+                  max_connections, max_outbox_chars, replica, owner_turns_per_second,
+                  owner_turn_burst, max_connections_per_owner, lease_ttl
     [summarizer]  kind ("deterministic" | "openai"), base_url, model, api_key, timeout (per
                   attempt; derived from compaction_timeout when unset), max_retries,
                   compaction_timeout
     [store]       url ("sqlite" default, "memory", "sqlite:///path/to.db", "redis://host:port/0"),
-                  data_dir
+                  data_dir, session_ttl (unset: kept until deleted), sweep_interval
     [session]     any field of SessionConfig (recent_window, batch_size, max_summary_chars, ...)
 
 Environment variables override the file: ``VOICE_CONTEXT_<GROUP>_<FIELD>``, e.g.
@@ -55,6 +56,16 @@ class ServerSettings:
     #: server takes its own leases back at once. By default ``<hostname>:<port>`` (random
     #: when the port is 0); set it when several servers share a host name and a port.
     replica: str | None = None
+    #: turns and notes per second for all the sessions of one token together (bursts of
+    #: ``owner_turn_burst``), on each replica; only with ``auth_tokens`` (without them there
+    #: is no owner to tell apart, and ``max_connections`` bounds everyone)
+    owner_turns_per_second: float = 100.0
+    owner_turn_burst: int = 200
+    #: connections one token may hold open at once on each replica; the next handshake gets 503
+    max_connections_per_owner: int = 100
+    #: seconds a compaction lease lasts unless renewed (every third of that while the fold
+    #: runs): a replica that dies holding one delays the session's next fold by at most this
+    lease_ttl: float = 20.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -66,13 +77,19 @@ class ServerSettings:
             "turn_burst",
             "max_connections",
             "max_outbox_chars",
+            "owner_turn_burst",
+            "max_connections_per_owner",
         )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"server.{name} must be positive")
-        if self.turns_per_second <= 0:
-            raise ConfigError("server.turns_per_second must be positive")
+        for name in ("turns_per_second", "owner_turns_per_second", "lease_ttl"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"server.{name} must be positive")
 
+
+MAX_SWEEP_INTERVAL = 60.0
+"""The longest wait between two retention sweeps when ``store.sweep_interval`` is unset."""
 
 RETRY_ALLOWANCE = 2.0
 """Seconds the client's backoff may wait before each retry, set aside from the compaction timeout."""
@@ -132,8 +149,38 @@ class SummarizerSettings:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StoreSettings:
+    """Where sessions live, and for how long.
+
+    ``session_ttl`` is the retention policy: a session idle for that many seconds (no
+    turn, note, config change or compaction, and open on no server) is forgotten, with
+    its recording; ``None`` (the default) keeps every session until it is deleted. The
+    server applies it every ``sweep_interval`` seconds (by default a quarter of the ttl,
+    at most 60 s), off the path of any reply.
+    """
+
     url: str = "sqlite"
     data_dir: str = "data"
+    session_ttl: float | None = None
+    sweep_interval: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.session_ttl is not None and self.session_ttl <= 0:
+            raise ConfigError("store.session_ttl must be positive (or unset: kept until deleted)")
+        if self.sweep_interval is not None and self.sweep_interval <= 0:
+            raise ConfigError("store.sweep_interval must be positive")
+        ttl, interval = self.session_ttl, self.sweep_interval
+        if ttl is not None and interval is not None and interval > ttl / 2:
+            raise ConfigError(
+                f"store.sweep_interval ({interval:g}s) must be at most half of "
+                f"session_ttl ({ttl:g}s): the sweep is what keeps open sessions alive"
+            )
+
+    @property
+    def retention_interval(self) -> float | None:
+        """Seconds between two retention sweeps, or ``None`` without a ``session_ttl``."""
+        if self.session_ttl is None:
+            return None
+        return self.sweep_interval or min(self.session_ttl / 4, MAX_SWEEP_INTERVAL)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -36,14 +36,23 @@ from voice_context.core.budget import Context, Format, build_context
 from voice_context.core.config import SessionConfig
 from voice_context.core.recalled import Recalled
 from voice_context.core.session import (
-    Accepted,
     Applied,
+    CommitCompaction,
+    CompactionFailed,
     CompactionPlan,
+    CompactionStored,
+    ContextRequested,
+    Effect,
     Failed,
+    NoteReceived,
     NotesChanged,
+    NotesStored,
+    PersistNotes,
     Session,
     SessionStats,
     Stale,
+    StartCompaction,
+    SummaryReturned,
 )
 from voice_context.core.turns import Note, Turn
 from voice_context.core.window import Skip, SkipReason
@@ -63,6 +72,10 @@ from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 
 log = structlog.get_logger("voice_context")
+
+LEASE_TTL = 20.0
+"""Seconds a compaction lease lasts unless renewed; it is renewed every third of that while
+the fold runs, so a replica that dies holding one delays the next fold by at most this."""
 
 EMBED_BATCH = 256
 """At most this many docs embedded by one model call in the background."""
@@ -139,6 +152,16 @@ class _Live:
     last_skip: tuple[SkipReason, object] | None = None
 
 
+@dataclass(eq=False)
+class _Lease:
+    """A compaction lease held while a fold runs: its fencing token, whether a renewal found
+    it superseded, and the summarizer call to cancel then."""
+
+    fence: int
+    lost: bool = False
+    fold: anyio.CancelScope | None = None
+
+
 class SessionManager:
     """Owns the live sessions and runs their compactions. See the module docstring."""
 
@@ -153,12 +176,16 @@ class SessionManager:
         clock: Callable[[], float] = time.time,
         replica: str | None = None,
         embedder: Embedder | None = None,
+        lease_ttl: float = LEASE_TTL,
     ) -> None:
+        if lease_ttl <= 0:
+            raise ValueError("lease_ttl must be positive")
         self.summarizer = summarizer
         self.embedder = embedder
         self.config = config or session_defaults(summarizer)
         self.store: Store = store if store is not None else MemoryStore()
         self.compaction_timeout = compaction_timeout
+        self.lease_ttl = lease_ttl
         self.close_timeout = close_timeout
         self.clock = clock
         self.replica = replica or uuid.uuid4().hex[:12]
@@ -286,6 +313,8 @@ class SessionManager:
     async def _open_from_store(
         self, name: str, overrides: dict[str, Any] | None, owner: str | None
     ) -> Opened:
+        # in use from now on: a retention sweep between this read and the next must not forget it
+        await self.store.touch([name])
         record = await self.store.load(name)
         if record is not None:
             if record.owner != owner:
@@ -345,18 +374,15 @@ class SessionManager:
     async def append_note(self, name: str, note: Note, *, owner: str | None = None) -> NotesChanged:
         """Add a screen-watch note; evicted notes queue for the next compaction."""
         live = self._get(name, owner)
-        async with live.lock:
+        async with live.lock:  # the session is not rebuilt, nor its notes changed, while held
             session = live.session
-            before = (session.live_notes, session.pending_notes)
-            changed = session.append_note(note)
-            try:
-                await self.store.save_notes(name, session.live_notes, session.pending_notes)
-            except BaseException:
-                session.restore_notes(*before)
-                raise
+            [persist] = session.receive(NoteReceived(note))
+            assert isinstance(persist, PersistNotes)
+            await self.store.save_notes(name, persist.live, persist.pending)  # a failure changes nothing
+            session.receive(NotesStored(persist.staged))
             live.recall.notes.append(note)
             self._maybe_index(live)
-            return changed
+            return persist.changed
 
     async def context(
         self,
@@ -449,6 +475,17 @@ class SessionManager:
         async with self._opening(name):
             await self.close(name, owner=owner)
             await self.store.delete(name)
+
+    async def retain(self) -> list[str]:
+        """Apply the store's retention policy once (``session_ttl``; nothing without one): the
+        sessions open here are in use (their idle time starts again), and every session idle
+        for longer is forgotten. Returns the forgotten sessions' names when the store knows
+        them (Redis forgets idle keys by itself). The server calls it periodically; call it
+        yourself, more often than the ttl, when you use a manager on a store with a ttl."""
+        if self.store.session_ttl is None:
+            return []
+        await self.store.touch(self.names())
+        return await self.store.expire()
 
     # -- internals -------------------------------------------------------------
 
@@ -653,7 +690,7 @@ class SessionManager:
 
     def _maybe_compact(self, live: _Live) -> None:
         session = live.session
-        decision = session.plan_compaction(self.clock())
+        [decision] = session.receive(ContextRequested(self.clock()))
         if isinstance(decision, Skip):
             # a skip worth telling is told once: per plan in flight, per backoff
             repeat = {
@@ -681,8 +718,9 @@ class SessionManager:
             raise RuntimeError("SessionManager must be used as 'async with SessionManager(...)'")
         self._in_flight += 1
         self._idle = anyio.Event() if self._in_flight == 1 else self._idle
+        assert isinstance(decision, StartCompaction)
         live.scope = anyio.CancelScope()  # a close before the task runs must cancel it too
-        self._tg.start_soon(self._compact, live, decision, live.scope)
+        self._tg.start_soon(self._compact, live, decision.plan, live.scope)
 
     async def _compact(self, live: _Live, plan: CompactionPlan, scope: anyio.CancelScope) -> None:
         session = live.session
@@ -693,13 +731,19 @@ class SessionManager:
                 if scope.cancel_called:  # closed before this task ran: not even a lease
                     return
                 fence = await self._lease(live, session, plan)
-                if fence is None:
+                if fence is None or not await self._still_due(live, session, plan):
                     return
-                current: CompactionPlan | None = plan
-                while current is not None:
-                    running = current
-                    current = await self._run_plan(live, session, current, fence)
+                lease = _Lease(fence)
+                async with anyio.create_task_group() as renewals:
+                    renewals.start_soon(self._renew_lease, session.name, lease)
+                    current: CompactionPlan | None = plan
+                    while current is not None:
+                        running = current
+                        current = await self._run_plan(live, session, current, lease)
+                    renewals.cancel_scope.cancel()
         except Exception as exc:  # a bug, here or in a backend, must not escape into the task group
+            if isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+                exc = exc.exceptions[0]  # raised inside the renewals' task group
             log.exception("voice_context_compaction_crashed", session=session.name, plan=running.plan_id)
             if session.in_flight is not None and session.in_flight.plan_id == running.plan_id:
                 self._record_failure(
@@ -725,13 +769,57 @@ class SessionManager:
             except Exception as exc:  # the lease expires on its own; never fail a task over it
                 log.warning("voice_context_lease_release_failed", session=name, error=str(exc)[:300])
 
+    async def _renew_lease(self, name: str, lease: _Lease) -> None:
+        """Renew the lease every third of its ttl while the fold runs. Superseded (another
+        replica was granted it after it lapsed): cancel the summarizer call, whose result
+        must not be committed. A store that fails a renewal is tried again at the next one
+        (the commit is fenced anyway)."""
+        while True:
+            await anyio.sleep(self.lease_ttl / 3)
+            try:
+                kept = await self.store.renew_lease(name, self.replica, lease.fence, self.lease_ttl)
+            except StoreError as exc:
+                log.warning("voice_context_lease_renewal_failed", session=name, error=str(exc)[:300])
+                continue
+            if not kept:
+                lease.lost = True
+                log.warning("voice_context_lease_lost", session=name, fence=lease.fence)
+                if lease.fold is not None:
+                    lease.fold.cancel()
+                return
+
+    async def _still_due(self, live: _Live, session: Session, plan: CompactionPlan) -> bool:
+        """Decide again once the lease is held: another replica may have folded this batch
+        while this one waited for the lease. Then the plan is dropped, and the session
+        catches up with the store instead of folding the same turns again."""
+        try:
+            record = await self.store.load(session.name)
+        except StoreError as exc:
+            self._record_failure(live, session, plan, "store", exc.retryable, str(exc))
+            return False
+        if record is None or record.cursor == plan.start:
+            return True  # (a session gone from the store fails at its commit)
+        if session.in_flight is not None and session.in_flight.plan_id == plan.plan_id:
+            session.abandon()
+        self.counters["stale"] += 1
+        log.info(
+            "voice_context_compaction_stale",
+            session=session.name,
+            plan=plan.plan_id,
+            current=None,
+            reason="folded_elsewhere",
+            cursor=record.cursor,
+        )
+        async with live.lock:
+            with contextlib.suppress(StoreError):
+                await self._catch_up_locked(live)
+        return False
+
     async def _lease(self, live: _Live, session: Session, plan: CompactionPlan) -> int | None:
         """Take the store's compaction lease (its fencing token); ``None`` when the plan
         cannot go ahead (another replica holds the lease, or the store failed)."""
         try:
-            token = await self.store.acquire_lease(
-                session.name, self.replica, self.compaction_timeout * 2 + 5
-            )
+            token = await self.store.acquire_lease(session.name, self.replica, self.lease_ttl)
         except StoreError as exc:
             self._record_failure(live, session, plan, "store", exc.retryable, str(exc))
             return None
@@ -748,8 +836,11 @@ class SessionManager:
         return token
 
     async def _run_plan(
-        self, live: _Live, session: Session, plan: CompactionPlan, fence: int | None
+        self, live: _Live, session: Session, plan: CompactionPlan, lease: _Lease
     ) -> CompactionPlan | None:
+        if lease.lost:
+            self._lease_lost(live, session, plan)
+            return None
         self.counters["started"] += 1
         log.info(
             "voice_context_compaction_started",
@@ -762,25 +853,38 @@ class SessionManager:
             recompact=plan.recompact,
         )
         request = SummaryRequest.for_plan(plan, session.name)
-        try:
-            with anyio.fail_after(self.compaction_timeout):
-                text = await self.summarizer.summarize(request)
-        except SummarizerError as exc:
-            self._record_failure(live, session, plan, exc.kind, exc.retryable, str(exc), exc.retry_after)
-            return None
-        except TimeoutError:
-            self._record_failure(
-                live, session, plan, "timeout", True, f"no answer in {self.compaction_timeout:g}s"
-            )
-            return None
-        except Exception as exc:  # a summarizer bug must not take the server down
-            self._record_failure(live, session, plan, type(exc).__name__, False, str(exc))
+        text: str | None = None
+        with anyio.CancelScope() as fold:  # cancelled when a renewal finds the lease superseded
+            lease.fold = fold
+            try:
+                with anyio.fail_after(self.compaction_timeout):
+                    text = await self.summarizer.summarize(request)
+            except SummarizerError as exc:
+                self._record_failure(live, session, plan, exc.kind, exc.retryable, str(exc), exc.retry_after)
+                return None
+            except TimeoutError:
+                self._record_failure(
+                    live, session, plan, "timeout", True, f"no answer in {self.compaction_timeout:g}s"
+                )
+                return None
+            except Exception as exc:  # a summarizer bug must not take the server down
+                self._record_failure(live, session, plan, type(exc).__name__, False, str(exc))
+                return None
+            finally:
+                lease.fold = None
+        if text is None or lease.lost:
+            self._lease_lost(live, session, plan)
             return None
         # Landing holds the session's lock, so a turn or a note written meanwhile cannot
         # interleave with the commit: the pending notes the store keeps are the ones the
         # session keeps.
         async with live.lock:
-            return await self._land(live, session, plan, text, fence)
+            return await self._land(live, session, plan, text, lease.fence)
+
+    def _lease_lost(self, live: _Live, session: Session, plan: CompactionPlan) -> None:
+        self._record_failure(
+            live, session, plan, "lease_lost", True, "another replica was granted the compaction lease"
+        )
 
     async def _land(
         self, live: _Live, session: Session, plan: CompactionPlan, text: str, fence: int | None
@@ -791,48 +895,85 @@ class SessionManager:
             self.counters["stale"] += 1
             log.info("voice_context_compaction_stale", session=session.name, plan=plan.plan_id, current=None)
             return None
-        verdict = session.check_result(plan.plan_id, text)
-        if isinstance(verdict, Accepted):
-            try:
-                committed = await self.store.commit_compaction(
-                    session.name,
-                    expected_cursor=plan.start,
-                    new_cursor=plan.end,
-                    summary=verdict.summary,
-                    pending_notes=session.pending_after(plan),
-                    fence=fence,
+        effects = session.receive(SummaryReturned(plan.plan_id, text, self.clock()))
+        return await self._perform(live, session, effects, fence, "empty summary")
+
+    async def _perform(
+        self, live: _Live, session: Session, effects: list[Effect], fence: int | None, message: str = ""
+    ) -> CompactionPlan | None:
+        """Do and tell what a compaction's event came to; returns the next plan to run under
+        the same lease (a re-compaction pass), if any."""
+        next_plan: CompactionPlan | None = None
+        for effect in effects:
+            if isinstance(effect, StartCompaction):
+                next_plan = effect.plan
+            elif isinstance(effect, CommitCompaction):
+                next_plan = await self._commit(live, session, effect, fence)
+            elif isinstance(effect, Applied):
+                self._log_applied(live, session, effect)
+            elif isinstance(effect, Failed):
+                self._log_failure(live, session, effect, message)
+            elif isinstance(effect, Stale):
+                self.counters["stale"] += 1
+                log.info(
+                    "voice_context_compaction_stale",
+                    session=session.name,
+                    plan=effect.plan_id,
+                    current=effect.current_plan_id,
                 )
-            except StoreError as exc:
-                self._record_failure(live, session, plan, "store", exc.retryable, str(exc))
-                return None
-            if not committed:
-                self._record_failure(
-                    live, session, plan, "fenced", True, "the store moved on (another replica compacted)"
-                )
-                with contextlib.suppress(StoreError):
-                    await self._catch_up_locked(live)
-                return None
-        outcome = session.compaction_succeeded(plan.plan_id, text, self.clock())
-        if isinstance(outcome, CompactionPlan):
-            return outcome
-        if isinstance(outcome, Stale):
-            self.counters["stale"] += 1
-            log.info(
-                "voice_context_compaction_stale",
-                session=session.name,
-                plan=outcome.plan_id,
-                current=outcome.current_plan_id,
+        return next_plan
+
+    async def _commit(
+        self, live: _Live, session: Session, commit: CommitCompaction, fence: int | None
+    ) -> CompactionPlan | None:
+        """Cursor, summary and the notes left, into the store together; then into the session."""
+        plan = commit.plan
+        try:
+            committed = await self.store.commit_compaction(
+                session.name,
+                expected_cursor=plan.start,
+                new_cursor=plan.end,
+                summary=commit.summary,
+                pending_notes=commit.pending_notes,
+                fence=fence,
             )
+        except StoreError as exc:
+            self._record_failure(live, session, plan, "store", exc.retryable, str(exc))
             return None
-        if isinstance(outcome, Failed):
-            self._log_failure(live, session, outcome, "empty summary")
+        if not committed:
+            self._record_failure(
+                live, session, plan, "fenced", True, "the store moved on (another replica compacted)"
+            )
+            with contextlib.suppress(StoreError):
+                await self._catch_up_locked(live)
             return None
-        assert isinstance(outcome, Applied)
+        effects = session.receive(CompactionStored(plan.plan_id, self.clock()))
+        return await self._perform(live, session, effects, fence)
+
+    def _record_failure(
+        self,
+        live: _Live,
+        session: Session,
+        plan: CompactionPlan,
+        kind: str,
+        retryable: bool,
+        message: str,
+        retry_after: float | None = None,
+    ) -> None:
+        failed = CompactionFailed(plan.plan_id, kind, retryable, self.clock(), retry_after)
+        for effect in session.receive(failed):
+            if isinstance(effect, Failed):
+                self._log_failure(live, session, effect, message)
+            else:
+                self.counters["stale"] += 1
+                log.info("voice_context_compaction_stale", session=session.name, plan=plan.plan_id)
+
+    def _log_applied(self, live: _Live, session: Session, outcome: Applied) -> None:
         self.counters["completed"] += 1
         log.info(
             "voice_context_compaction_completed",
             session=session.name,
-            plan=plan.plan_id,
+            plan=outcome.plan.plan_id,
             old_cursor=outcome.old_cursor,
             new_cursor=outcome.new_cursor,
             covered_through=outcome.covered_through,
@@ -852,24 +993,6 @@ class SessionManager:
                 old_cursor=outcome.old_cursor,
             ),
         )
-        return None
-
-    def _record_failure(
-        self,
-        live: _Live,
-        session: Session,
-        plan: CompactionPlan,
-        kind: str,
-        retryable: bool,
-        message: str,
-        retry_after: float | None = None,
-    ) -> None:
-        outcome = session.compaction_failed(plan.plan_id, kind, retryable, self.clock(), retry_after)
-        if isinstance(outcome, Stale):
-            self.counters["stale"] += 1
-            log.info("voice_context_compaction_stale", session=session.name, plan=plan.plan_id)
-            return
-        self._log_failure(live, session, outcome, message)
 
     def _log_failure(self, live: _Live, session: Session, outcome: Failed, message: str) -> None:
         self.counters["failed"] += 1

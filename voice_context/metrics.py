@@ -13,6 +13,8 @@ Exposed at ``GET /metrics`` in the Prometheus text format:
 - ``voice_context_errors_total{code}``: ``error`` replies by code (counter)
 - ``voice_context_pushes_dropped_total``: compaction events not delivered because a
   connection's outbox was full (counter)
+- ``voice_context_descriptors_refused_total{how}``: connections refused for want of file
+  descriptors, at the handshake (``handshake``) or when ``accept()`` itself failed (``accept``)
 """
 
 from __future__ import annotations
@@ -76,6 +78,12 @@ class Metrics:
         self.pushes_dropped = Counter(
             "voice_context_pushes_dropped",
             "Compaction events not delivered because a connection's outbox was full.",
+            registry=self.registry,
+        )
+        self.descriptors_refused = Counter(
+            "voice_context_descriptors_refused",
+            "Connections refused for want of file descriptors.",
+            ["how"],
             registry=self.registry,
         )
 

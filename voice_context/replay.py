@@ -3,12 +3,16 @@
 A recording is what ``voice-context serve --record DIR`` writes: one accepted
 client message a line, exactly as sent (``session.open``, ``turn.append``,
 ``note.append``, ``context.get``, ``session.state``, ``session.close``).
-:func:`read_recording` reads it tolerantly: blank lines, lines that are not
-JSON objects and messages of unknown types are skipped and counted, never fatal.
+:func:`read_recording` reads every line with the codec, as the server read the
+message: a replay sees exactly what a server accepts. A line the server would
+have refused (not JSON, a role it does not know, a time in milliseconds, ...)
+is skipped and listed with the codec's error, never fatal; so are blank lines,
+``ping`` and ``session.delete`` (which a server never records).
 
-Offline replay drives the pure :class:`~voice_context.core.session.Session`
-directly, the way the session manager does, with the recorded times as the
-clock and without sleeping:
+Offline replay is a shell over the same session protocol as the session
+manager (:meth:`~voice_context.core.session.Session.receive`: events in,
+effects out), with the recorded times as the clock, no store and without
+sleeping:
 
 - the logical time is the latest ``at`` seen so far (turns and notes carry
   one; a ``context.get`` happens at the time of the message before it);
@@ -17,9 +21,10 @@ clock and without sleeping:
   in production, where a reply never waits for its compaction;
 - a started compaction runs at once and its result lands at the same logical
   time, after the response: the next event (and every later request) sees
-  the new summary. A result too long for the summary ceiling gets its one
-  re-compaction pass at once too; a summarizer error is a failed compaction,
-  retried after the session's backoff in logical time.
+  the new summary (a commit the manager writes to its store is confirmed at
+  once). A result too long for the summary ceiling gets its one re-compaction
+  pass at once too; a summarizer error is a failed compaction, retried after
+  the session's backoff in logical time.
 
 So the same recording, configuration and (deterministic) summarizer always
 produce byte-identical contexts. Only the wall-clock timings (how long the
@@ -50,68 +55,94 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import anyio
 
 from voice_context import codec
+from voice_context.codec import (
+    DEFAULT_MAX_TEXT_CHARS,
+    ContextGet,
+    NoteAppend,
+    Ping,
+    SessionClose,
+    SessionDelete,
+    SessionMessage,
+    SessionOpen,
+    TurnAppend,
+)
 from voice_context.config import Settings, make_summarizer, session_defaults
-from voice_context.core.budget import FORMATS, Context, Format, build_context
+from voice_context.core.budget import Context, Format, build_context
 from voice_context.core.config import SessionConfig
-from voice_context.core.session import Applied, CompactionPlan, Failed, Session
-from voice_context.core.turns import ROLES, Note, Role, Turn
-from voice_context.errors import ConfigError, SummarizerError
+from voice_context.core.session import (
+    Applied,
+    CommitCompaction,
+    CompactionFailed,
+    CompactionPlan,
+    CompactionStored,
+    ContextRequested,
+    Effect,
+    Failed,
+    NoteReceived,
+    NotesStored,
+    PersistNotes,
+    Session,
+    StartCompaction,
+    SummaryReturned,
+)
+from voice_context.core.turns import Note, Turn
+from voice_context.errors import ConfigError, DecodeError, SummarizerError
 from voice_context.manager import CompactionEvent, SessionManager
 from voice_context.recall.embedding import load_embedder
 from voice_context.recall.index import RecallIndex, older_turns, recall_candidates
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 
-MESSAGE_TYPES = frozenset(
-    {"session.open", "turn.append", "note.append", "context.get", "session.state", "session.close"}
-)
-
 
 @dataclass(slots=True)
 class Recording:
-    """The messages of one recording file, and what was skipped while reading it."""
+    """The messages of one recording file: each as the codec reads it (``decoded``) beside the
+    JSON object it was read from (``messages``, kept as sent for the outputs), and the lines
+    that were skipped, with why."""
 
     name: str
     messages: list[dict[str, Any]]
     skipped: list[str] = field(default_factory=list)
     path: Path | None = None
+    decoded: list[SessionMessage] = field(default_factory=list)
 
 
-def parse_recording(lines: Iterable[str], name: str = "recording") -> Recording:
-    """Read recording lines. Never raises for bad content: bad lines are listed in ``skipped``."""
+def parse_recording(
+    lines: Iterable[str], name: str = "recording", *, max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+) -> Recording:
+    """Read recording lines with the codec (``max_text_chars`` as the server had it). Never
+    raises for bad content: a line the codec refuses is listed in ``skipped``."""
     messages: list[dict[str, Any]] = []
+    decoded: list[SessionMessage] = []
     skipped: list[str] = []
     for number, line in enumerate(lines, 1):
         text = line.strip()
         if not text:
             continue
         try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            skipped.append(f"line {number}: not JSON ({exc.msg})")
+            message, sent = codec.parse(text, max_text_chars=max_text_chars)
+        except DecodeError as exc:
+            skipped.append(f"line {number}: {exc.code}: {exc.message}")
             continue
-        if not isinstance(value, dict):
-            skipped.append(f"line {number}: not an object")
+        if isinstance(message, Ping | SessionDelete):
+            skipped.append(f"line {number}: {message.type} is never recorded")
             continue
-        kind = value.get("type")
-        if kind not in MESSAGE_TYPES:
-            skipped.append(f"line {number}: unknown type {kind!r}")
-            continue
-        messages.append(value)
-    return Recording(name, messages, skipped)
+        messages.append(sent)
+        decoded.append(message)
+    return Recording(name, messages, skipped, decoded=decoded)
 
 
-def read_recording(path: str | Path) -> Recording:
+def read_recording(path: str | Path, *, max_text_chars: int = DEFAULT_MAX_TEXT_CHARS) -> Recording:
     """Read one recording file (see :func:`parse_recording`)."""
     path = Path(path)
     with path.open(encoding="utf-8") as handle:
-        recording = parse_recording(handle, recording_stem(path))
+        recording = parse_recording(handle, recording_stem(path), max_text_chars=max_text_chars)
     recording.path = path
     return recording
 
@@ -120,39 +151,6 @@ def recording_stem(path: Path) -> str:
     """``room-1`` for ``room-1.jsonl``."""
     name = path.name
     return name[: -len(".jsonl")] if name.endswith(".jsonl") else path.stem
-
-
-def _number(value: Any, default: float) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    return default
-
-
-def turn_from(obj: Mapping[str, Any], now: float) -> Turn:
-    """A recorded turn object as a :class:`Turn` (missing fields get harmless defaults)."""
-    role = obj.get("role", "user")
-    text = obj.get("text")
-    turn_id = obj.get("id")
-    return Turn(
-        speaker=str(obj.get("speaker") or ""),
-        role=cast(Role, role if role in ROLES else "user"),
-        text=text if isinstance(text, str) else "",
-        at=_number(obj.get("at"), now),
-        id=None if turn_id is None else str(turn_id),
-    )
-
-
-def note_from(obj: Mapping[str, Any], now: float) -> Note:
-    """A recorded note object as a :class:`Note`."""
-    text = obj.get("text")
-    speaker = obj.get("speaker")
-    source = obj.get("source")
-    return Note(
-        text=text if isinstance(text, str) else "",
-        at=_number(obj.get("at"), now),
-        speaker=str(speaker) if speaker else None,
-        source=str(source) if source else None,
-    )
 
 
 def context_response(
@@ -196,7 +194,8 @@ class _Live:
     recall: RecallIndex = field(default_factory=RecallIndex)
     calls: int = 0
     chars_sent: int = 0
-    last_request: dict[str, Any] = field(default_factory=dict)
+    #: the last ``context.get`` as recorded, and as the codec read it
+    last_request: tuple[dict[str, Any], ContextGet] | None = None
 
 
 class OfflineReplay:
@@ -233,14 +232,11 @@ class OfflineReplay:
         live: dict[str, _Live] = {}
         now = 0.0
         started = False
-        for seq, message in enumerate(recording.messages):
-            kind = message["type"]
-            name = str(message.get("session") or "")
-            if kind == "session.open":
-                overrides = message.get("config") if isinstance(message.get("config"), dict) else {}
-                config = self.config.with_overrides(cast(dict[str, Any], overrides)).with_overrides(
-                    self.overrides
-                )
+        for seq, (sent, message) in enumerate(zip(recording.messages, recording.decoded, strict=True)):
+            name = message.session
+            if isinstance(message, SessionOpen):
+                overrides = dict(message.config or {})
+                config = self.config.with_overrides(overrides).with_overrides(self.overrides)
                 if name in live:
                     live[name].session.reconfigure(config)
                 else:
@@ -249,7 +245,7 @@ class OfflineReplay:
                 continue
             state = live.get(name)
             if state is None:
-                if kind in ("session.close", "session.state"):
+                if not isinstance(message, TurnAppend | NoteAppend | ContextGet):
                     continue
                 # a recording that begins after its session was opened: the defaults apply
                 state = live[name] = _Live(
@@ -257,33 +253,41 @@ class OfflineReplay:
                     recall=RecallIndex(embedder=self.embedder),
                 )
                 result.turns[name] = state.turns
-            if kind == "turn.append" and isinstance(message.get("turn"), dict):
-                turn = turn_from(message["turn"], now)
+            if isinstance(message, TurnAppend):
+                turn = message.turn
                 now = turn.at if not started else max(now, turn.at)
                 started = True
                 state.recall.add_turn(state.session.append_turn(turn), turn)
                 state.recall.embed_pending()
                 state.turns.append(turn)
-            elif kind == "note.append" and isinstance(message.get("note"), dict):
-                note = note_from(message["note"], now)
+            elif isinstance(message, NoteAppend):
+                note = message.note
                 now = note.at if not started else max(now, note.at)
                 started = True
-                state.session.append_note(note)
+                [persist] = state.session.receive(NoteReceived(note))
+                assert isinstance(persist, PersistNotes)
+                state.session.receive(NotesStored(persist.staged))  # no store to wait for
                 state.recall.add_note(note)
-            elif kind == "context.get":
-                await self._context(seq, message, state, now, result)
+            elif isinstance(message, ContextGet):
+                await self._context(seq, sent, message, state, now, result)
             # session.close: nothing is in flight offline, and a server keeps a closed session's
             # state in its store, so a later session.open resumes it as it was
         for state in live.values():
-            for probe_id, question in self.questions if state.last_request else ():
-                message = {**state.last_request, "query": question, "id": f"question-{probe_id}"}
-                await self._context(len(recording.messages), message, state, now, result, probe=probe_id)
+            if state.last_request is None:
+                continue
+            sent, request = state.last_request
+            for probe_id, question in self.questions:
+                probe_id_text = f"question-{probe_id}"
+                asked = replace(request, query=question, id=probe_id_text)
+                shown = {**sent, "query": question, "id": probe_id_text}
+                await self._context(len(recording.messages), shown, asked, state, now, result, probe=probe_id)
         return result
 
     async def _context(
         self,
         seq: int,
-        message: dict[str, Any],
+        sent: dict[str, Any],
+        message: ContextGet,
         state: _Live,
         now: float,
         result: ReplayResult,
@@ -291,36 +295,28 @@ class OfflineReplay:
         probe: str | None = None,
     ) -> None:
         session = state.session
+        started: CompactionPlan | None = None
         if probe is None:
-            state.last_request = message
-        plan = session.plan_compaction(now) if probe is None else None
-        fmt = message.get("format", "messages")
-        if fmt not in FORMATS:
-            fmt = "messages"
-        budget = self.budget_chars
-        if budget is None and isinstance(message.get("budget_chars"), int):
-            budget = message["budget_chars"]
-        raw_facts = message.get("facts")
-        facts: list[Any] = raw_facts if isinstance(raw_facts, list) else []
-        base = message.get("base_instructions")
-        raw_query = message.get("query")
+            state.last_request = (sent, message)
+            [decision] = session.receive(ContextRequested(now))
+            if isinstance(decision, StartCompaction):
+                started = decision.plan
+        budget = self.budget_chars if self.budget_chars is not None else message.budget_chars
         config_budget = session.config.instructions_budget_chars
         tick = time.perf_counter()
-        query, recalled = recall_candidates(
-            state.recall, session, raw_query if isinstance(raw_query, str) else None, embed=True
-        )
+        query, recalled = recall_candidates(state.recall, session, message.query, embed=True)
         context = build_context(
             session.view(),
-            cast(Format, fmt),
+            message.format,
             budget_chars=budget,
-            base_instructions=base if isinstance(base, str) else "",
-            facts=[str(f) for f in facts],
+            base_instructions=message.base_instructions,
+            facts=list(message.facts),
             recalled=recalled,
             query=query,
             older=older_turns(
                 state.recall,
                 session,
-                budget if budget is not None or fmt != "instructions" else config_budget,
+                budget if budget is not None or message.format != "instructions" else config_budget,
             ),
         )
         result.context_ms.append((time.perf_counter() - tick) * 1000)
@@ -330,15 +326,15 @@ class OfflineReplay:
                 **({"probe": probe} if probe is not None else {}),
                 "seq": seq,
                 "session": session.name,
-                "request_id": message.get("id"),
+                "request_id": sent.get("id"),
                 "turn_index": session.total_turns - 1,
                 "at": now,
-                "request": message,
+                "request": sent,
                 "response": context_response(
                     session.name,
                     context,
                     in_flight=session.in_flight is not None,
-                    request_id=message.get("id"),
+                    request_id=message.id,
                 ),
                 "state": {
                     "turns": stats.turns,
@@ -350,13 +346,14 @@ class OfflineReplay:
                 },
             }
         )
-        current: CompactionPlan | None = plan if isinstance(plan, CompactionPlan) else None
-        while current is not None:
-            current = await self._compact(seq, current, state, now, result)
+        while started is not None:
+            started = await self._compact(seq, started, state, now, result)
 
     async def _compact(
         self, seq: int, plan: CompactionPlan, state: _Live, now: float, result: ReplayResult
     ) -> CompactionPlan | None:
+        """Run one plan, and perform what the session makes of its result (with no store, a
+        commit is confirmed at once); returns the re-compaction pass it started, if any."""
         session = state.session
         request = SummaryRequest.for_plan(plan, session.name)
         sent = request_chars(request)
@@ -375,28 +372,32 @@ class OfflineReplay:
             "chars_sent": sent,
         }
         tick = time.perf_counter()
-        outcome: Applied | Failed | CompactionPlan | Any
+        effects: list[Effect]
         try:
             text = await self.summarizer.summarize(request)
         except SummarizerError as exc:
-            outcome = session.compaction_failed(plan.plan_id, exc.kind, exc.retryable, now)
+            effects = session.receive(CompactionFailed(plan.plan_id, exc.kind, exc.retryable, now))
         except Exception as exc:  # a summarizer bug is a failed compaction, as in the server
-            outcome = session.compaction_failed(plan.plan_id, type(exc).__name__, False, now)
+            effects = session.receive(CompactionFailed(plan.plan_id, type(exc).__name__, False, now))
         else:
-            outcome = session.compaction_succeeded(plan.plan_id, text, now)
+            effects = session.receive(SummaryReturned(plan.plan_id, text, now))
         result.summarizer_ms.append((time.perf_counter() - tick) * 1000)
-        if isinstance(outcome, CompactionPlan):
-            record["outcome"] = "too_long"
-        elif isinstance(outcome, Applied):
-            record["outcome"] = "clamped" if outcome.clamped else "applied"
-        elif isinstance(outcome, Failed):
-            record["outcome"] = f"failed:{outcome.kind}"
-        else:
-            record["outcome"] = "stale"
+        next_plan: CompactionPlan | None = None
+        record["outcome"] = "stale"
+        for effect in effects:
+            if isinstance(effect, CommitCompaction):
+                effects.extend(session.receive(CompactionStored(plan.plan_id, now)))
+            elif isinstance(effect, StartCompaction):
+                next_plan = effect.plan
+                record["outcome"] = "too_long"
+            elif isinstance(effect, Applied):
+                record["outcome"] = "clamped" if effect.clamped else "applied"
+            elif isinstance(effect, Failed):
+                record["outcome"] = f"failed:{effect.kind}"
         record["cursor"] = session.cursor
         record["summary_chars"] = len(session.summary)
         result.compactions.append(record)
-        return outcome if isinstance(outcome, CompactionPlan) else None
+        return next_plan
 
 
 def _dump(obj: Any) -> str:
@@ -496,7 +497,7 @@ async def replay_file(
         questions=questions,
         embedder=load_embedder(point.recall.embedder),
     )
-    return await engine.run(read_recording(path))
+    return await engine.run(read_recording(path, max_text_chars=point.server.max_text_chars))
 
 
 # -- live replays: real time, or a real server ----------------------------------------------
@@ -529,7 +530,7 @@ class _Target(Protocol):
     async def open(self, name: str, config: dict[str, Any]) -> None: ...
     async def turn(self, name: str, turn: Turn) -> None: ...
     async def note(self, name: str, note: Note) -> None: ...
-    async def context(self, name: str, message: Mapping[str, Any], budget: int | None) -> dict[str, Any]: ...
+    async def context(self, name: str, message: ContextGet, budget: int | None) -> dict[str, Any]: ...
     async def state(self, name: str) -> dict[str, Any]: ...
     async def close(self, name: str) -> None: ...
 
@@ -548,35 +549,33 @@ async def _drive(
     turns: dict[str, list[Turn]] = {}
     opened: set[str] = set()
     now: float | None = None
-    for seq, message in enumerate(recording.messages):
-        kind = message["type"]
-        name = str(message.get("session") or "")
+    for seq, (sent, message) in enumerate(zip(recording.messages, recording.decoded, strict=True)):
+        name = message.session
         at: float | None = None
-        if kind == "turn.append" and isinstance(message.get("turn"), dict):
-            at = _number(message["turn"].get("at"), now or 0.0)
-        elif kind == "note.append" and isinstance(message.get("note"), dict):
-            at = _number(message["note"].get("at"), now or 0.0)
+        if isinstance(message, TurnAppend):
+            at = message.turn.at
+        elif isinstance(message, NoteAppend):
+            at = message.note.at
         if at is not None:
             if realtime and now is not None and at > now:
                 gap = (at - now) / speed
                 await anyio.sleep(min(gap, max_gap) if max_gap is not None else gap)
             now = at if now is None else max(now, at)
-        if kind == "session.open" or (
-            name not in opened and kind in ("turn.append", "note.append", "context.get")
+        if isinstance(message, SessionOpen) or (
+            name not in opened and isinstance(message, TurnAppend | NoteAppend | ContextGet)
         ):
-            config = message.get("config") if kind == "session.open" else None
-            await target.open(name, config if isinstance(config, dict) else {})
+            config = dict(message.config or {}) if isinstance(message, SessionOpen) else {}
+            await target.open(name, config)
             opened.add(name)
             result.turns.setdefault(name, turns.setdefault(name, []))
-            if kind == "session.open":
+            if isinstance(message, SessionOpen):
                 continue
-        if kind == "turn.append" and isinstance(message.get("turn"), dict):
-            turn = turn_from(message["turn"], now or 0.0)
-            await target.turn(name, turn)
-            turns[name].append(turn)
-        elif kind == "note.append" and isinstance(message.get("note"), dict):
-            await target.note(name, note_from(message["note"], now or 0.0))
-        elif kind == "context.get":
+        if isinstance(message, TurnAppend):
+            await target.turn(name, message.turn)
+            turns[name].append(message.turn)
+        elif isinstance(message, NoteAppend):
+            await target.note(name, message.note)
+        elif isinstance(message, ContextGet):
             tick = time.perf_counter()
             reply = await target.context(name, message, budget_chars)
             result.context_ms.append((time.perf_counter() - tick) * 1000)
@@ -585,32 +584,28 @@ async def _drive(
                 {
                     "seq": seq,
                     "session": name,
-                    "request_id": message.get("id"),
+                    "request_id": sent.get("id"),
                     "turn_index": len(turns[name]) - 1,
                     "at": now,
-                    "request": message,
+                    "request": sent,
                     "response": reply,
                     "state": state,
                 }
             )
-        elif kind == "session.close" and name in opened:
+        elif isinstance(message, SessionClose) and name in opened:
             await target.close(name)
             opened.discard(name)
 
 
 def _context_args(
-    message: Mapping[str, Any], budget: int | None
+    message: ContextGet, budget: int | None
 ) -> tuple[Format, int | None, str, list[str], str | None]:
-    fmt = message.get("format", "messages")
-    raw_budget = message.get("budget_chars")
-    raw_base, raw_facts = message.get("base_instructions"), message.get("facts")
-    raw_query = message.get("query")
     return (
-        cast(Format, fmt if fmt in FORMATS else "messages"),
-        budget if budget is not None else (raw_budget if isinstance(raw_budget, int) else None),
-        raw_base if isinstance(raw_base, str) else "",
-        [str(f) for f in raw_facts] if isinstance(raw_facts, list) else [],
-        raw_query if isinstance(raw_query, str) else None,
+        message.format,
+        budget if budget is not None else message.budget_chars,
+        message.base_instructions,
+        list(message.facts),
+        message.query,
     )
 
 
@@ -631,13 +626,13 @@ class _ManagerTarget:
     async def note(self, name: str, note: Note) -> None:
         await self.manager.append_note(name, note)
 
-    async def context(self, name: str, message: Mapping[str, Any], budget: int | None) -> dict[str, Any]:
+    async def context(self, name: str, message: ContextGet, budget: int | None) -> dict[str, Any]:
         fmt, budget_chars, base, facts, query = _context_args(message, budget)
         context = await self.manager.context(
             name, fmt, budget_chars=budget_chars, base_instructions=base, facts=facts, query=query
         )
         in_flight = self.manager.session(name).in_flight is not None
-        return context_response(name, context, in_flight=in_flight, request_id=message.get("id"))
+        return context_response(name, context, in_flight=in_flight, request_id=message.id)
 
     async def state(self, name: str) -> dict[str, Any]:
         stats = self.manager.state(name)
@@ -672,7 +667,7 @@ class _ClientTarget:
     async def note(self, name: str, note: Note) -> None:
         await self.handles[name].append_note(note.text, at=note.at, speaker=note.speaker, source=note.source)
 
-    async def context(self, name: str, message: Mapping[str, Any], budget: int | None) -> dict[str, Any]:
+    async def context(self, name: str, message: ContextGet, budget: int | None) -> dict[str, Any]:
         fmt, budget_chars, base, facts, query = _context_args(message, budget)
         reply: dict[str, Any] = await self.handles[name].context(fmt, budget_chars, base, facts, query)
         return reply
@@ -696,8 +691,8 @@ async def replay_realtime(
 ) -> ReplayResult:
     """Replay through the session manager (the server's shell) in real time: the recorded gaps
     are slept (divided by ``speed``) and compactions land whenever they finish. Not reproducible."""
-    recording = read_recording(path)
     point = apply_values(settings, values or {})
+    recording = read_recording(path, max_text_chars=point.server.max_text_chars)
     summarizer = _Counting(make_summarizer(point.summarizer))
     origin: list[float] = []
 
@@ -792,7 +787,6 @@ __all__ = [
     "ReplayResult",
     "apply_values",
     "context_response",
-    "note_from",
     "parse_assignments",
     "parse_recording",
     "read_contexts",
@@ -803,6 +797,5 @@ __all__ = [
     "replay_realtime",
     "request_chars",
     "session_overrides",
-    "turn_from",
     "write_result",
 ]

@@ -63,8 +63,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from voice_context.codec import NoteAppend, TurnAppend
 from voice_context.core.budget import FACTS_HEADER, RECENT_HEADER
-from voice_context.replay import Recording, note_from, turn_from
+from voice_context.replay import Recording
 from voice_context.summarizers.deterministic import spoken_numbers
 
 METHODS = ("ours", "tail", "head_tail", "bm25_10", "bm25_30", "full")
@@ -254,24 +255,21 @@ class Conversation:
         turn_speakers: list[str] = []
         index: dict[str, int] = {}
         lines: list[Line] = []
-        now = 0.0
-        for seq, message in enumerate(recording.messages):
-            msg_session = str(message.get("session") or "")
-            if name is None and message["type"] in ("turn.append", "note.append"):
-                name = msg_session
-            if msg_session != name:
+        for seq, message in enumerate(recording.decoded):
+            if name is None and isinstance(message, TurnAppend | NoteAppend):
+                name = message.session
+            if message.session != name:
                 continue
-            if message["type"] == "turn.append" and isinstance(message.get("turn"), dict):
-                turn = turn_from(message["turn"], now)
-                now = turn.at
+            if isinstance(message, TurnAppend):
+                turn = message.turn
                 if turn.id is not None:
                     index.setdefault(turn.id, len(turn_texts))
                 text = f"{turn.speaker}: {turn.text}" if turn.speaker else turn.text
                 lines.append(Line(seq, turn.at, text, len(turn_texts)))
                 turn_texts.append(turn.text)
                 turn_speakers.append(turn.speaker)
-            elif message["type"] == "note.append" and isinstance(message.get("note"), dict):
-                note = note_from(message["note"], now)
+            elif isinstance(message, NoteAppend):
+                note = message.note
                 lines.append(Line(seq, note.at, note.render(), None))
         weights, unseen = idf_weights(turn_texts)
         speakers = tuple(sorted({s for s in turn_speakers if s}, key=lambda s: (-len(s), s)))

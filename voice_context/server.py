@@ -24,6 +24,7 @@ connection's outbox is full, the event is dropped and counted.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import hmac
@@ -77,6 +78,7 @@ from voice_context.config import Settings, make_summarizer
 from voice_context.core.config import check_client_overrides
 from voice_context.core.session import Session
 from voice_context.core.turns import Turn
+from voice_context.descriptors import DescriptorGuard, refusal_body
 from voice_context.errors import ConfigError, RateLimited, SessionClosed, StoreError, UnknownSession
 from voice_context.manager import CompactionEvent, SessionManager
 from voice_context.metrics import CONTENT_TYPE, Metrics
@@ -112,6 +114,11 @@ class TokenBucket:
         self.burst = float(burst)
         self.tokens = float(burst)
         self.updated = now
+
+    def wait(self, now: float) -> float:
+        """Seconds until a token is available at ``now`` (0.0 if one is), spending nothing."""
+        tokens = min(self.burst, self.tokens + max(0.0, now - self.updated) * self.rate)
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
 
     def full(self, now: float) -> bool:
         """Whether the bucket has refilled to ``burst`` by ``now``: then it remembers nothing."""
@@ -212,6 +219,14 @@ class _SessionLimits:
 
 
 @dataclass(eq=False)
+class _OwnerLimits:
+    """What one token spends across all its connections and sessions on this replica."""
+
+    bucket: TokenBucket
+    connections: int = 0
+
+
+@dataclass(eq=False)
 class _Connection:
     id: str
     ws: ServerConnection
@@ -291,10 +306,15 @@ class Server:
         self._connections: set[_Connection] = set()
         self._holders: dict[str, set[_Connection]] = {}
         self._limits: dict[str, _SessionLimits] = {}
+        #: one per token that connected (tokens are configured, so these are few)
+        self._owners: dict[str, _OwnerLimits] = {}
         self._stopping = False
         self._stopped = anyio.Event()
         self._ids = itertools.count(1)
         self._record_dir = Path(self.settings.server.record_dir) if self.settings.server.record_dir else None
+        self._descriptors = DescriptorGuard(
+            monotonic=monotonic, on_refuse=lambda how: self.metrics.descriptors_refused.labels(how=how).inc()
+        )
         self.port = 0
 
     # -- lifetime ------------------------------------------------------------------
@@ -328,7 +348,11 @@ class Server:
             cfg = self.settings.server
             store = self._store
             if store is None:
-                store = open_store(self.settings.store.url, data_dir=self.settings.store.data_dir)
+                store = open_store(
+                    self.settings.store.url,
+                    data_dir=self.settings.store.data_dir,
+                    session_ttl=self.settings.store.session_ttl,
+                )
                 self._store = store
                 stack.push_async_callback(store.aclose)
             aclose = getattr(self.summarizer, "aclose", None)
@@ -343,6 +367,7 @@ class Server:
                 compaction_timeout=self.settings.summarizer.compaction_timeout,
                 close_timeout=cfg.shutdown_timeout,
                 replica=replica_name(cfg.replica, cfg.port),
+                lease_ttl=cfg.lease_ttl,
                 # loading (a first use distils the static table: some 20 s) runs off the event loop
                 embedder=await anyio.to_thread.run_sync(load_embedder, self.settings.recall.embedder),
             )
@@ -351,6 +376,11 @@ class Server:
                 lambda: manager.counters, lambda: manager.sessions, lambda: manager.in_flight
             )
             self._tg = await stack.enter_async_context(anyio.create_task_group())
+            self._guard_descriptors(stack)
+            if store.session_ttl is not None:
+                retention = anyio.CancelScope()
+                self._tg.start_soon(self._retain, store.session_ttl, retention)
+                stack.callback(retention.cancel)  # before the task group waits for its tasks
             self._ws = await serve(
                 self._handle,
                 cfg.host,
@@ -367,6 +397,24 @@ class Server:
         self._stack = stack
         log.info("voice_context_server_listening", url=self.url, summarizer=self.summarizer.model)
         return self
+
+    def _guard_descriptors(self, stack: AsyncExitStack) -> None:
+        """Send the event loop's accept failures for want of descriptors to the guard
+        (see :mod:`voice_context.descriptors`), until the server stops."""
+        guard = self._descriptors
+        guard.open()
+        stack.callback(guard.close)
+        loop = asyncio.get_running_loop()
+        previous = loop.get_exception_handler()
+
+        def fallback(context: dict[str, Any]) -> None:
+            if previous is not None:
+                previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+
+        loop.set_exception_handler(guard.exception_handler(fallback))
+        stack.callback(loop.set_exception_handler, previous)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -437,6 +485,10 @@ class Server:
         if path != PATH:
             missing = {"type": "error", "code": "not_found", "message": f"no such path: {path}"}
             return _response(HTTPStatus.NOT_FOUND, orjson.dumps(missing), "application/json")
+        if self._descriptors.short():
+            self.metrics.errors.labels(code=RATE_LIMITED).inc()
+            self._descriptors.refuse("handshake")
+            return _response(HTTPStatus.SERVICE_UNAVAILABLE, refusal_body(), "application/json")
         limit = self.settings.server.max_connections
         if len(self._connections) >= limit:
             self.metrics.errors.labels(code=RATE_LIMITED).inc()
@@ -458,6 +510,18 @@ class Server:
                 "application/json",
                 ("WWW-Authenticate", 'Bearer realm="voice-context"'),
             )
+        owner = owner_of(bearer_token(request.headers)) if tokens else None
+        held = self._owners[owner].connections if owner in self._owners else 0
+        cap = self.settings.server.max_connections_per_owner
+        if owner is not None and held >= cap:
+            self.metrics.errors.labels(code=RATE_LIMITED).inc()
+            log.warning("voice_context_connection_refused", reason="owner_connections", connections=held)
+            full = codec.encode_error(
+                RATE_LIMITED,
+                f"this token has {held} connections open (limit {cap}): close one first",
+                limit="owner_connections",
+            )
+            return _response(HTTPStatus.SERVICE_UNAVAILABLE, full.encode(), "application/json")
         return None
 
     # -- one connection ----------------------------------------------------------------
@@ -472,6 +536,9 @@ class Server:
         conn = _Connection(f"c{next(self._ids)}-{uuid.uuid4().hex[:6]}", ws, owner, outbox, inbox)
         conn.on_drop = self.metrics.pushes_dropped.inc
         conn.max_queued = self.settings.server.max_outbox_chars
+        owned = self._owner_limits(owner)
+        if owned is not None:
+            owned.connections += 1
         self._connections.add(conn)
         self.metrics.connections.inc()
         close: tuple[int, str] | None = None
@@ -498,6 +565,8 @@ class Server:
                 await self._detach_all(conn)
             self._connections.discard(conn)
             self.metrics.connections.dec()
+            if owned is not None:
+                owned.connections -= 1
 
     async def _send_loop(self, conn: _Connection) -> None:
         async with conn.inbox:
@@ -607,7 +676,7 @@ class Server:
         if isinstance(message, NoteAppend):
             limits = self._limits[name]
             async with limits.lock:
-                self._take(limits)
+                self._take(conn, limits)
                 changed = await manager.append_note(name, message.note, owner=owner)
             self.metrics.notes.inc()
             return codec.encode_note_appended(name, changed, message.id), True
@@ -683,7 +752,7 @@ class Server:
             duplicate = find_duplicate(session, message.turn)
             if duplicate is not None:
                 return codec.encode_turn_appended(name, duplicate, message.id, duplicate=True), False
-            self._take(limits)
+            self._take(conn, limits)
             index = await self.manager.append_turn(name, message.turn, owner=conn.owner)
         self.metrics.turns.inc()
         return codec.encode_turn_appended(name, index, message.id), True
@@ -698,17 +767,43 @@ class Server:
             if name not in self._holders and limits.bucket.full(now):
                 del self._limits[name]
 
-    def _take(self, limits: _SessionLimits) -> None:
-        """Spend one of the session's tokens for a turn or a note, or refuse the request."""
-        wait = limits.bucket.take(self._monotonic())
+    def _owner_limits(self, owner: str | None) -> _OwnerLimits | None:
+        """The limits of a token's owner (made at its first connection); ``None`` without tokens."""
+        if owner is None:
+            return None
+        owned = self._owners.get(owner)
+        if owned is None:
+            cfg = self.settings.server
+            bucket = TokenBucket(cfg.owner_turns_per_second, cfg.owner_turn_burst, self._monotonic())
+            owned = self._owners[owner] = _OwnerLimits(bucket)
+        return owned
+
+    def _take(self, conn: _Connection, limits: _SessionLimits) -> None:
+        """Spend one of the session's tokens and one of its owner's for a turn or a note, or
+        refuse the request (spending neither)."""
+        now = self._monotonic()
+        cfg = self.settings.server
+        owned = self._owner_limits(conn.owner)
+        wait = limits.bucket.wait(now)
         if wait > 0:
-            rate = self.settings.server.turns_per_second
             raise _Reject(
                 RATE_LIMITED,
-                f"too many turns and notes for this session (limit {rate:g} per second)",
+                f"too many turns and notes for this session (limit {cfg.turns_per_second:g} per second)",
                 limit="turns_per_second",
                 retry_after=math.ceil(wait * 1000) / 1000,
             )
+        wait = owned.bucket.wait(now) if owned is not None else 0.0
+        if wait > 0:
+            raise _Reject(
+                RATE_LIMITED,
+                "too many turns and notes for this token's sessions together"
+                f" (limit {cfg.owner_turns_per_second:g} per second)",
+                limit="owner_turns_per_second",
+                retry_after=math.ceil(wait * 1000) / 1000,
+            )
+        limits.bucket.take(now)
+        if owned is not None:
+            owned.bucket.take(now)
 
     async def _detach(self, conn: _Connection, name: str) -> None:
         """This connection is done with a session; the last one to leave closes it here."""
@@ -737,6 +832,42 @@ class Server:
             with structlog.contextvars.bound_contextvars(session=name):
                 await self._detach(conn, name)
 
+    # -- retention ---------------------------------------------------------------------
+
+    async def _retain(self, ttl: float, scope: anyio.CancelScope) -> None:
+        """The retention policy, every sweep interval, off the path of any reply: the
+        sessions open here are kept, those idle past ``ttl`` are forgotten, and so are their
+        recordings."""
+        interval = self.settings.store.retention_interval or ttl / 4
+        with scope:
+            while True:
+                await anyio.sleep(interval)
+                try:
+                    expired = await self.manager.retain()
+                except StoreError as exc:  # the next sweep tries again, well within the ttl
+                    log.warning("voice_context_retention_failed", error=str(exc)[:300])
+                    continue
+                if expired:
+                    log.info("voice_context_sessions_expired", count=len(expired), sessions=expired[:20])
+                if self._record_dir is not None:
+                    await self._expire_recordings(self._record_dir, ttl)
+
+    async def _expire_recordings(self, record_dir: Path, ttl: float) -> None:
+        """Delete the recordings untouched for ``ttl`` whose session the store no longer holds
+        (it expired, here or on another replica)."""
+        live = set(self.manager.names())
+        for name, path in await anyio.to_thread.run_sync(_stale_recordings, record_dir, time.time() - ttl):
+            if name in live:
+                continue
+            try:
+                if await self.manager.store.load(name) is not None:
+                    continue
+            except StoreError:
+                return  # decide at the next sweep
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            log.info("voice_context_recording_expired", session=name, path=str(path))
+
     # -- recording ---------------------------------------------------------------------
 
     def _record(self, session: str | None, sent: dict[str, Any]) -> None:
@@ -750,6 +881,22 @@ class Server:
                 out.write(line)
         except (OSError, orjson.JSONEncodeError) as exc:  # the request was applied: answer it anyway
             log.warning("voice_context_record_failed", path=str(path), error=str(exc))
+
+
+def _stale_recordings(record_dir: Path, before: float) -> list[tuple[str, Path]]:
+    """The recordings last written before ``before``, with the session each one records."""
+    found = []
+    for path in record_dir.glob("*.jsonl"):
+        try:
+            if path.stat().st_mtime >= before:
+                continue
+            with path.open("rb") as handle:
+                first = orjson.loads(handle.readline())
+        except (OSError, orjson.JSONDecodeError):
+            continue
+        if isinstance(first, dict) and isinstance(first.get("session"), str):
+            found.append((first["session"], path))
+    return found
 
 
 def _response(status: HTTPStatus, body: bytes, content_type: str, *extra: tuple[str, str]) -> Response:

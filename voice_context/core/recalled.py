@@ -7,6 +7,10 @@ from typing import Any, Literal
 
 PassageKind = Literal["turn", "note", "summary"]
 
+MAX_TERM_DOCS = 1000
+"""A word held by more docs than this is too common to search by: a search leaves it out, and
+a store may stop keeping its postings past this many."""
+
 Posting = tuple[int, int, int]
 """One doc holding one word: ``(key, tf, length)``: the doc's key (a turn's transcript index,
 or a negative number for a note), how often the word is in it, and how many words it has."""

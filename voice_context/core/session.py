@@ -1,10 +1,26 @@
-"""One session's state machine: events in, outcomes out. No clock, no I/O.
+"""One session's state machine: events in, effects out. No clock, no I/O.
 
 A session holds the verbatim turns from the cursor on, the rolling summary of
 everything before it, the live screen-note buffer, the evicted notes waiting
 to be folded, and at most one compaction plan in flight. The shell feeds it
-events (a turn, a note, a context request, a summarizer result) with the time
-as plain data, and performs what comes back (run a plan, persist, log).
+events with the time as plain data, and performs the effects that come back::
+
+    session.receive(ContextRequested(at))          -> [StartCompaction(plan)] or [Skip(...)]
+    session.receive(SummaryReturned(id, text, at)) -> [CommitCompaction(...)], [StartCompaction(
+                                                      recompact)], [Failed(...)] or [Stale(...)]
+    session.receive(CompactionStored(id, at))      -> [Applied(...)]   (cursor and summary move)
+    session.receive(CompactionFailed(id, ...))     -> [Failed(...)] or [Stale(...)]
+    session.receive(NoteReceived(note))            -> [PersistNotes(staged)]   (nothing applied)
+    session.receive(NotesStored(staged))           -> []   (the buffers are the staged ones now)
+
+A change the store must hold first is previewed, written by the shell, then
+applied: ``CommitCompaction`` and ``PersistNotes`` change nothing until the
+shell says the store has them (``CompactionStored``, ``NotesStored``); a write
+that fails is answered ``CompactionFailed``, or simply never confirmed, and
+nothing needs rolling back. The session manager and the offline replay are
+two shells over this one protocol: one writes to a store between an effect
+and its confirmation, the other confirms at once. (A turn is stored by the
+shell before it is handed to :meth:`Session.append_turn`: it needs no preview.)
 
 Invariants, checked by the property tests:
 
@@ -133,6 +149,123 @@ class NotesChanged:
     dropped: int
 
 
+@dataclass(frozen=True, slots=True)
+class StagedNotes:
+    """The note buffers as they will be once the store holds them (see ``PersistNotes``)."""
+
+    live: tuple[Note, ...]
+    numbered: tuple[tuple[int, Note], ...]
+    note_seq: int
+    notes_dropped: int
+    changed: NotesChanged
+    version: int
+
+    @property
+    def pending(self) -> tuple[Note, ...]:
+        return tuple(note for _, note in self.numbered)
+
+
+# -- events: what happened, fed to ``Session.receive`` ------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ContextRequested:
+    """A reply needs a context at ``at``: the compaction trigger is evaluated."""
+
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class NoteReceived:
+    """A screen note to add to the live buffer (once the store holds the result)."""
+
+    note: Note
+
+
+@dataclass(frozen=True, slots=True)
+class NotesStored:
+    """The store holds the buffers of a ``PersistNotes``: the session takes them."""
+
+    staged: StagedNotes
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryReturned:
+    """The summarizer answered ``text`` for plan ``plan_id``."""
+
+    plan_id: int
+    text: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionStored:
+    """The store committed the ``CommitCompaction`` of plan ``plan_id``."""
+
+    plan_id: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionFailed:
+    """Plan ``plan_id`` failed: the summarizer, the store or the lease (``kind`` says which)."""
+
+    plan_id: int
+    kind: str
+    retryable: bool
+    at: float
+    retry_after: float | None = None
+
+
+Event = ContextRequested | NoteReceived | NotesStored | SummaryReturned | CompactionStored | CompactionFailed
+
+
+# -- effects: what the shell is to do, or to tell ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StartCompaction:
+    """Call the summarizer for ``plan`` (it is in flight from now on)."""
+
+    plan: CompactionPlan
+
+
+@dataclass(frozen=True, slots=True)
+class PersistNotes:
+    """Write these note buffers, then answer ``NotesStored(staged)``; until then nothing changed."""
+
+    staged: StagedNotes
+
+    @property
+    def live(self) -> tuple[Note, ...]:
+        return self.staged.live
+
+    @property
+    def pending(self) -> tuple[Note, ...]:
+        return self.staged.pending
+
+    @property
+    def changed(self) -> NotesChanged:
+        return self.staged.changed
+
+
+@dataclass(frozen=True, slots=True)
+class CommitCompaction:
+    """Commit cursor ``plan.end``, ``summary`` and the ``pending_notes`` left, all together (if
+    the store's cursor is still ``plan.start``); then answer ``CompactionStored``, or
+    ``CompactionFailed`` when the store refused or failed."""
+
+    plan: CompactionPlan
+    summary: str
+    pending_notes: tuple[Note, ...]
+    clamped: bool
+
+
+#: ``Applied``, ``Failed``, ``Stale`` and ``Skip`` are told (logged, pushed to clients);
+#: the others are done.
+Effect = StartCompaction | PersistNotes | CommitCompaction | Applied | Failed | Stale | Skip
+
+
 class SessionStats(NamedTuple):
     """A session's counters, shared by logs, the wire and the tests."""
 
@@ -190,6 +323,7 @@ class Session:
         self._pending: deque[tuple[int, Note]] = deque()
         self._note_seq = 0
         self._notes_dropped = 0
+        self._notes_version = 0  # moves with every change of the note buffers
         # restored buffers may be over limits lowered since they were stored: the overflow
         # goes as a note appended now would (the oldest live notes to pending, the oldest
         # pending notes dropped)
@@ -203,6 +337,8 @@ class Session:
         self._compactions = compactions
         self._retry_at: float | None = None
         self._ending = False
+        #: the accepted result of the plan in flight, while the store commits it
+        self._committing: Accepted | None = None
 
     # -- reading ---------------------------------------------------------------
 
@@ -280,35 +416,31 @@ class Session:
         self._turns.append(turn)
         return self.total_turns - 1
 
+    def receive(self, event: Event) -> list[Effect]:
+        """Feed one event; returns the effects for the shell to perform or tell, in order."""
+        match event:
+            case ContextRequested(at=at):
+                decision = self.plan_compaction(at)
+                return [decision if isinstance(decision, Skip) else StartCompaction(decision)]
+            case NoteReceived(note=note):
+                return [PersistNotes(self._stage_note(note))]
+            case NotesStored(staged=staged):
+                self._take_notes(staged)
+                return []
+            case SummaryReturned(plan_id=plan_id, text=text, at=at):
+                return [self._summary_returned(plan_id, text, at)]
+            case CompactionStored(plan_id=plan_id, at=at):
+                return [self._compaction_stored(plan_id, at)]
+            case CompactionFailed(plan_id=plan_id, kind=kind, retryable=retryable, at=at):
+                return [self.compaction_failed(plan_id, kind, retryable, at, event.retry_after)]
+        raise TypeError(f"not a session event: {event!r}")  # pragma: no cover - the union is closed
+
     def append_note(self, note: Note) -> NotesChanged:
-        """Add a note to the live buffer; notes pushed out of it queue for the next compaction."""
-        limit = self.config.live_note_chars
-        if len(note.text) > limit:
-            note = Note(clip(note.text, limit), note.at, note.speaker, note.source)
-        self._live.append(note)
-        evicted = 0
-        dropped_before = self._notes_dropped
-        while len(self._live) > self.config.live_note_entries:
-            self._queue_pending(self._live.popleft())
-            evicted += 1
-        return NotesChanged(
-            len(self._live), len(self._pending), evicted, self._notes_dropped - dropped_before
-        )
-
-    def restore_notes(self, live: Iterable[Note], pending: Iterable[Note]) -> None:
-        """Put the note buffers back as they were (a store write failed).
-
-        The restored notes keep their sequence numbers, so a plan in flight still
-        clears exactly the notes it folded when it lands.
-        """
-        old = list(pending)
-        held = [note for _, note in self._pending]
-        # the write being undone dropped the oldest ``lost`` notes and queued new ones after the rest
-        lost = next(d for d in range(len(old) + 1) if held[: len(old) - d] == old[d:])
-        first = self._pending[0][0] - lost if self._pending else self._note_seq + 1
-        self._live = deque(live)
-        self._pending = deque((first + i, note) for i, note in enumerate(old))
-        self._note_seq = max(self._note_seq, first + len(old) - 1)
+        """Add a note to the live buffer at once (no store to wait for); notes pushed out of it
+        queue for the next compaction."""
+        staged = self._stage_note(note)
+        self._take_notes(staged)
+        return staged.changed
 
     def begin_ending(self) -> None:
         """The session is closing: no new compaction starts from now on."""
@@ -317,6 +449,7 @@ class Session:
     def reconfigure(self, config: SessionConfig) -> None:
         """Change the limits; they apply from the next request on."""
         self.config = config
+        self._notes_version += 1
         while len(self._live) > config.live_note_entries:
             self._queue_pending(self._live.popleft())
 
@@ -369,36 +502,21 @@ class Session:
         return tuple(note for seq, note in self._pending if seq > plan.last_note_seq)
 
     def compaction_succeeded(self, plan_id: int, text: str, now: float) -> Outcome:
-        """A summarizer answered ``text`` for ``plan_id``.
+        """A summarizer answered ``text`` for ``plan_id``, and there is no store to wait for.
 
         Returns ``Applied`` (cursor and summary moved together), ``Stale`` (not
         the plan in flight: dropped), ``Failed`` (the text was empty), or a new
         ``CompactionPlan`` when the text was too long and one re-compaction pass
         is due. A re-compaction result that is still too long is clamped at
-        the last sentence boundary.
+        the last sentence boundary. (``SummaryReturned`` then, for a commit,
+        ``CompactionStored``.)
         """
-        verdict = self.check_result(plan_id, text)
-        if isinstance(verdict, Stale):
-            return verdict
-        plan = verdict.plan if not isinstance(verdict, CompactionPlan) else self._in_flight
-        assert plan is not None
-        if isinstance(verdict, Rejected):
-            return self._fail(plan, verdict.kind, True, now)
-        if isinstance(verdict, CompactionPlan):
-            self._take_plan_id()
-            self._in_flight = verdict
-            return verdict
-        old = self._cursor
-        del self._turns[: plan.end - old]
-        self._cursor = plan.end
-        self._summary = verdict.summary
-        while self._pending and self._pending[0][0] <= plan.last_note_seq:
-            self._pending.popleft()
-        self._in_flight = None
-        self._failures = 0
-        self._retry_at = None
-        self._compactions += 1
-        return Applied(plan, old, plan.end, verdict.summary, verdict.clamped, max(0.0, now - plan.started_at))
+        effect = self._summary_returned(plan_id, text, now)
+        if isinstance(effect, CommitCompaction):
+            return self._compaction_stored(plan_id, now)
+        if isinstance(effect, StartCompaction):
+            return effect.plan
+        return effect
 
     def compaction_failed(
         self, plan_id: int, kind: str, retryable: bool, now: float, retry_after: float | None = None
@@ -413,11 +531,74 @@ class Session:
     def abandon(self) -> CompactionPlan | None:
         """Forget the plan in flight (its task was cancelled); returns it."""
         plan, self._in_flight = self._in_flight, None
+        self._committing = None
         return plan
 
     # -- internals -------------------------------------------------------------
 
+    def _summary_returned(
+        self, plan_id: int, text: str, now: float
+    ) -> CommitCompaction | StartCompaction | Failed | Stale:
+        verdict = self.check_result(plan_id, text)
+        if isinstance(verdict, Stale):
+            return verdict
+        if isinstance(verdict, CompactionPlan):  # too long: one re-compaction pass
+            self._take_plan_id()
+            self._in_flight = verdict
+            return StartCompaction(verdict)
+        if isinstance(verdict, Rejected):
+            return self._fail(verdict.plan, verdict.kind, True, now)
+        self._committing = verdict
+        plan = verdict.plan
+        return CommitCompaction(plan, verdict.summary, self.pending_after(plan), verdict.clamped)
+
+    def _compaction_stored(self, plan_id: int, now: float) -> Applied | Stale:
+        verdict, plan = self._committing, self._in_flight
+        if verdict is None or plan is None or verdict.plan is not plan or plan.plan_id != plan_id:
+            return self._stale(plan_id)
+        self._committing = None
+        old = self._cursor
+        del self._turns[: plan.end - old]
+        self._cursor = plan.end
+        self._summary = verdict.summary
+        while self._pending and self._pending[0][0] <= plan.last_note_seq:
+            self._pending.popleft()
+        self._notes_version += 1
+        self._in_flight = None
+        self._failures = 0
+        self._retry_at = None
+        self._compactions += 1
+        return Applied(plan, old, plan.end, verdict.summary, verdict.clamped, max(0.0, now - plan.started_at))
+
+    def _stage_note(self, note: Note) -> StagedNotes:
+        """The buffers with ``note`` added, computed on copies: nothing changes yet."""
+        limit = self.config.live_note_chars
+        if len(note.text) > limit:
+            note = Note(clip(note.text, limit), note.at, note.speaker, note.source)
+        live, pending = deque(self._live), deque(self._pending)
+        seq, dropped, evicted = self._note_seq, self._notes_dropped, 0
+        live.append(note)
+        while len(live) > self.config.live_note_entries:
+            seq += 1
+            pending.append((seq, live.popleft()))
+            evicted += 1
+            while len(pending) > self.config.max_pending_notes:
+                pending.popleft()
+                dropped += 1
+        changed = NotesChanged(len(live), len(pending), evicted, dropped - self._notes_dropped)
+        return StagedNotes(tuple(live), tuple(pending), seq, dropped, changed, self._notes_version)
+
+    def _take_notes(self, staged: StagedNotes) -> None:
+        if staged.version != self._notes_version:
+            raise ValueError("the note buffers changed since these notes were staged: stage them again")
+        self._live = deque(staged.live)
+        self._pending = deque(staged.numbered)
+        self._note_seq = staged.note_seq
+        self._notes_dropped = staged.notes_dropped
+        self._notes_version += 1
+
     def _queue_pending(self, note: Note) -> None:
+        self._notes_version += 1
         self._note_seq += 1
         self._pending.append((self._note_seq, note))
         while len(self._pending) > self.config.max_pending_notes:
@@ -475,6 +656,7 @@ class Session:
         self, plan: CompactionPlan, kind: str, retryable: bool, now: float, retry_after: float | None = None
     ) -> Failed:
         self._in_flight = None
+        self._committing = None
         self._failures += 1
         base, ceiling = self.config.retry_base_seconds, self.config.retry_max_seconds
         doublings = min(self._failures - 1, MAX_BACKOFF_DOUBLINGS)  # 2.0**1024 overflows a float
@@ -488,15 +670,27 @@ class Session:
 __all__ = [
     "Accepted",
     "Applied",
+    "CommitCompaction",
+    "CompactionFailed",
     "CompactionPlan",
+    "CompactionStored",
+    "ContextRequested",
     "ContextView",
+    "Effect",
+    "Event",
     "Failed",
+    "NoteReceived",
     "NotesChanged",
+    "NotesStored",
     "Outcome",
+    "PersistNotes",
     "Rejected",
     "Session",
     "SessionStats",
     "Skip",
     "SkipReason",
+    "StagedNotes",
     "Stale",
+    "StartCompaction",
+    "SummaryReturned",
 ]

@@ -32,7 +32,7 @@ from typing import Any, Literal, cast
 
 import Stemmer
 
-from voice_context.core.recalled import IndexedDoc, Passage, Posting, Recalled
+from voice_context.core.recalled import MAX_TERM_DOCS, IndexedDoc, Passage, Posting, Recalled
 from voice_context.core.session import Session
 from voice_context.core.text import ELLIPSIS, clip, normalize, sentences
 from voice_context.core.times import utc
@@ -50,8 +50,6 @@ when they hold at least this share of its match and are clearly shorter than the
 
 MAX_QUERY_TERMS = 12
 """A search uses at most this many of the query's words: its rarest."""
-MAX_TERM_DOCS = 1000
-"""A word held by more docs than this is too common to search by (see :func:`query_terms`)."""
 MAX_OLDER_TURNS = 400
 """At most this many folded turns are offered to extend a context's verbatim run."""
 SPLIT_CACHE = 512

@@ -32,8 +32,11 @@ def sqlite_path(url: str, *, data_dir: str = "data") -> Path | None:
     return None
 
 
-def open_store(url: str = "memory", *, data_dir: str = "data") -> Store:
+def open_store(url: str = "memory", *, data_dir: str = "data", session_ttl: float | None = None) -> Store:
     """The store a URL names (see the module docstring).
+
+    ``session_ttl`` (seconds since a session's last activity) is the retention policy of
+    the durable stores; the memory store keeps sessions as long as the process lives.
 
     Nothing is connected yet: the first request opens the file or the
     connection, and a store that is unreachable then fails that request with
@@ -54,12 +57,12 @@ def open_store(url: str = "memory", *, data_dir: str = "data") -> Store:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot create the data directory {path.parent}: {exc}") from exc
-        return SQLiteStore(path)
+        return SQLiteStore(path, session_ttl=session_ttl)
     if url.startswith(("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")):
         from voice_context.store.redis import RedisStore
 
         try:
-            return RedisStore(url)
+            return RedisStore(url, session_ttl=session_ttl)
         except ValueError as exc:
             raise ConfigError(f"bad redis store URL {url!r}: {exc}") from exc
     raise ConfigError(

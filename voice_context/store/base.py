@@ -3,11 +3,12 @@
 A store keeps, per session: the full transcript (append-only, by index), the
 cursor and the summary (which always move together), the live and pending
 screen notes, the session's config overrides and owner, and a compaction
-lease with a fencing token so that only one replica folds a session at a time.
+lease with a fencing token so that only one replica folds a session at a time;
+with a ``session_ttl``, only until the session has been idle that long.
 Beside them it keeps the session's recall index: the words of every turn and note
 with their counts (BM25's postings), the notes' text, and the turns' vectors when an
 embedder made them; so a process serving a session holds none of its history, and
-every replica searches the same index.
+every replica searches the same index. The index goes with its session.
 
 Backends translate their own exceptions into :class:`StoreError` at the edge.
 """
@@ -51,6 +52,10 @@ ChooseTerms = Callable[[Sequence[str], Callable[[str], int], int], list[str]]
 class Store(Protocol):
     """Durable session state. Every method raises ``StoreError`` on failure, and
     ``SessionNotStored`` (a ``StoreError``) when it needs a session the store does not hold."""
+
+    #: Seconds after its last activity (a write, or a ``touch``) that a session is forgotten;
+    #: ``None`` keeps every session until it is deleted.
+    session_ttl: float | None
 
     async def load(self, name: str) -> SessionRecord | None:
         """The session's record, or ``None`` if the store has never seen it."""
@@ -96,7 +101,26 @@ class Store(Protocol):
         token that grows with every grant, or ``None`` while another holder has it."""
         ...
 
+    async def renew_lease(self, name: str, holder: str, fence: int, ttl: float) -> bool:
+        """Extend the lease granted with token ``fence`` to ``ttl`` seconds from now.
+
+        Returns ``False`` when a later grant superseded it (the fencing token moved on),
+        or the session is gone: the holder has lost the lease. A lease that lapsed and
+        was granted to nobody since is taken back.
+        """
+        ...
+
     async def release_lease(self, name: str, holder: str) -> None: ...
+
+    async def touch(self, names: Sequence[str]) -> None:
+        """These sessions are in use: their idle time starts again now (unknown names are
+        ignored; nothing to do without a ``session_ttl``)."""
+        ...
+
+    async def expire(self) -> list[str]:
+        """Forget every session idle for longer than ``session_ttl``; returns their names
+        (a backend that forgets them by itself, as Redis does, returns none)."""
+        ...
 
     async def delete(self, name: str) -> None:
         """Forget the session entirely (its recall index too)."""

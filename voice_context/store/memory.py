@@ -29,6 +29,9 @@ class _Entry:
 class MemoryStore:
     """Keeps every session in a dict. Nothing survives the process."""
 
+    #: nothing outlives the process anyway: sessions are kept until deleted or the process ends
+    session_ttl: float | None = None
+
     def __init__(self, *, clock: Any = time.monotonic) -> None:
         self._sessions: dict[str, _Entry] = {}
         self._clock = clock
@@ -108,10 +111,23 @@ class MemoryStore:
         entry.fence += 1
         return entry.fence
 
+    async def renew_lease(self, name: str, holder: str, fence: int, ttl: float) -> bool:
+        entry = self._sessions.get(name)
+        if entry is None or entry.fence != fence:
+            return False
+        entry.lease_holder, entry.lease_until = holder, self._clock() + ttl
+        return True
+
     async def release_lease(self, name: str, holder: str) -> None:
         entry = self._sessions.get(name)
         if entry is not None and entry.lease_holder == holder:
             entry.lease_holder, entry.lease_until = None, 0.0
+
+    async def touch(self, names: Sequence[str]) -> None:
+        return None
+
+    async def expire(self) -> list[str]:
+        return []
 
     async def delete(self, name: str) -> None:
         self._sessions.pop(name, None)

@@ -9,9 +9,8 @@ Key layout, for a session named ``room-1`` and the default prefix ``vc``::
     vc:{room-1}:notes   hash    live, pending (JSON arrays of notes)
     vc:{room-1}:lease   string  the compaction lease's holder, with a PX expiry
     vc:{room-1}:rstate  hash    the recall index's docs, length, turns, notes (counts)
-    vc:{room-1}:rterms  set     the posting keys below (so a delete finds them)
-    vc:{room-1}:rp:WORD string  WORD's postings: "key:tf:length " appended per doc
-    vc:{room-1}:rdf     hash    posting key -> how many docs hold the word
+    vc:{room-1}:rpost   hash    word -> its postings, "key:tf:length " per doc holding it
+    vc:{room-1}:rdf     hash    word -> how many docs hold it
     vc:{room-1}:rnotes  hash    note key -> the note as recall shows it (JSON)
     vc:{room-1}:rvec    hash    doc key -> its vector (base64), when an embedder ran
 
@@ -35,10 +34,21 @@ Every change is one Lua script, atomic on the server:
   caller's (``SET ... PX``), and returns ``HINCRBY meta fence 1``: every
   grant gets a larger token, so a holder that stalled past its expiry can
   never land a commit once someone else has been granted the lease.
+- ``renew``: extends the lease (``SET ... PX``) only while the session's fence is
+  still the token the caller was granted: no grant since, so nobody else holds it
+  (a lease that lapsed meanwhile is taken back).
 - ``release``: deletes the lease only if the caller still holds it.
 - ``index``: adds turns to the recall index only from the next turn it lacks,
   each once, and only turns the list holds; ``note`` gives a note the next
-  negative key. Two replicas indexing the same turns index them once.
+  negative key. Two replicas indexing the same turns index them once. A word's
+  postings stop growing past ``MAX_TERM_DOCS`` docs (a search never reads a word
+  that common), so appending to them stays cheap.
+
+Retention: with ``session_ttl`` every one of those scripts (and ``touch``, which the
+server runs for the sessions it serves) sets the session's keys to expire
+``session_ttl`` seconds from now, together, so Redis itself forgets a session idle
+for that long; ``expire`` has nothing to do. ``create`` clears whatever a forgotten
+session of the same name left. Without it, keys never expire.
 
 Durability is the Redis server's: run it with ``appendonly yes`` and
 ``appendfsync always`` for "acknowledged means on disk" (``everysec`` may
@@ -52,7 +62,7 @@ import contextlib
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import orjson
@@ -62,7 +72,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStats
+from voice_context.core.recalled import MAX_TERM_DOCS, IndexedDoc, Passage, Posting, RecallStats
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, StoreError, TurnConflict
 from voice_context.store.base import ChooseTerms, SessionRecord
@@ -100,6 +110,7 @@ _TRANSIENT_REPLIES = (
 
 _CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('DEL', unpack(KEYS, 2))  -- what a forgotten session of this name left
 redis.call('HSET', KEYS[1], 'name', ARGV[1], 'cursor', 0, 'summary', '', 'config', ARGV[2],
            'owner', ARGV[3], 'fence', 0, 'compactions', 0, 'created_at', ARGV[4])
 return 1
@@ -177,22 +188,44 @@ redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 return redis.call('HINCRBY', KEYS[1], 'fence', 1)
 """
 
+_TOUCH = """
+return 1
+"""
+
+
+def _kept(script: str) -> str:
+    """``script`` followed by the retention rule: when the last argument is a ttl in ms
+    (not ``''``) and the session exists, every key of the call expires that long from now."""
+    return f"""local function body()
+{script}
+end
+local result = body()
+local ttl = ARGV[#ARGV]
+if ttl ~= '' and redis.call('EXISTS', KEYS[1]) == 1 then
+  for _, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ttl) end
+end
+return result
+"""
+
+
+# KEYS of the recall writes: meta, turns, notes, rstate, rpost, rdf, rnotes, rvec (``SessionKeys.kept``)
 _INDEX = """
-if redis.call('EXISTS', KEYS[3]) == 0 then return -1 end
-local total = redis.call('LLEN', KEYS[4])
-local turns = tonumber(redis.call('HGET', KEYS[1], 'turns') or '0')
-local start, n = tonumber(ARGV[1]), tonumber(ARGV[2])
-local pos, added, length = 3, 0, 0
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local total = redis.call('LLEN', KEYS[2])
+local turns = tonumber(redis.call('HGET', KEYS[4], 'turns') or '0')
+local start, n, cap = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local pos, added, length = 4, 0, 0
 for d = 0, n - 1 do
   local len, nt = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
   pos = pos + 2
   local key = start + d
   if key == turns + added and key < total then
     for t = 1, nt do
-      local k = KEYS[tonumber(ARGV[pos])]
-      redis.call('APPEND', k, key .. ':' .. ARGV[pos + 1] .. ':' .. len .. ' ')
-      redis.call('SADD', KEYS[2], k)
-      redis.call('HINCRBY', KEYS[5], k, 1)
+      local term = ARGV[pos]
+      if redis.call('HINCRBY', KEYS[6], term, 1) <= cap then
+        local held = redis.call('HGET', KEYS[5], term) or ''
+        redis.call('HSET', KEYS[5], term, held .. key .. ':' .. ARGV[pos + 1] .. ':' .. len .. ' ')
+      end
       pos = pos + 2
     end
     added = added + 1
@@ -202,43 +235,46 @@ for d = 0, n - 1 do
   end
 end
 if added > 0 then
-  redis.call('HINCRBY', KEYS[1], 'turns', added)
-  redis.call('HINCRBY', KEYS[1], 'docs', added)
-  redis.call('HINCRBY', KEYS[1], 'length', length)
+  redis.call('HINCRBY', KEYS[4], 'turns', added)
+  redis.call('HINCRBY', KEYS[4], 'docs', added)
+  redis.call('HINCRBY', KEYS[4], 'length', length)
 end
-return redis.call('HMGET', KEYS[1], 'docs', 'length', 'turns', 'notes')
+return redis.call('HMGET', KEYS[4], 'docs', 'length', 'turns', 'notes')
 """
 
 _NOTE = """
-if redis.call('EXISTS', KEYS[3]) == 0 then return -1 end
-local key = -(tonumber(redis.call('HGET', KEYS[1], 'notes') or '0') + 1)
-redis.call('HSET', KEYS[4], key, ARGV[1])
-local len, nt = tonumber(ARGV[2]), tonumber(ARGV[3])
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local key = -(tonumber(redis.call('HGET', KEYS[4], 'notes') or '0') + 1)
+redis.call('HSET', KEYS[7], key, ARGV[1])
+local len, nt, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 for t = 0, nt - 1 do
-  local k = KEYS[tonumber(ARGV[4 + 2 * t])]
-  redis.call('APPEND', k, key .. ':' .. ARGV[5 + 2 * t] .. ':' .. len .. ' ')
-  redis.call('SADD', KEYS[2], k)
-  redis.call('HINCRBY', KEYS[5], k, 1)
+  local term = ARGV[5 + 2 * t]
+  if redis.call('HINCRBY', KEYS[6], term, 1) <= cap then
+    local held = redis.call('HGET', KEYS[5], term) or ''
+    redis.call('HSET', KEYS[5], term, held .. key .. ':' .. ARGV[6 + 2 * t] .. ':' .. len .. ' ')
+  end
 end
-redis.call('HINCRBY', KEYS[1], 'notes', 1)
-redis.call('HINCRBY', KEYS[1], 'docs', 1)
-redis.call('HINCRBY', KEYS[1], 'length', len)
-return redis.call('HMGET', KEYS[1], 'docs', 'length', 'turns', 'notes')
+redis.call('HINCRBY', KEYS[4], 'notes', 1)
+redis.call('HINCRBY', KEYS[4], 'docs', 1)
+redis.call('HINCRBY', KEYS[4], 'length', len)
+return redis.call('HMGET', KEYS[4], 'docs', 'length', 'turns', 'notes')
 """
 
+_VECTORS = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+for i = 1, #ARGV - 1, 2 do redis.call('HSET', KEYS[8], ARGV[i], ARGV[i + 1]) end
+return 1
+"""
+
+# KEYS: meta, rstate, rdf; ARGV: words
 _DF = """
-if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
-local stats = redis.call('HMGET', KEYS[1], 'docs', 'length', 'turns', 'notes')
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local stats = redis.call('HMGET', KEYS[2], 'docs', 'length', 'turns', 'notes')
 if #ARGV == 0 then return {stats, {}} end
 return {stats, redis.call('HMGET', KEYS[3], unpack(ARGV))}
 """
 
-_POSTINGS = """
-local out = {}
-for i = 1, #KEYS do out[i] = redis.call('GET', KEYS[i]) or '' end
-return out
-"""
-
+# KEYS: turns, rnotes; ARGV: doc keys
 _PASSAGES = """
 local out = {}
 for i, raw in ipairs(ARGV) do
@@ -250,6 +286,13 @@ for i, raw in ipairs(ARGV) do
   end
 end
 return out
+"""
+
+_RENEW = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if tonumber(redis.call('HGET', KEYS[1], 'fence') or '0') ~= tonumber(ARGV[2]) then return 0 end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
+return 1
 """
 
 _RELEASE = """
@@ -280,24 +323,15 @@ class SessionKeys:
         return f"{self.meta.removesuffix('meta')}{suffix}"
 
     @property
-    def rstate(self) -> str:
-        return self._sibling("rstate")
+    def recall(self) -> tuple[str, str, str, str, str]:
+        """The recall index's keys: rstate, rpost, rdf, rnotes, rvec."""
+        return tuple(self._sibling(s) for s in ("rstate", "rpost", "rdf", "rnotes", "rvec"))  # type: ignore[return-value]
 
     @property
-    def rterms(self) -> str:
-        return self._sibling("rterms")
-
-    @property
-    def rdf(self) -> str:
-        return self._sibling("rdf")
-
-    @property
-    def rnotes(self) -> str:
-        return self._sibling("rnotes")
-
-    @property
-    def rvec(self) -> str:
-        return self._sibling("rvec")
+    def kept(self) -> tuple[str, ...]:
+        """Every key that lives as long as the session (the lease has its own expiry): what a
+        write script lists, so that they all expire together."""
+        return (self.meta, self.turns, self.notes, *self.recall)
 
 
 class RedisStore:
@@ -320,7 +354,11 @@ class RedisStore:
         backoff_cap: float = BACKOFF_CAP,
         socket_timeout: float = SOCKET_TIMEOUT,
         connect_timeout: float = CONNECT_TIMEOUT,
+        session_ttl: float | None = None,
     ) -> None:
+        if session_ttl is not None and session_ttl <= 0:
+            raise ValueError("session_ttl must be positive (or None: kept until deleted)")
+        self.session_ttl = session_ttl
         if not prefix or any(c in prefix for c in "{}"):
             raise ValueError(f"a key prefix must be non-empty and hold no braces, got {prefix!r}")
         if retries < 0:
@@ -344,19 +382,21 @@ class RedisStore:
         self._redis: aioredis.Redis | AsyncRedisCluster = (
             AsyncRedisCluster.from_url(url, **options) if cluster else aioredis.Redis.from_url(url, **options)
         )
-        self._create = self._redis.register_script(_CREATE)
+        self._create = self._redis.register_script(_kept(_CREATE))
         self._load = self._redis.register_script(_LOAD)
-        self._append = self._redis.register_script(_APPEND)
-        self._save_notes = self._redis.register_script(_SAVE_NOTES)
-        self._save_config = self._redis.register_script(_SAVE_CONFIG)
-        self._commit = self._redis.register_script(_COMMIT)
+        self._append = self._redis.register_script(_kept(_APPEND))
+        self._save_notes = self._redis.register_script(_kept(_SAVE_NOTES))
+        self._save_config = self._redis.register_script(_kept(_SAVE_CONFIG))
+        self._commit = self._redis.register_script(_kept(_COMMIT))
+        self._touch = self._redis.register_script(_kept(_TOUCH))
         self._read = self._redis.register_script(_READ)
         self._acquire = self._redis.register_script(_ACQUIRE)
+        self._renew = self._redis.register_script(_RENEW)
         self._release = self._redis.register_script(_RELEASE)
-        self._index = self._redis.register_script(_INDEX)
-        self._note = self._redis.register_script(_NOTE)
+        self._index = self._redis.register_script(_kept(_INDEX))
+        self._note = self._redis.register_script(_kept(_NOTE))
+        self._vectors = self._redis.register_script(_kept(_VECTORS))
         self._df = self._redis.register_script(_DF)
-        self._postings = self._redis.register_script(_POSTINGS)
         self._passages = self._redis.register_script(_PASSAGES)
         self._closed = False
         self.operations = 0
@@ -412,12 +452,17 @@ class RedisStore:
         config = encode_config(record.config)
         owner = orjson.dumps(record.owner).decode()
         with self._errors("create"):
-            await self._create(keys=[k.meta], args=[record.name, config, owner, repr(time.time())])
+            await self._create(
+                keys=[k.meta, k.turns, k.notes, *k.recall],
+                args=[record.name, config, owner, repr(time.time()), self._ttl],
+            )
 
     async def append_turn(self, name: str, index: int, turn: Turn) -> None:
         k = self.keys(name)
         with self._errors("append_turn"):
-            status, stored = await self._append(keys=[k.meta, k.turns], args=[index, encode_turn(turn)])
+            status, stored = await self._append(
+                keys=[k.meta, k.turns, k.notes, *k.recall], args=[index, encode_turn(turn), self._ttl]
+            )
         if status == -1:
             raise SessionNotStored(name)
         if status < 0:
@@ -427,7 +472,8 @@ class RedisStore:
         k = self.keys(name)
         with self._errors("save_notes"):
             saved = await self._save_notes(
-                keys=[k.meta, k.notes], args=[encode_notes(live), encode_notes(pending)]
+                keys=[k.meta, k.notes, k.turns, *k.recall],
+                args=[encode_notes(live), encode_notes(pending), self._ttl],
             )
         if not saved:
             raise SessionNotStored(name)
@@ -435,7 +481,9 @@ class RedisStore:
     async def save_config(self, name: str, config: dict[str, Any]) -> None:
         k = self.keys(name)
         with self._errors("save_config"):
-            saved = await self._save_config(keys=[k.meta], args=[encode_config(config)])
+            saved = await self._save_config(
+                keys=[k.meta, k.turns, k.notes, *k.recall], args=[encode_config(config), self._ttl]
+            )
         if not saved:
             raise SessionNotStored(name)
 
@@ -454,9 +502,9 @@ class RedisStore:
         k = self.keys(name)
         pending = encode_notes(pending_notes)
         token: str | int = "" if fence is None else fence
-        args: list[str | int] = [expected_cursor, new_cursor, summary, pending, token]
+        args: list[str | int] = [expected_cursor, new_cursor, summary, pending, token, self._ttl]
         with self._errors("commit_compaction"):
-            status = await self._commit(keys=[k.meta, k.notes, k.turns], args=args)
+            status = await self._commit(keys=[k.meta, k.notes, k.turns, *k.recall], args=args)
         if status == -1:
             raise SessionNotStored(name)
         return bool(status > 0)
@@ -480,51 +528,60 @@ class RedisStore:
             raise SessionNotStored(name)
         return int(token) if token > 0 else None
 
+    async def renew_lease(self, name: str, holder: str, fence: int, ttl: float) -> bool:
+        if ttl <= 0:
+            raise ValueError("a lease needs a positive ttl")
+        k = self.keys(name)
+        with self._errors("renew_lease"):
+            renewed = await self._renew(
+                keys=[k.meta, k.lease], args=[holder, fence, max(1, round(ttl * 1000))]
+            )
+        return bool(renewed)
+
     async def release_lease(self, name: str, holder: str) -> None:
         with self._errors("release_lease"):
             await self._release(keys=[self.keys(name).lease], args=[holder])
 
+    async def touch(self, names: Sequence[str]) -> None:
+        if self.session_ttl is None:
+            return
+        with self._errors("touch"):
+            for name in names:  # one script a session: each touches one Cluster slot
+                k = self.keys(name)
+                await self._touch(keys=[k.meta, k.turns, k.notes, *k.recall], args=[self._ttl])
+
+    async def expire(self) -> list[str]:
+        return []  # Redis forgets an idle session's keys by itself
+
     async def delete(self, name: str) -> None:
         k = self.keys(name)
         with self._errors("delete"):
-            postings = list(await self._redis.smembers(k.rterms))
-            for first in range(0, len(postings), 512):
-                await self._redis.delete(*postings[first : first + 512])
-            await self._redis.delete(*k.all, k.rstate, k.rterms, k.rdf, k.rnotes, k.rvec)
+            await self._redis.delete(*k.all, *k.recall)
 
     # -- the recall index ------------------------------------------------------
 
-    def _term_key(self, k: SessionKeys, term: str) -> str:
-        return f"{k.rterms[: -len('rterms')]}rp:{term}"
-
     async def index_turns(self, name: str, start: int, docs: Sequence[IndexedDoc]) -> RecallStats:
         k = self.keys(name)
-        keys = [k.rstate, k.rterms, k.meta, k.turns, k.rdf]
-        slot: dict[str, int] = {}
-        args: list[str | int] = [start, len(docs)]
+        args: list[str | int] = [start, len(docs), MAX_TERM_DOCS]
         for doc in docs:
             args += [doc.length, len(doc.terms)]
             for term, tf in doc.terms:
-                if term not in slot:
-                    keys.append(self._term_key(k, term))
-                    slot[term] = len(keys)
-                args += [slot[term], tf]
+                args += [term, tf]
         with self._errors("index_turns"):
-            reply = await self._index(keys=keys, args=args)
+            reply = await self._index(keys=list(k.kept), args=[*args, self._ttl])
         if reply == -1:
             raise SessionNotStored(name)
         return _stats(reply)
 
     async def index_note(self, name: str, doc: IndexedDoc) -> RecallStats:
         k = self.keys(name)
-        keys = [k.rstate, k.rterms, k.meta, k.rnotes, k.rdf]
         p = doc.passage
         args: list[str | int] = [orjson.dumps([p.at, p.speaker, p.text]).decode(), doc.length, len(doc.terms)]
+        args.append(MAX_TERM_DOCS)
         for term, tf in doc.terms:
-            keys.append(self._term_key(k, term))
-            args += [len(keys), tf]
+            args += [term, tf]
         with self._errors("index_note"):
-            reply = await self._note(keys=keys, args=args)
+            reply = await self._note(keys=list(k.kept), args=[*args, self._ttl])
         if reply == -1:
             raise SessionNotStored(name)
         return _stats(reply)
@@ -533,11 +590,10 @@ class RedisStore:
         self, name: str, terms: Sequence[str], choose: ChooseTerms | None = None
     ) -> tuple[RecallStats, dict[str, int], dict[str, list[Posting]]]:
         k = self.keys(name)
+        rstate, rpost, rdf, _, _ = k.recall
         wanted = list(dict.fromkeys(terms))
         with self._errors("recall_postings"):
-            reply = await self._df(
-                keys=[k.rstate, k.meta, k.rdf], args=[self._term_key(k, t) for t in wanted]
-            )
+            reply = await self._df(keys=[k.meta, rstate, rdf], args=wanted)
         if reply == -1:
             raise SessionNotStored(name)
         stats = _stats(reply[0])
@@ -546,10 +602,10 @@ class RedisStore:
         out: dict[str, list[Posting]] = {}
         if read:
             with self._errors("recall_postings"):
-                raw = await self._postings(keys=[self._term_key(k, t) for t in read], args=[])
+                raw = await self._redis.hmget(rpost, read)
             for term, value in zip(read, raw, strict=True):
                 if value:
-                    out[term] = [_posting(item) for item in value.split()]
+                    out[term] = [_posting(item) for item in str(value).split()]
         return stats, df, out
 
     async def recall_passages(self, name: str, keys: Sequence[int]) -> dict[int, Passage]:
@@ -558,7 +614,7 @@ class RedisStore:
         if not wanted:
             return {}
         with self._errors("recall_passages"):
-            reply = await self._passages(keys=[k.turns, k.rnotes], args=wanted)
+            reply = await self._passages(keys=[k.turns, k.recall[3]], args=wanted)
         out: dict[int, Passage] = {}
         for key, raw in zip(wanted, reply, strict=True):
             if not raw:
@@ -574,13 +630,17 @@ class RedisStore:
     async def save_vectors(self, name: str, vectors: dict[int, bytes]) -> None:
         if not vectors:
             return
-        mapping = {str(key): base64.b64encode(vector).decode() for key, vector in vectors.items()}
+        args: list[str | int] = []
+        for key, vector in vectors.items():
+            args += [key, base64.b64encode(vector).decode()]
         with self._errors("save_vectors"):
-            await self._redis.hset(self.keys(name).rvec, mapping=cast(Any, mapping))
+            saved = await self._vectors(keys=list(self.keys(name).kept), args=[*args, self._ttl])
+        if saved == -1:
+            raise SessionNotStored(name)
 
     async def load_vectors(self, name: str) -> dict[int, bytes]:
         with self._errors("load_vectors"):
-            raw = await self._redis.hgetall(self.keys(name).rvec)
+            raw = await self._redis.hgetall(self.keys(name).recall[4])
         return {int(key): base64.b64decode(value) for key, value in raw.items()}
 
     async def aclose(self) -> None:
@@ -589,6 +649,11 @@ class RedisStore:
             await self._redis.aclose()
 
     # -- internals -------------------------------------------------------------
+
+    @property
+    def _ttl(self) -> str | int:
+        """The last argument of every write script: the keys' ttl in ms, or ``''`` for none."""
+        return "" if self.session_ttl is None else max(1, round(self.session_ttl * 1000))
 
     @contextlib.contextmanager
     def _errors(self, where: str) -> Iterator[None]:
