@@ -31,6 +31,11 @@ Every change is one Lua script, atomic on the server:
   never land a commit once someone else has been granted the lease.
 - ``release``: deletes the lease only if the caller still holds it.
 
+Group commit: turns and notes that arrive while a write is in flight are sent
+together as one pipeline (not a transaction: each script stands alone, so a
+turn at the wrong index fails alone); on a Cluster the client splits the
+pipeline by node. Each is acknowledged once Redis has answered it.
+
 Durability is the Redis server's: run it with ``appendonly yes`` and
 ``appendfsync always`` for "acknowledged means on disk" (``everysec`` may
 lose the last second if the Redis host dies).
@@ -63,6 +68,7 @@ from voice_context.store.common import (
     encode_notes,
     encode_turn,
 )
+from voice_context.store.group import GroupCommit, Pending
 
 PREFIX = "vc"
 CLUSTER_SUFFIX = "+cluster"
@@ -237,13 +243,12 @@ class RedisStore:
         )
         self._create = self._redis.register_script(_CREATE)
         self._load = self._redis.register_script(_LOAD)
-        self._append = self._redis.register_script(_APPEND)
-        self._save_notes = self._redis.register_script(_SAVE_NOTES)
         self._save_config = self._redis.register_script(_SAVE_CONFIG)
         self._commit = self._redis.register_script(_COMMIT)
         self._read = self._redis.register_script(_READ)
         self._acquire = self._redis.register_script(_ACQUIRE)
         self._release = self._redis.register_script(_RELEASE)
+        self.group: GroupCommit[_Write] = GroupCommit(self._write_group)
         self._closed = False
         self.operations = 0
         self.errors = 0
@@ -302,21 +307,12 @@ class RedisStore:
 
     async def append_turn(self, name: str, index: int, turn: Turn) -> None:
         k = self.keys(name)
-        with self._errors("append_turn"):
-            status, stored = await self._append(keys=[k.meta, k.turns], args=[index, encode_turn(turn)])
-        if status == -1:
-            raise SessionNotStored(name)
-        if status < 0:
-            raise TurnConflict(name, index, int(stored), differs=status == -2)
+        await self.group.submit(_Write(_APPEND, name, (k.meta, k.turns), (index, encode_turn(turn)), index))
 
     async def save_notes(self, name: str, live: Sequence[Note], pending: Sequence[Note]) -> None:
         k = self.keys(name)
-        with self._errors("save_notes"):
-            saved = await self._save_notes(
-                keys=[k.meta, k.notes], args=[encode_notes(live), encode_notes(pending)]
-            )
-        if not saved:
-            raise SessionNotStored(name)
+        args = (encode_notes(live), encode_notes(pending))
+        await self.group.submit(_Write(_SAVE_NOTES, name, (k.meta, k.notes), args, None))
 
     async def save_config(self, name: str, config: dict[str, Any]) -> None:
         k = self.keys(name)
@@ -381,6 +377,38 @@ class RedisStore:
 
     # -- internals -------------------------------------------------------------
 
+    async def _write_group(self, batch: list[Pending[_Write]]) -> None:
+        """One pipeline for the whole group (on a Cluster, one per node, split by the client).
+
+        Each write is its own script, so one that fails (a turn at the wrong
+        index, a session deleted meanwhile) fails alone. A connection that drops
+        makes the client send the pipeline again: every write in it is safe to
+        repeat (the identical turn at its index is taken as a retry).
+        """
+        with self._errors("append"):
+            self.operations += len(batch) - 1  # ``_errors`` counted one
+            pipe = self._redis.pipeline(transaction=False)
+            for item in batch:
+                op = item.op
+                pipe.eval(op.script, len(op.keys), *op.keys, *op.args)
+            replies = await pipe.execute(raise_on_error=False)
+        for item, reply in zip(batch, replies, strict=True):
+            op = item.op
+            if isinstance(reply, rex.RedisError):
+                self.errors += 1
+                item.error = translate(reply, "append")
+            elif isinstance(reply, BaseException):
+                item.error = StoreError(f"redis store append: {reply}", retryable=False)
+            elif op.index is None:
+                if not reply:
+                    item.error = SessionNotStored(op.name)
+            else:
+                status, stored = reply
+                if status == -1:
+                    item.error = SessionNotStored(op.name)
+                elif status < 0:
+                    item.error = TurnConflict(op.name, op.index, int(stored), differs=status == -2)
+
     @contextlib.contextmanager
     def _errors(self, where: str) -> Iterator[None]:
         if self._closed:
@@ -391,6 +419,17 @@ class RedisStore:
         except rex.RedisError as exc:
             self.errors += 1
             raise translate(exc, where) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """A turn (``index`` set) or the notes of a session, for the next group."""
+
+    script: str
+    name: str
+    keys: tuple[str, ...]
+    args: tuple[str | int, ...]
+    index: int | None
 
 
 def translate(exc: rex.RedisError, where: str) -> StoreError:

@@ -13,7 +13,16 @@ commit appends to the write-ahead log; with ``FULL`` every commit also
 ``fsync``\\s the log before returning, so a turn is on disk before the bot is
 told ``turn.appended``. (``NORMAL`` would survive ``kill -9`` of the server,
 since the OS keeps what was written, but could lose the last commits on a
-power cut or a kernel crash; one fsync per turn is cheap at speech rates.)
+power cut or a kernel crash.)
+
+Group commit: turns and notes (``append_turn``, ``save_notes``) that arrive
+while a write is in flight, from any session and any connection, are written
+together by the next worker call, in one transaction and one fsync (see
+:mod:`voice_context.store.group`); each is acknowledged only once that
+transaction has committed. Each write runs under its own savepoint, so a turn
+at the wrong index fails alone, not its group. ``VOICE_CONTEXT_TEST_COMMIT_PAUSE``
+(seconds, tests only) holds each group between its last statement and its
+``COMMIT``, so a test can kill the process there.
 
 Writes start with ``BEGIN IMMEDIATE``: the file's write lock is taken up
 front, so two writers never deadlock on a lock upgrade, and a writer waits up
@@ -39,11 +48,13 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
+import structlog
 
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, StoreError, TurnConflict
@@ -56,8 +67,15 @@ from voice_context.store.common import (
     make_turn,
     turn_fields,
 )
+from voice_context.store.group import GroupCommit, Pending
 
 T = TypeVar("T")
+
+log = structlog.get_logger("voice_context.store")
+
+PAUSE_ENV = "VOICE_CONTEXT_TEST_COMMIT_PAUSE"
+"""Seconds each group waits, its statements run, before its COMMIT: a window for durability
+tests to kill the process in. Never set outside tests."""
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT = 5.0
@@ -132,12 +150,18 @@ class SQLiteStore:
         self._conn: sqlite3.Connection | None = None
         self._limiter = anyio.CapacityLimiter(1)
         self._closed = False
+        self.group: GroupCommit[_Write] = GroupCommit(self._write_group)
+        #: a test's window between a group's last statement and its COMMIT (see ``PAUSE_ENV``)
+        self.pause_before_commit = float(os.environ.get(PAUSE_ENV) or 0)
         self.operations = 0
         self.errors = 0
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("open" if self._conn is not None else "not opened")
-        return f"<SQLiteStore {str(self.path)!r} {state} operations={self.operations} errors={self.errors}>"
+        return (
+            f"<SQLiteStore {str(self.path)!r} {state} operations={self.operations} errors={self.errors} "
+            f"groups={self.group.groups}>"
+        )
 
     # -- the Store protocol ----------------------------------------------------
 
@@ -183,50 +207,10 @@ class SQLiteStore:
         await self._run("create", op)
 
     async def append_turn(self, name: str, index: int, turn: Turn) -> None:
-        fields = turn_fields(turn)
-
-        def op(conn: sqlite3.Connection) -> None:
-            with _write(conn):
-                moved = conn.execute(
-                    "UPDATE sessions SET total_turns = total_turns + 1, updated_at = ?"
-                    " WHERE name = ? AND total_turns = ?",
-                    (self._clock(), name, index),
-                ).rowcount
-                if moved == 1:
-                    conn.execute(
-                        "INSERT INTO turns (session, idx, speaker, role, text, at, id)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (name, index, *fields),
-                    )
-                    return
-                stored = _total_turns(conn, name)
-                if stored < 0:
-                    raise SessionNotStored(name)
-                if 0 <= index < stored:
-                    row = conn.execute(
-                        "SELECT speaker, role, text, at, id FROM turns WHERE session = ? AND idx = ?",
-                        (name, index),
-                    ).fetchone()
-                    if row is not None and tuple(row) == fields:
-                        return  # a retry of a write that landed: nothing to do
-                    raise TurnConflict(name, index, stored, differs=True)
-                raise TurnConflict(name, index, stored)
-
-        await self._run("append_turn", op)
+        await self.group.submit(_AppendTurn(name, index, turn_fields(turn)))
 
     async def save_notes(self, name: str, live: Sequence[Note], pending: Sequence[Note]) -> None:
-        encoded = (encode_notes(live), encode_notes(pending))
-
-        def op(conn: sqlite3.Connection) -> None:
-            with _write(conn):
-                changed = conn.execute(
-                    "UPDATE sessions SET live_notes = ?, pending_notes = ?, updated_at = ? WHERE name = ?",
-                    (*encoded, self._clock(), name),
-                ).rowcount
-                if changed == 0:
-                    raise SessionNotStored(name)
-
-        await self._run("save_notes", op)
+        await self.group.submit(_SaveNotes(name, encode_notes(live), encode_notes(pending)))
 
     async def save_config(self, name: str, config: dict[str, Any]) -> None:
         encoded = encode_config(config)
@@ -347,6 +331,39 @@ class SQLiteStore:
 
     # -- internals -------------------------------------------------------------
 
+    async def _write_group(self, batch: list[Pending[_Write]]) -> None:
+        if self._closed:
+            raise StoreError("the sqlite store is closed", retryable=False)
+        await anyio.to_thread.run_sync(
+            self._call, "append", lambda conn: self._commit_group(conn, batch), limiter=self._limiter
+        )
+
+    def _commit_group(self, conn: sqlite3.Connection, batch: list[Pending[_Write]]) -> None:
+        """Runs in the worker thread: one transaction, one fsync, for the whole group.
+
+        Each write runs under its own savepoint, so one that fails (a turn at the
+        wrong index, a session deleted meanwhile) is undone alone and gets its own
+        error; an error of SQLite's own fails the group (the caller gives every
+        write of it that error).
+        """
+        self.operations += len(batch) - 1  # ``_call`` counted one
+        with _write(conn):
+            for item in batch:
+                conn.execute("SAVEPOINT one")
+                try:
+                    item.op.apply(conn, self._clock())
+                except (TurnConflict, SessionNotStored, sqlite3.IntegrityError) as exc:
+                    conn.execute("ROLLBACK TO one")
+                    item.error = translate(exc, "append") if isinstance(exc, sqlite3.Error) else exc
+                conn.execute("RELEASE one")
+            if self.pause_before_commit > 0:
+                log.warning(
+                    "voice_context_store_commit_paused",
+                    seconds=self.pause_before_commit,
+                    writes=[item.op.where for item in batch if item.error is None],
+                )
+                time.sleep(self.pause_before_commit)
+
     async def _run(self, where: str, op: Callable[[sqlite3.Connection], T]) -> T:
         if self._closed:
             raise StoreError("the sqlite store is closed", retryable=False)
@@ -408,6 +425,64 @@ def _read(conn: sqlite3.Connection) -> Iterator[None]:
         if conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("COMMIT")
+
+
+@dataclass(frozen=True, slots=True)
+class _AppendTurn:
+    name: str
+    index: int
+    fields: tuple[str, str, str, float, str | None]
+
+    @property
+    def where(self) -> list[object]:
+        return [self.name, self.index]
+
+    def apply(self, conn: sqlite3.Connection, now: float) -> None:
+        name, index, fields = self.name, self.index, self.fields
+        moved = conn.execute(
+            "UPDATE sessions SET total_turns = total_turns + 1, updated_at = ?"
+            " WHERE name = ? AND total_turns = ?",
+            (now, name, index),
+        ).rowcount
+        if moved == 1:
+            conn.execute(
+                "INSERT INTO turns (session, idx, speaker, role, text, at, id) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (name, index, *fields),
+            )
+            return
+        stored = _total_turns(conn, name)
+        if stored < 0:
+            raise SessionNotStored(name)
+        if 0 <= index < stored:
+            row = conn.execute(
+                "SELECT speaker, role, text, at, id FROM turns WHERE session = ? AND idx = ?", (name, index)
+            ).fetchone()
+            if row is not None and tuple(row) == fields:
+                return  # a retry of a write that landed: nothing to do
+            raise TurnConflict(name, index, stored, differs=True)
+        raise TurnConflict(name, index, stored)
+
+
+@dataclass(frozen=True, slots=True)
+class _SaveNotes:
+    name: str
+    live: str
+    pending: str
+
+    @property
+    def where(self) -> list[object]:
+        return [self.name, "notes"]
+
+    def apply(self, conn: sqlite3.Connection, now: float) -> None:
+        changed = conn.execute(
+            "UPDATE sessions SET live_notes = ?, pending_notes = ?, updated_at = ? WHERE name = ?",
+            (self.live, self.pending, now, self.name),
+        ).rowcount
+        if changed == 0:
+            raise SessionNotStored(self.name)
+
+
+_Write = _AppendTurn | _SaveNotes
 
 
 def _total_turns(conn: sqlite3.Connection, name: str) -> int:
