@@ -19,7 +19,7 @@ Group commit: turns and notes (``append_turn``, ``save_notes``) that arrive
 while a write is in flight, from any session and any connection, are written
 together by the next worker call, in one transaction and one fsync (see
 :mod:`voice_context.store.group`); each is acknowledged only once that
-transaction has committed. Each write runs under its own savepoint, so a turn
+transaction has committed. Each write is checked on its own first, so a turn
 at the wrong index fails alone, not its group. ``VOICE_CONTEXT_TEST_COMMIT_PAUSE``
 (seconds, tests only) holds each group between its last statement and its
 ``COMMIT``, so a test can kill the process there.
@@ -341,21 +341,50 @@ class SQLiteStore:
     def _commit_group(self, conn: sqlite3.Connection, batch: list[Pending[_Write]]) -> None:
         """Runs in the worker thread: one transaction, one fsync, for the whole group.
 
-        Each write runs under its own savepoint, so one that fails (a turn at the
-        wrong index, a session deleted meanwhile) is undone alone and gets its own
-        error; an error of SQLite's own fails the group (the caller gives every
+        The sessions' turn counts are read once; each write is checked against them
+        in order (a turn at the wrong index, or for a session deleted meanwhile,
+        gets its own error and writes nothing), then the turns that pass are
+        inserted and the counts and notes updated, a statement each for the whole
+        group. An error of SQLite's own fails the group (the caller gives every
         write of it that error).
         """
         self.operations += len(batch) - 1  # ``_call`` counted one
+        now = self._clock()
         with _write(conn):
+            totals = _turn_counts(conn, {item.op.name for item in batch})
+            inserts: list[tuple[object, ...]] = []
+            written: dict[tuple[str, int], tuple[str, str, str, float, str | None]] = {}
+            notes: list[tuple[str, str, float, str]] = []
             for item in batch:
-                conn.execute("SAVEPOINT one")
-                try:
-                    item.op.apply(conn, self._clock())
-                except (TurnConflict, SessionNotStored, sqlite3.IntegrityError) as exc:
-                    conn.execute("ROLLBACK TO one")
-                    item.error = translate(exc, "append") if isinstance(exc, sqlite3.Error) else exc
-                conn.execute("RELEASE one")
+                op = item.op
+                total = totals.get(op.name)
+                if total is None:
+                    item.error = SessionNotStored(op.name)
+                elif isinstance(op, _SaveNotes):
+                    notes.append((op.live, op.pending, now, op.name))
+                elif op.index == total:
+                    inserts.append((op.name, op.index, *op.fields))
+                    written[(op.name, op.index)] = op.fields
+                    totals[op.name] = total + 1
+                elif 0 <= op.index < total:
+                    stored = written.get((op.name, op.index)) or _stored_turn(conn, op.name, op.index)
+                    if stored != op.fields:
+                        item.error = TurnConflict(op.name, op.index, total, differs=True)
+                    # else: a retry of a write that landed, nothing to do
+                else:
+                    item.error = TurnConflict(op.name, op.index, total)
+            conn.executemany(
+                "INSERT INTO turns (session, idx, speaker, role, text, at, id) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                inserts,
+            )
+            moved = {name for name, _ in written}
+            conn.executemany(
+                "UPDATE sessions SET total_turns = ?, updated_at = ? WHERE name = ?",
+                [(totals[name], now, name) for name in moved],
+            )
+            conn.executemany(
+                "UPDATE sessions SET live_notes = ?, pending_notes = ?, updated_at = ? WHERE name = ?", notes
+            )
             if self.pause_before_commit > 0:
                 log.warning(
                     "voice_context_store_commit_paused",
@@ -437,31 +466,6 @@ class _AppendTurn:
     def where(self) -> list[object]:
         return [self.name, self.index]
 
-    def apply(self, conn: sqlite3.Connection, now: float) -> None:
-        name, index, fields = self.name, self.index, self.fields
-        moved = conn.execute(
-            "UPDATE sessions SET total_turns = total_turns + 1, updated_at = ?"
-            " WHERE name = ? AND total_turns = ?",
-            (now, name, index),
-        ).rowcount
-        if moved == 1:
-            conn.execute(
-                "INSERT INTO turns (session, idx, speaker, role, text, at, id) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (name, index, *fields),
-            )
-            return
-        stored = _total_turns(conn, name)
-        if stored < 0:
-            raise SessionNotStored(name)
-        if 0 <= index < stored:
-            row = conn.execute(
-                "SELECT speaker, role, text, at, id FROM turns WHERE session = ? AND idx = ?", (name, index)
-            ).fetchone()
-            if row is not None and tuple(row) == fields:
-                return  # a retry of a write that landed: nothing to do
-            raise TurnConflict(name, index, stored, differs=True)
-        raise TurnConflict(name, index, stored)
-
 
 @dataclass(frozen=True, slots=True)
 class _SaveNotes:
@@ -473,16 +477,29 @@ class _SaveNotes:
     def where(self) -> list[object]:
         return [self.name, "notes"]
 
-    def apply(self, conn: sqlite3.Connection, now: float) -> None:
-        changed = conn.execute(
-            "UPDATE sessions SET live_notes = ?, pending_notes = ?, updated_at = ? WHERE name = ?",
-            (self.live, self.pending, now, self.name),
-        ).rowcount
-        if changed == 0:
-            raise SessionNotStored(self.name)
-
 
 _Write = _AppendTurn | _SaveNotes
+
+
+def _turn_counts(conn: sqlite3.Connection, names: set[str]) -> dict[str, int]:
+    """The turn count of each of these sessions the store holds."""
+    out: dict[str, int] = {}
+    ordered = list(names)
+    for start in range(0, len(ordered), 500):  # SQLite limits the parameters of one statement
+        chunk = ordered[start : start + 500]
+        marks = ",".join("?" * len(chunk))
+        rows = conn.execute(f"SELECT name, total_turns FROM sessions WHERE name IN ({marks})", chunk)
+        out.update((name, int(total)) for name, total in rows)
+    return out
+
+
+def _stored_turn(
+    conn: sqlite3.Connection, name: str, index: int
+) -> tuple[str, str, str, float, str | None] | None:
+    row = conn.execute(
+        "SELECT speaker, role, text, at, id FROM turns WHERE session = ? AND idx = ?", (name, index)
+    ).fetchone()
+    return None if row is None else (row[0], row[1], row[2], row[3], row[4])
 
 
 def _total_turns(conn: sqlite3.Connection, name: str) -> int:
