@@ -22,7 +22,8 @@ turn waiting for its commit (see group commit in :mod:`voice_context.store`)
 holds up neither the other sessions' turns, which join its group, nor their
 contexts. A ``ping`` is answered once everything read before it is. A
 connection has at most ``REQUESTS_IN_PROGRESS`` requests (1 MiB of them) read
-and not yet answered. Compaction events for the sessions a
+and not yet answered, answered by at most ``WORKERS`` tasks that live as long as
+the connection (a task per request would cost more than many requests do). Compaction events for the sessions a
 connection opened go into the same outbox, never blocking the manager: when a
 connection's outbox is full, the event is dropped and counted.
 """
@@ -97,6 +98,8 @@ PATH = "/v1"
 OUTBOX_FRAMES = 256
 #: Requests of one connection read and not yet answered, at most (past it, reading waits).
 REQUESTS_IN_PROGRESS = 256
+#: Tasks answering one connection's requests, at most (each works on one session at a time).
+WORKERS = 64
 DUPLICATE_LOOKBACK = 32
 SHUTDOWN_GRACE = 5.0
 #: Past this many remembered rate limits, those of idle sessions whose buckets are full are forgotten.
@@ -241,6 +244,12 @@ class _Connection:
     working_chars: int = 0
     max_working: int = REQUESTS_IN_PROGRESS
     max_working_chars: int = 1 << 20
+    #: sessions with requests waiting and no worker on them; the workers, and those waiting for work
+    ready: deque[str] = field(default_factory=deque)
+    workers: int = 0
+    idle_workers: int = 0
+    wake: anyio.Event = field(default_factory=anyio.Event)
+    reading_done: bool = False
     idle: anyio.Event = field(default_factory=anyio.Event)
 
     def push(self, event: CompactionEvent) -> None:
@@ -546,25 +555,34 @@ class Server:
         up another session's context). The block ends only once every request read has
         been answered.
         """
+        close: tuple[int, str] | None = None
         async with anyio.create_task_group() as work:
-            while not self._stopping:
-                with anyio.CancelScope() as scope:
-                    conn.recv_scope = scope
-                    try:
-                        await conn.room_to_reply()
-                        await conn.room_to_work()
-                        frame = await conn.ws.recv()
-                    except ConnectionClosed:
-                        return None
-                    finally:
-                        conn.recv_scope = None
-                if scope.cancelled_caught:
-                    break
-                if not isinstance(frame, str):
-                    log.info("voice_context_binary_frame", size=len(frame))
-                    self.metrics.errors.labels(code="binary_frame").inc()
-                    return CloseCode.UNSUPPORTED_DATA, "binary frames are not accepted: send JSON text"
-                await self._route(conn, frame, work)
+            try:
+                close = await self._read_frames(conn, work)
+            finally:
+                conn.reading_done = True  # idle workers leave; busy ones finish their sessions first
+                conn.wake.set()
+        return close
+
+    async def _read_frames(self, conn: _Connection, work: TaskGroup) -> tuple[int, str] | None:
+        while not self._stopping:
+            with anyio.CancelScope() as scope:
+                conn.recv_scope = scope
+                try:
+                    await conn.room_to_reply()
+                    await conn.room_to_work()
+                    frame = await conn.ws.recv()
+                except ConnectionClosed:
+                    return None
+                finally:
+                    conn.recv_scope = None
+            if scope.cancelled_caught:
+                break
+            if not isinstance(frame, str):
+                log.info("voice_context_binary_frame", size=len(frame))
+                self.metrics.errors.labels(code="binary_frame").inc()
+                return CloseCode.UNSUPPORTED_DATA, "binary frames are not accepted: send JSON text"
+            await self._route(conn, frame, work)
         return CloseCode.GOING_AWAY, "server shutting down"
 
     async def _route(self, conn: _Connection, frame: str, work: TaskGroup) -> None:
@@ -589,22 +607,40 @@ class Server:
             queue.append((message, sent, len(frame)))
             return
         conn.queues[message.session] = deque([(message, sent, len(frame))])
-        work.start_soon(self._work_session, conn, message.session)
+        conn.ready.append(message.session)
+        conn.wake.set()
+        # idle workers may not have run since they were woken: one for each session ready
+        if (
+            conn.idle_workers < len(conn.ready) and conn.workers < WORKERS
+        ):  # workers live as long as the connection: no task per request
+            conn.workers += 1
+            work.start_soon(self._worker, conn)
 
-    async def _work_session(self, conn: _Connection, name: str) -> None:
-        """Answer one session's queued requests in order, until its queue is empty."""
-        queue = conn.queues[name]
-        try:
-            while queue:
-                message, sent, size = queue[0]
+    async def _worker(self, conn: _Connection) -> None:
+        """Take a session with requests waiting, answer them in order until none is left; repeat."""
+        while True:
+            while not conn.ready:
+                if conn.reading_done:
+                    return
+                conn.idle_workers += 1
                 try:
-                    await conn.room_to_reply()  # a client that does not read gets no more answers
-                    await self._dispatch(conn, message, sent)
+                    conn.wake = anyio.Event() if conn.wake.is_set() else conn.wake
+                    await conn.wake.wait()
                 finally:
-                    queue.popleft()
-                    conn.finished(size)
-        finally:
-            del conn.queues[name]
+                    conn.idle_workers -= 1
+            name = conn.ready.popleft()
+            queue = conn.queues[name]
+            try:
+                while queue:
+                    message, sent, size = queue[0]
+                    try:
+                        await conn.room_to_reply()  # a client that does not read gets no more answers
+                        await self._dispatch(conn, message, sent)
+                    finally:
+                        queue.popleft()
+                        conn.finished(size)
+            finally:
+                del conn.queues[name]
 
     async def _dispatch(self, conn: _Connection, message: ClientMessage, sent: dict[str, Any]) -> None:
         session = message.session
