@@ -23,9 +23,10 @@ holds up neither the other sessions' turns, which join its group, nor their
 contexts. A ``ping`` is answered once everything read before it is. A
 connection has at most ``REQUESTS_IN_PROGRESS`` requests (1 MiB of them) read
 and not yet answered, answered by at most ``WORKERS`` tasks that live as long as
-the connection (a task per request would cost more than many requests do). Compaction events for the sessions a
-connection opened go into the same outbox, never blocking the manager: when a
-connection's outbox is full, the event is dropped and counted.
+the connection (a task per request would cost more than many requests do).
+Compaction events for the sessions a connection opened go into the same outbox,
+never blocking the manager: when a connection's outbox is full, the event is
+dropped and counted.
 """
 
 from __future__ import annotations

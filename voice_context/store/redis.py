@@ -77,6 +77,7 @@ BACKOFF_BASE = 0.05
 BACKOFF_CAP = 1.0
 SOCKET_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 2.0
+MAX_CONNECTIONS = 64
 
 # Error replies that say "not now" rather than "never".
 _TRANSIENT_REPLIES = (
@@ -204,6 +205,8 @@ class RedisStore:
     ``backoff_cap`` seconds) the client reconnects and retries a command that
     met a dropped connection or a timeout; after that the request fails with
     a retryable ``StoreError``, and the next request tries again from scratch.
+    At most ``max_connections`` connections are open to one Redis; a request
+    that finds them all busy waits for one (up to ``socket_timeout``).
     """
 
     def __init__(
@@ -217,6 +220,7 @@ class RedisStore:
         backoff_cap: float = BACKOFF_CAP,
         socket_timeout: float = SOCKET_TIMEOUT,
         connect_timeout: float = CONNECT_TIMEOUT,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         if not prefix or any(c in prefix for c in "{}"):
             raise ValueError(f"a key prefix must be non-empty and hold no braces, got {prefix!r}")
@@ -238,9 +242,15 @@ class RedisStore:
             "retry": Retry(ExponentialBackoff(cap=backoff_cap, base=backoff_base), retries),
             "retry_on_error": [rex.ConnectionError, rex.TimeoutError],
         }
-        self._redis: aioredis.Redis | AsyncRedisCluster = (
-            AsyncRedisCluster.from_url(url, **options) if cluster else aioredis.Redis.from_url(url, **options)
-        )
+        self._redis: aioredis.Redis | AsyncRedisCluster
+        if cluster:
+            self._redis = AsyncRedisCluster.from_url(url, **options)
+        else:
+            # many requests at once wait for one of the pool's connections rather than fail
+            pool = aioredis.BlockingConnectionPool.from_url(
+                url, max_connections=max_connections, timeout=socket_timeout, **options
+            )
+            self._redis = aioredis.Redis(connection_pool=pool)
         self._create = self._redis.register_script(_CREATE)
         self._load = self._redis.register_script(_LOAD)
         self._save_config = self._redis.register_script(_SAVE_CONFIG)
