@@ -250,7 +250,7 @@ class RedisStore:
             pool = aioredis.BlockingConnectionPool.from_url(
                 url, max_connections=max_connections, timeout=socket_timeout, **options
             )
-            self._redis = aioredis.Redis(connection_pool=pool)
+            self._redis = aioredis.Redis.from_pool(pool)  # owns the pool: closed with it
         self._create = self._redis.register_script(_CREATE)
         self._load = self._redis.register_script(_LOAD)
         self._save_config = self._redis.register_script(_SAVE_CONFIG)
