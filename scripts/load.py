@@ -573,8 +573,9 @@ def lag_verdict(sample: Sample) -> tuple[int, float, float, bool]:
     first = statistics.fmean(sample.lag_first) if sample.lag_first else 0.0
     last = statistics.fmean(sample.lag_last) if sample.lag_last else 0.0
     worst = max([*sample.lag_first, *sample.lag_last], default=0)
-    # a fold takes 10 turns at a time: lag between 0 and a batch or two is the rule working
-    grows = last > first + 1.0 and worst > 2 * BATCH_SIZE
+    # a fold takes 10 turns at a time, so one session's lag saws between 0 and a batch or two; the
+    # mean over every session moves by a turn or so from noise alone. Growing is more than that.
+    grows = last > first + 2.0
     return worst, first, last, grows
 
 
@@ -614,7 +615,7 @@ async def ramp(args: argparse.Namespace) -> None:
             f" {'KB/sess':>8} {'errors':>6}"
         )
         print(header)
-        capacity = 0
+        capacity = within_budget = 0
         for n in [n for n in args.steps if n > 0]:
             trivial_talkers = await h.grow("trivial", n)
             triv, _ = await h.paced(trivial_talkers, args.step_seconds, "trivial")
@@ -627,6 +628,8 @@ async def ramp(args: argparse.Namespace) -> None:
             ok = ratio <= args.p99_ratio and not grows and sample.errors == 0
             if ok:
                 capacity = n
+            if pct(sample.replies, 0.99) * 1e3 <= args.p99_budget_ms and not grows and sample.errors == 0:
+                within_budget = n
             per_session = (max(rss, rss_before) - h.baseline_rss) / n / 1024
             print(
                 f"{n:>6} {sample.turns / usage['wall']:>8.1f} {pct(sample.replies, 0.5) * 1e3:>6.2f}ms"
@@ -657,6 +660,7 @@ async def ramp(args: argparse.Namespace) -> None:
             f"\n   capacity: {capacity:,} paced sessions (reply p99 within {args.p99_ratio}x of the"
             " trivial server's, no growing fold lag, no errors)"
         )
+        print(f"   within a {args.p99_budget_ms:g} ms reply p99: {within_budget:,} paced sessions")
     finally:
         for links in h.links.values():
             for link in links:
@@ -768,6 +772,7 @@ def main() -> None:
     parser.add_argument("--burst-sessions", type=int, default=1000, help="0 skips the burst")
     parser.add_argument("--burst-turns", type=int, default=60)
     parser.add_argument("--p99-ratio", type=float, default=1.5)
+    parser.add_argument("--p99-budget-ms", type=float, default=100.0, help="capacity within this p99")
     parser.add_argument(
         "--stop-at-capacity", action="store_true", help="stop the ramp at the first step past it"
     )
