@@ -9,6 +9,7 @@ moment later, and a second process has to serve it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -28,7 +29,7 @@ from voice_context.client import Client, SessionHandle
 from voice_context.core.turns import Turn
 from voice_context.store.base import Store
 from voice_context.store.redis import RedisStore
-from voice_context.store.sqlite import SQLiteStore
+from voice_context.store.sqlite import PAUSE_ENV, SQLiteStore
 from voice_context.testing.openai_server import OpenAIServer, Reply, Stall
 from voice_context.testing.redis_server import RedisServer
 
@@ -270,3 +271,66 @@ async def test_a_server_killed_during_a_compaction_folds_again_within_seconds_of
         assert ctx["summary"] == "Alice and Bob agreed to meet on day 1."
         assert waited < 5.0, waited
         assert second.stop() == 0
+
+
+@pytest.mark.asyncio
+async def test_kill_9_between_a_groups_write_and_its_commit_loses_only_turns_never_acknowledged(
+    tmp_path: Path, servers: list[Serve]
+) -> None:
+    data, log = tmp_path / "data", tmp_path / "serve.log"
+    first = Serve("sqlite", data, log)
+    first.env = {PAUSE_ENV: "2"}  # every group waits 2 s between its last statement and its COMMIT
+    servers.append(first)
+    url = await first.start()
+    acked: list[tuple[str, int]] = []
+    names = [f"room-{k}" for k in range(5)]
+
+    rooms: dict[str, SessionHandle] = {}
+
+    async def speaker(name: str, i: int) -> None:
+        room = rooms[name]
+        t = spoken(i)
+        acked.append((name, await room.append_turn(t.speaker, t.role, t.text, at=t.at, id=t.id)))
+
+    def paused_groups() -> list[list[tuple[str, int]]]:
+        lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+        return [
+            [(name, index) for name, index in entry["writes"]]
+            for entry in lines
+            if entry.get("event") == "voice_context_store_commit_paused"
+        ]
+
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(bot(url)) for _ in names]
+        for client, name in zip(clients, names, strict=True):
+            rooms[name] = await client.open(name)
+        await speaker(names[0], 0)  # a group of one, committed and acknowledged
+        assert acked == [("room-0", 0)]
+
+        async with anyio.create_task_group() as tg:
+            for k, name in enumerate(names):
+                tg.start_soon(speaker, name, 1 if k == 0 else 0)
+            # the first to arrive is written alone; the other four wait, then form one group
+            with anyio.fail_after(TIMEOUT):
+                while not any(len(group) == 4 for group in paused_groups()):  # noqa: ASYNC110 - a log file
+                    await anyio.sleep(0.02)
+            first.kill()  # the group is written, not committed
+            tg.cancel_scope.cancel()
+
+    held = next(group for group in paused_groups() if len(group) == 4)
+    assert not set(held) & set(acked), "no turn of the group that never committed was acknowledged"
+    assert len(acked) == 2, "the turn committed alone before it was acknowledged"
+
+    second = Serve("sqlite", data, log)
+    servers.append(second)
+    await second.start()
+    store = SQLiteStore(data / "voice-context.db")
+    try:
+        stored = {name: await store.read_turns(name, 0, 10) for name in names}
+    finally:
+        await store.aclose()
+    assert second.stop() == 0
+    for name, index in acked:
+        assert stored[name][index] == spoken(index), "every acknowledged turn is on disk"
+    for name, index in held:
+        assert len(stored[name]) <= index, f"{name} turn {index} was never committed"

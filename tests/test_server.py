@@ -477,3 +477,27 @@ def test_owners_are_digests_of_tokens() -> None:
     owner = owner_of("secret-token")
     assert owner is not None and "secret-token" not in owner
     assert owner == owner_of("secret-token") != owner_of("other-token")
+
+
+@pytest.mark.asyncio
+async def test_a_turn_waiting_for_its_commit_holds_up_its_own_session_not_another() -> None:
+    store = GatedStore()
+    async with running(store=store) as server, wire(server) as bot:
+        await bot.open("room-a")
+        await bot.open("room-b")
+        store.close_gate()
+        await bot.send({"type": "turn.append", "id": "a0", "session": "room-a", "turn": turn_body(0)})
+        await bot.send({"type": "context.get", "id": "a-ctx", "session": "room-a"})
+        await bot.send({"type": "context.get", "id": "b-ctx", "session": "room-b"})
+        with anyio.fail_after(TIMEOUT):
+            await store.entered.wait()
+
+        first = await bot.reply()
+        assert first["id"] == "b-ctx", "room-b's context overtakes room-a's turn, still being stored"
+
+        await bot.send({"type": "ping", "id": "barrier"})
+        store.gate.set()
+        replies = [await bot.reply() for _ in range(3)]
+        assert [r["id"] for r in replies] == ["a0", "a-ctx", "barrier"], "a session's replies keep its order"
+        assert replies[0]["index"] == 0
+        assert replies[1]["messages"][-1]["content"].endswith("turn 0"), "the context sees the turn before it"

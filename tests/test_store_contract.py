@@ -28,6 +28,7 @@ from voice_context.errors import ConfigError, SessionNotStored, StoreError
 from voice_context.recall.index import indexed, note_passage, turn_passage
 from voice_context.store import MemoryStore, SessionRecord, Store, open_store
 from voice_context.store.common import TurnConflict
+from voice_context.store.group import GroupCommit
 from voice_context.store.redis import RedisStore
 from voice_context.store.sqlite import SCHEMA_VERSION, SQLiteStore
 from voice_context.testing.redis_server import RedisClusterServers, RedisServer
@@ -530,6 +531,79 @@ async def test_a_commit_past_the_stored_turns_is_refused(durable: Backend) -> No
     )
     with pytest.raises(ValueError):
         await store.commit_compaction("room-1", expected_cursor=2, new_cursor=1, summary="", pending_notes=())
+
+
+# -- group commit ------------------------------------------------------------------------
+
+
+def group_of(store: Store) -> GroupCommit[Any]:
+    group = getattr(store, "group", None)
+    assert isinstance(group, GroupCommit)
+    return group
+
+
+@pytest.mark.asyncio
+async def test_appends_that_arrive_together_share_one_write_and_each_is_stored(durable: Backend) -> None:
+    store = durable.open()
+    names = [f"room-{k}" for k in range(40)]
+    for name in names:
+        await store.create(SessionRecord(name))
+    group = group_of(store)
+    before = group.groups
+
+    async with anyio.create_task_group() as tg:
+        for k, name in enumerate(names):
+            tg.start_soon(store.append_turn, name, 0, turn(k))
+            tg.start_soon(store.save_notes, name, [note(k)], [])
+
+    assert group.groups - before <= 3, "80 writes from 40 sessions: the first alone, the rest together"
+    assert group.largest >= 40
+    for k, name in enumerate(names):
+        record = await store.load(name)
+        assert record is not None
+        assert (record.turns, record.live_notes) == ((turn(k),), (note(k),))
+
+
+@pytest.mark.asyncio
+async def test_a_bad_turn_in_a_group_fails_alone(durable: Backend) -> None:
+    store = durable.open()
+    await a_session_with_turns(store, "room-1", 2)
+    await store.create(SessionRecord("room-2"))
+    outcomes: dict[str, BaseException | None] = {}
+
+    async def attempt(label: str, name: str, index: int, t: Turn) -> None:
+        try:
+            await store.append_turn(name, index, t)
+            outcomes[label] = None
+        except StoreError as exc:
+            outcomes[label] = exc
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(attempt, "first", "room-2", 0, turn(0))  # written alone, while the rest queue
+        tg.start_soon(attempt, "gap", "room-1", 5, turn(5))
+        tg.start_soon(attempt, "good", "room-1", 2, turn(2))
+        tg.start_soon(attempt, "taken", "room-1", 0, turn(9, "Mallory"))
+        tg.start_soon(attempt, "ghost", "ghost", 0, turn(0))
+        tg.start_soon(attempt, "next", "room-2", 1, turn(1))
+
+    assert isinstance(outcomes["gap"], TurnConflict)
+    assert isinstance(outcomes["taken"], TurnConflict)
+    assert isinstance(outcomes["ghost"], SessionNotStored)
+    assert (outcomes["first"], outcomes["good"], outcomes["next"]) == (None, None, None)
+    assert await store.read_turns("room-1", 0, 10) == [turn(0), turn(1), turn(2)]
+    assert await store.read_turns("room-2", 0, 10) == [turn(0), turn(1)]
+
+
+@pytest.mark.asyncio
+async def test_turns_of_one_session_in_one_group_keep_their_order(durable: Backend) -> None:
+    store = durable.open()
+    await store.create(SessionRecord("room-1"))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(12):
+            tg.start_soon(store.append_turn, "room-1", i, turn(i))
+
+    assert await store.read_turns("room-1", 0, 20) == [turn(i) for i in range(12)]
 
 
 # -- SQLite specifics ---------------------------------------------------------------------

@@ -16,10 +16,17 @@ progress finish and its reply go out, close every connection with 1001, then
 let the session manager land (or give up on) the compactions in flight, and
 close the store if the server opened it.
 
-Each connection reads one frame at a time and answers it before reading the
-next, so replies come in request order. Compaction events for the sessions a
-connection opened go into the same outbox, never blocking the manager: when a
-connection's outbox is full, the event is dropped and counted.
+A connection's requests for one session are answered one at a time, in the
+order they arrived; requests for different sessions run side by side, so a
+turn waiting for its commit (see group commit in :mod:`voice_context.store`)
+holds up neither the other sessions' turns, which join its group, nor their
+contexts. A ``ping`` is answered once everything read before it is. A
+connection has at most ``REQUESTS_IN_PROGRESS`` requests (1 MiB of them) read
+and not yet answered, answered by at most ``WORKERS`` tasks that live as long as
+the connection (a task per request would cost more than many requests do).
+Compaction events for the sessions a connection opened go into the same outbox,
+never blocking the manager: when a connection's outbox is full, the event is
+dropped and counted.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import math
 import socket
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -91,6 +99,10 @@ log = structlog.get_logger("voice_context.server")
 
 PATH = "/v1"
 OUTBOX_FRAMES = 256
+#: Requests of one connection read and not yet answered, at most (past it, reading waits).
+REQUESTS_IN_PROGRESS = 256
+#: Tasks answering one connection's requests, at most (each works on one session at a time).
+WORKERS = 64
 DUPLICATE_LOOKBACK = 32
 SHUTDOWN_GRACE = 5.0
 #: Past this many remembered rate limits, those of idle sessions whose buckets are full are forgotten.
@@ -241,6 +253,20 @@ class _Connection:
     queued: int = 0
     max_queued: int = 1 << 20
     drained: anyio.Event = field(default_factory=anyio.Event)
+    #: each session's requests read and not yet answered, in order (the first is being answered)
+    queues: dict[str, deque[tuple[ClientMessage, dict[str, Any], int]]] = field(default_factory=dict)
+    #: requests read and not yet answered (and their characters); past either limit, reading waits
+    working: int = 0
+    working_chars: int = 0
+    max_working: int = REQUESTS_IN_PROGRESS
+    max_working_chars: int = 1 << 20
+    #: sessions with requests waiting and no worker on them; the workers, and those waiting for work
+    ready: deque[str] = field(default_factory=deque)
+    workers: int = 0
+    idle_workers: int = 0
+    wake: anyio.Event = field(default_factory=anyio.Event)
+    reading_done: bool = False
+    idle: anyio.Event = field(default_factory=anyio.Event)
 
     def push(self, event: CompactionEvent) -> None:
         """A manager listener: queue the event, never wait."""
@@ -275,6 +301,22 @@ class _Connection:
         while self.queued >= self.max_queued:
             self.drained = anyio.Event()
             await self.drained.wait()
+
+    def finished(self, chars: int) -> None:
+        self.working -= 1
+        self.working_chars -= chars
+        self.idle.set()
+
+    async def all_answered(self) -> None:
+        while self.working:
+            self.idle = anyio.Event()
+            await self.idle.wait()
+
+    async def room_to_work(self) -> None:
+        """Wait until this connection's requests in progress are under both limits."""
+        while self.working >= self.max_working or self.working_chars >= self.max_working_chars:
+            self.idle = anyio.Event()
+            await self.idle.wait()
 
     def stop_reading(self) -> None:
         if self.recv_scope is not None:
@@ -576,12 +618,29 @@ class Server:
                 conn.sent(frame)
 
     async def _read_loop(self, conn: _Connection) -> tuple[int, str] | None:
-        """Answer frames one at a time; returns the close code to send, if any."""
+        """Read frames and hand each to its session's queue; returns the close code to send, if any.
+
+        A session's requests run one at a time, in the order they arrived; those of
+        different sessions run side by side (a turn waiting for its commit does not hold
+        up another session's context). The block ends only once every request read has
+        been answered.
+        """
+        close: tuple[int, str] | None = None
+        async with anyio.create_task_group() as work:
+            try:
+                close = await self._read_frames(conn, work)
+            finally:
+                conn.reading_done = True  # idle workers leave; busy ones finish their sessions first
+                conn.wake.set()
+        return close
+
+    async def _read_frames(self, conn: _Connection, work: TaskGroup) -> tuple[int, str] | None:
         while not self._stopping:
             with anyio.CancelScope() as scope:
                 conn.recv_scope = scope
                 try:
                     await conn.room_to_reply()
+                    await conn.room_to_work()
                     frame = await conn.ws.recv()
                 except ConnectionClosed:
                     return None
@@ -593,10 +652,11 @@ class Server:
                 log.info("voice_context_binary_frame", size=len(frame))
                 self.metrics.errors.labels(code="binary_frame").inc()
                 return CloseCode.UNSUPPORTED_DATA, "binary frames are not accepted: send JSON text"
-            await self._dispatch(conn, frame)
+            await self._route(conn, frame, work)
         return CloseCode.GOING_AWAY, "server shutting down"
 
-    async def _dispatch(self, conn: _Connection, frame: str) -> None:
+    async def _route(self, conn: _Connection, frame: str, work: TaskGroup) -> None:
+        """Parse a frame and queue it behind the requests of its session on this connection."""
         try:
             message, sent = codec.parse(frame, max_text_chars=self.settings.server.max_text_chars)
         except DecodeError as exc:
@@ -606,6 +666,53 @@ class Server:
             log.exception("voice_context_request_failed", type=None)
             await self._error(conn, INTERNAL, "internal error", retryable=False)
             return
+        if message.session is None:  # ping: a barrier, answered once all read before it are
+            await conn.all_answered()
+            await self._dispatch(conn, message, sent)
+            return
+        queue = conn.queues.get(message.session)
+        conn.working += 1
+        conn.working_chars += len(frame)
+        if queue is not None:
+            queue.append((message, sent, len(frame)))
+            return
+        conn.queues[message.session] = deque([(message, sent, len(frame))])
+        conn.ready.append(message.session)
+        conn.wake.set()
+        # idle workers may not have run since they were woken: one for each session ready
+        if (
+            conn.idle_workers < len(conn.ready) and conn.workers < WORKERS
+        ):  # workers live as long as the connection: no task per request
+            conn.workers += 1
+            work.start_soon(self._worker, conn)
+
+    async def _worker(self, conn: _Connection) -> None:
+        """Take a session with requests waiting, answer them in order until none is left; repeat."""
+        while True:
+            while not conn.ready:
+                if conn.reading_done:
+                    return
+                conn.idle_workers += 1
+                try:
+                    conn.wake = anyio.Event() if conn.wake.is_set() else conn.wake
+                    await conn.wake.wait()
+                finally:
+                    conn.idle_workers -= 1
+            name = conn.ready.popleft()
+            queue = conn.queues[name]
+            try:
+                while queue:
+                    message, sent, size = queue[0]
+                    try:
+                        await conn.room_to_reply()  # a client that does not read gets no more answers
+                        await self._dispatch(conn, message, sent)
+                    finally:
+                        queue.popleft()
+                        conn.finished(size)
+            finally:
+                del conn.queues[name]
+
+    async def _dispatch(self, conn: _Connection, message: ClientMessage, sent: dict[str, Any]) -> None:
         session = message.session
         with structlog.contextvars.bound_contextvars(session=session):
             try:

@@ -50,6 +50,11 @@ server runs for the sessions it serves) sets the session's keys to expire
 for that long; ``expire`` has nothing to do. ``create`` clears whatever a forgotten
 session of the same name left. Without it, keys never expire.
 
+Group commit: turns and notes that arrive while a write is in flight are sent
+together as one pipeline (not a transaction: each script stands alone, so a
+turn at the wrong index fails alone); on a Cluster the client splits the
+pipeline by node. Each is acknowledged once Redis has answered it.
+
 Durability is the Redis server's: run it with ``appendonly yes`` and
 ``appendfsync always`` for "acknowledged means on disk" (``everysec`` may
 lose the last second if the Redis host dies).
@@ -84,6 +89,7 @@ from voice_context.store.common import (
     encode_notes,
     encode_turn,
 )
+from voice_context.store.group import GroupCommit, Pending
 
 PREFIX = "vc"
 CLUSTER_SUFFIX = "+cluster"
@@ -92,6 +98,7 @@ BACKOFF_BASE = 0.05
 BACKOFF_CAP = 1.0
 SOCKET_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 2.0
+MAX_CONNECTIONS = 64
 
 # Error replies that say "not now" rather than "never".
 _TRANSIENT_REPLIES = (
@@ -301,6 +308,10 @@ return 0
 """
 
 
+_APPEND_KEPT = _kept(_APPEND)
+_SAVE_NOTES_KEPT = _kept(_SAVE_NOTES)
+
+
 def session_tag(name: str) -> str:
     """The hash tag for a session: its name, percent-encoded so it holds no braces."""
     return quote(name, safe="") or "%"
@@ -341,6 +352,8 @@ class RedisStore:
     ``backoff_cap`` seconds) the client reconnects and retries a command that
     met a dropped connection or a timeout; after that the request fails with
     a retryable ``StoreError``, and the next request tries again from scratch.
+    At most ``max_connections`` connections are open to one Redis; a request
+    that finds them all busy waits for one (up to ``socket_timeout``).
     """
 
     def __init__(
@@ -355,6 +368,7 @@ class RedisStore:
         socket_timeout: float = SOCKET_TIMEOUT,
         connect_timeout: float = CONNECT_TIMEOUT,
         session_ttl: float | None = None,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         if session_ttl is not None and session_ttl <= 0:
             raise ValueError("session_ttl must be positive (or None: kept until deleted)")
@@ -379,13 +393,17 @@ class RedisStore:
             "retry": Retry(ExponentialBackoff(cap=backoff_cap, base=backoff_base), retries),
             "retry_on_error": [rex.ConnectionError, rex.TimeoutError],
         }
-        self._redis: aioredis.Redis | AsyncRedisCluster = (
-            AsyncRedisCluster.from_url(url, **options) if cluster else aioredis.Redis.from_url(url, **options)
-        )
+        self._redis: aioredis.Redis | AsyncRedisCluster
+        if cluster:
+            self._redis = AsyncRedisCluster.from_url(url, **options)
+        else:
+            # many requests at once wait for one of the pool's connections rather than fail
+            pool = aioredis.BlockingConnectionPool.from_url(
+                url, max_connections=max_connections, timeout=socket_timeout, **options
+            )
+            self._redis = aioredis.Redis.from_pool(pool)  # owns the pool: closed with it
         self._create = self._redis.register_script(_kept(_CREATE))
         self._load = self._redis.register_script(_LOAD)
-        self._append = self._redis.register_script(_kept(_APPEND))
-        self._save_notes = self._redis.register_script(_kept(_SAVE_NOTES))
         self._save_config = self._redis.register_script(_kept(_SAVE_CONFIG))
         self._commit = self._redis.register_script(_kept(_COMMIT))
         self._touch = self._redis.register_script(_kept(_TOUCH))
@@ -398,6 +416,7 @@ class RedisStore:
         self._vectors = self._redis.register_script(_kept(_VECTORS))
         self._df = self._redis.register_script(_DF)
         self._passages = self._redis.register_script(_PASSAGES)
+        self.group: GroupCommit[_Write] = GroupCommit(self._write_group)
         self._closed = False
         self.operations = 0
         self.errors = 0
@@ -459,24 +478,15 @@ class RedisStore:
 
     async def append_turn(self, name: str, index: int, turn: Turn) -> None:
         k = self.keys(name)
-        with self._errors("append_turn"):
-            status, stored = await self._append(
-                keys=[k.meta, k.turns, k.notes, *k.recall], args=[index, encode_turn(turn), self._ttl]
-            )
-        if status == -1:
-            raise SessionNotStored(name)
-        if status < 0:
-            raise TurnConflict(name, index, int(stored), differs=status == -2)
+        keys = (k.meta, k.turns, k.notes, *k.recall)
+        args = (index, encode_turn(turn), self._ttl)
+        await self.group.submit(_Write(_APPEND_KEPT, name, keys, args, index))
 
     async def save_notes(self, name: str, live: Sequence[Note], pending: Sequence[Note]) -> None:
         k = self.keys(name)
-        with self._errors("save_notes"):
-            saved = await self._save_notes(
-                keys=[k.meta, k.notes, k.turns, *k.recall],
-                args=[encode_notes(live), encode_notes(pending), self._ttl],
-            )
-        if not saved:
-            raise SessionNotStored(name)
+        keys = (k.meta, k.notes, k.turns, *k.recall)
+        args = (encode_notes(live), encode_notes(pending), self._ttl)
+        await self.group.submit(_Write(_SAVE_NOTES_KEPT, name, keys, args, None))
 
     async def save_config(self, name: str, config: dict[str, Any]) -> None:
         k = self.keys(name)
@@ -655,6 +665,38 @@ class RedisStore:
         """The last argument of every write script: the keys' ttl in ms, or ``''`` for none."""
         return "" if self.session_ttl is None else max(1, round(self.session_ttl * 1000))
 
+    async def _write_group(self, batch: list[Pending[_Write]]) -> None:
+        """One pipeline for the whole group (on a Cluster, one per node, split by the client).
+
+        Each write is its own script, so one that fails (a turn at the wrong
+        index, a session deleted meanwhile) fails alone. A connection that drops
+        makes the client send the pipeline again: every write in it is safe to
+        repeat (the identical turn at its index is taken as a retry).
+        """
+        with self._errors("append"):
+            self.operations += len(batch) - 1  # ``_errors`` counted one
+            pipe = self._redis.pipeline(transaction=False)
+            for item in batch:
+                op = item.op
+                pipe.eval(op.script, len(op.keys), *op.keys, *op.args)
+            replies = await pipe.execute(raise_on_error=False)
+        for item, reply in zip(batch, replies, strict=True):
+            op = item.op
+            if isinstance(reply, rex.RedisError):
+                self.errors += 1
+                item.error = translate(reply, "append")
+            elif isinstance(reply, BaseException):
+                item.error = StoreError(f"redis store append: {reply}", retryable=False)
+            elif op.index is None:
+                if not reply:
+                    item.error = SessionNotStored(op.name)
+            else:
+                status, stored = reply
+                if status == -1:
+                    item.error = SessionNotStored(op.name)
+                elif status < 0:
+                    item.error = TurnConflict(op.name, op.index, int(stored), differs=status == -2)
+
     @contextlib.contextmanager
     def _errors(self, where: str) -> Iterator[None]:
         if self._closed:
@@ -665,6 +707,17 @@ class RedisStore:
         except rex.RedisError as exc:
             self.errors += 1
             raise translate(exc, where) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """A turn (``index`` set) or the notes of a session, for the next group."""
+
+    script: str
+    name: str
+    keys: tuple[str, ...]
+    args: tuple[str | int, ...]
+    index: int | None
 
 
 def translate(exc: rex.RedisError, where: str) -> StoreError:

@@ -13,7 +13,16 @@ commit appends to the write-ahead log; with ``FULL`` every commit also
 ``fsync``\\s the log before returning, so a turn is on disk before the bot is
 told ``turn.appended``. (``NORMAL`` would survive ``kill -9`` of the server,
 since the OS keeps what was written, but could lose the last commits on a
-power cut or a kernel crash; one fsync per turn is cheap at speech rates.)
+power cut or a kernel crash.)
+
+Group commit: turns and notes (``append_turn``, ``save_notes``) that arrive
+while a write is in flight, from any session and any connection, are written
+together by the next worker call, in one transaction and one fsync (see
+:mod:`voice_context.store.group`); each is acknowledged only once that
+transaction has committed. Each write is checked on its own first, so a turn
+at the wrong index fails alone, not its group. ``VOICE_CONTEXT_TEST_COMMIT_PAUSE``
+(seconds, tests only) holds each group between its last statement and its
+``COMMIT``, so a test can kill the process there.
 
 Writes start with ``BEGIN IMMEDIATE``: the file's write lock is taken up
 front, so two writers never deadlock on a lock upgrade, and a writer waits up
@@ -44,11 +53,13 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
+import structlog
 
 from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStats
 from voice_context.core.turns import Note, Turn
@@ -62,8 +73,15 @@ from voice_context.store.common import (
     make_turn,
     turn_fields,
 )
+from voice_context.store.group import GroupCommit, Pending
 
 T = TypeVar("T")
+
+log = structlog.get_logger("voice_context.store")
+
+PAUSE_ENV = "VOICE_CONTEXT_TEST_COMMIT_PAUSE"
+"""Seconds each group waits, its statements run, before its COMMIT: a window for durability
+tests to kill the process in. Never set outside tests."""
 
 SCHEMA_VERSION = 2
 BUSY_TIMEOUT = 5.0
@@ -196,12 +214,18 @@ class SQLiteStore:
         self._conn: sqlite3.Connection | None = None
         self._limiter = anyio.CapacityLimiter(1)
         self._closed = False
+        self.group: GroupCommit[_Write] = GroupCommit(self._write_group)
+        #: a test's window between a group's last statement and its COMMIT (see ``PAUSE_ENV``)
+        self.pause_before_commit = float(os.environ.get(PAUSE_ENV) or 0)
         self.operations = 0
         self.errors = 0
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("open" if self._conn is not None else "not opened")
-        return f"<SQLiteStore {str(self.path)!r} {state} operations={self.operations} errors={self.errors}>"
+        return (
+            f"<SQLiteStore {str(self.path)!r} {state} operations={self.operations} errors={self.errors} "
+            f"groups={self.group.groups}>"
+        )
 
     # -- the Store protocol ----------------------------------------------------
 
@@ -247,50 +271,10 @@ class SQLiteStore:
         await self._run("create", op)
 
     async def append_turn(self, name: str, index: int, turn: Turn) -> None:
-        fields = turn_fields(turn)
-
-        def op(conn: sqlite3.Connection) -> None:
-            with _write(conn):
-                moved = conn.execute(
-                    "UPDATE sessions SET total_turns = total_turns + 1, updated_at = ?"
-                    " WHERE name = ? AND total_turns = ?",
-                    (self._clock(), name, index),
-                ).rowcount
-                if moved == 1:
-                    conn.execute(
-                        "INSERT INTO turns (session, idx, speaker, role, text, at, id)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (name, index, *fields),
-                    )
-                    return
-                stored = _total_turns(conn, name)
-                if stored < 0:
-                    raise SessionNotStored(name)
-                if 0 <= index < stored:
-                    row = conn.execute(
-                        "SELECT speaker, role, text, at, id FROM turns WHERE session = ? AND idx = ?",
-                        (name, index),
-                    ).fetchone()
-                    if row is not None and tuple(row) == fields:
-                        return  # a retry of a write that landed: nothing to do
-                    raise TurnConflict(name, index, stored, differs=True)
-                raise TurnConflict(name, index, stored)
-
-        await self._run("append_turn", op)
+        await self.group.submit(_AppendTurn(name, index, turn_fields(turn)))
 
     async def save_notes(self, name: str, live: Sequence[Note], pending: Sequence[Note]) -> None:
-        encoded = (encode_notes(live), encode_notes(pending))
-
-        def op(conn: sqlite3.Connection) -> None:
-            with _write(conn):
-                changed = conn.execute(
-                    "UPDATE sessions SET live_notes = ?, pending_notes = ?, updated_at = ? WHERE name = ?",
-                    (*encoded, self._clock(), name),
-                ).rowcount
-                if changed == 0:
-                    raise SessionNotStored(name)
-
-        await self._run("save_notes", op)
+        await self.group.submit(_SaveNotes(name, encode_notes(live), encode_notes(pending)))
 
     async def save_config(self, name: str, config: dict[str, Any]) -> None:
         encoded = encode_config(config)
@@ -450,7 +434,7 @@ class SQLiteStore:
 
     async def index_turns(self, name: str, start: int, docs: Sequence[IndexedDoc]) -> RecallStats:
         def op(conn: sqlite3.Connection) -> RecallStats:
-            with _write(conn):
+            with _derived(conn), _write(conn):
                 total = _total_turns(conn, name)
                 if total < 0:
                     raise SessionNotStored(name)
@@ -480,7 +464,7 @@ class SQLiteStore:
 
     async def index_note(self, name: str, doc: IndexedDoc) -> RecallStats:
         def op(conn: sqlite3.Connection) -> RecallStats:
-            with _write(conn):
+            with _derived(conn), _write(conn):
                 if _total_turns(conn, name) < 0:
                     raise SessionNotStored(name)
                 sid, stats = _recall_state(conn, name)
@@ -567,7 +551,7 @@ class SQLiteStore:
 
     async def save_vectors(self, name: str, vectors: dict[int, bytes]) -> None:
         def op(conn: sqlite3.Connection) -> None:
-            with _write(conn):
+            with _derived(conn), _write(conn):
                 if _total_turns(conn, name) < 0:
                     raise SessionNotStored(name)
                 sid, _ = _recall_state(conn, name)
@@ -604,6 +588,68 @@ class SQLiteStore:
             await anyio.to_thread.run_sync(op, limiter=self._limiter)
 
     # -- internals -------------------------------------------------------------
+
+    async def _write_group(self, batch: list[Pending[_Write]]) -> None:
+        if self._closed:
+            raise StoreError("the sqlite store is closed", retryable=False)
+        await anyio.to_thread.run_sync(
+            self._call, "append", lambda conn: self._commit_group(conn, batch), limiter=self._limiter
+        )
+
+    def _commit_group(self, conn: sqlite3.Connection, batch: list[Pending[_Write]]) -> None:
+        """Runs in the worker thread: one transaction, one fsync, for the whole group.
+
+        The sessions' turn counts are read once; each write is checked against them
+        in order (a turn at the wrong index, or for a session deleted meanwhile,
+        gets its own error and writes nothing), then the turns that pass are
+        inserted and the counts and notes updated, a statement each for the whole
+        group. An error of SQLite's own fails the group (the caller gives every
+        write of it that error).
+        """
+        self.operations += len(batch) - 1  # ``_call`` counted one
+        now = self._clock()
+        with _write(conn):
+            totals = _turn_counts(conn, {item.op.name for item in batch})
+            inserts: list[tuple[object, ...]] = []
+            written: dict[tuple[str, int], tuple[str, str, str, float, str | None]] = {}
+            notes: list[tuple[str, str, float, str]] = []
+            for item in batch:
+                op = item.op
+                total = totals.get(op.name)
+                if total is None:
+                    item.error = SessionNotStored(op.name)
+                elif isinstance(op, _SaveNotes):
+                    notes.append((op.live, op.pending, now, op.name))
+                elif op.index == total:
+                    inserts.append((op.name, op.index, *op.fields))
+                    written[(op.name, op.index)] = op.fields
+                    totals[op.name] = total + 1
+                elif 0 <= op.index < total:
+                    stored = written.get((op.name, op.index)) or _stored_turn(conn, op.name, op.index)
+                    if stored != op.fields:
+                        item.error = TurnConflict(op.name, op.index, total, differs=True)
+                    # else: a retry of a write that landed, nothing to do
+                else:
+                    item.error = TurnConflict(op.name, op.index, total)
+            conn.executemany(
+                "INSERT INTO turns (session, idx, speaker, role, text, at, id) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                inserts,
+            )
+            moved = {name for name, _ in written}
+            conn.executemany(
+                "UPDATE sessions SET total_turns = ?, updated_at = ? WHERE name = ?",
+                [(totals[name], now, name) for name in moved],
+            )
+            conn.executemany(
+                "UPDATE sessions SET live_notes = ?, pending_notes = ?, updated_at = ? WHERE name = ?", notes
+            )
+            if self.pause_before_commit > 0:
+                log.warning(
+                    "voice_context_store_commit_paused",
+                    seconds=self.pause_before_commit,
+                    writes=[item.op.where for item in batch if item.error is None],
+                )
+                time.sleep(self.pause_before_commit)
 
     async def _run(self, where: str, op: Callable[[sqlite3.Connection], T]) -> T:
         if self._closed:
@@ -657,6 +703,19 @@ def _write(conn: sqlite3.Connection) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _derived(conn: sqlite3.Connection) -> Iterator[None]:
+    """A write of what can be derived again from the turns (the recall index): committed
+    without its own fsync. In WAL mode the next turn's commit fsyncs the log, this write
+    with it; a power cut before that loses only index entries, which are written again
+    from the turns when the session next opens."""
+    conn.execute("PRAGMA synchronous = NORMAL")
+    try:
+        yield
+    finally:
+        conn.execute("PRAGMA synchronous = FULL")
+
+
+@contextlib.contextmanager
 def _read(conn: sqlite3.Connection) -> Iterator[None]:
     """One read transaction: its statements all see the same snapshot."""
     conn.execute("BEGIN")
@@ -666,6 +725,52 @@ def _read(conn: sqlite3.Connection) -> Iterator[None]:
         if conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("COMMIT")
+
+
+@dataclass(frozen=True, slots=True)
+class _AppendTurn:
+    name: str
+    index: int
+    fields: tuple[str, str, str, float, str | None]
+
+    @property
+    def where(self) -> list[object]:
+        return [self.name, self.index]
+
+
+@dataclass(frozen=True, slots=True)
+class _SaveNotes:
+    name: str
+    live: str
+    pending: str
+
+    @property
+    def where(self) -> list[object]:
+        return [self.name, "notes"]
+
+
+_Write = _AppendTurn | _SaveNotes
+
+
+def _turn_counts(conn: sqlite3.Connection, names: set[str]) -> dict[str, int]:
+    """The turn count of each of these sessions the store holds."""
+    out: dict[str, int] = {}
+    ordered = list(names)
+    for start in range(0, len(ordered), 500):  # SQLite limits the parameters of one statement
+        chunk = ordered[start : start + 500]
+        marks = ",".join("?" * len(chunk))
+        rows = conn.execute(f"SELECT name, total_turns FROM sessions WHERE name IN ({marks})", chunk)
+        out.update((name, int(total)) for name, total in rows)
+    return out
+
+
+def _stored_turn(
+    conn: sqlite3.Connection, name: str, index: int
+) -> tuple[str, str, str, float, str | None] | None:
+    row = conn.execute(
+        "SELECT speaker, role, text, at, id FROM turns WHERE session = ? AND idx = ?", (name, index)
+    ).fetchone()
+    return None if row is None else (row[0], row[1], row[2], row[3], row[4])
 
 
 def _total_turns(conn: sqlite3.Connection, name: str) -> int:

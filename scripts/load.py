@@ -1,0 +1,792 @@
+"""Load harness: voice-paced sessions over real websockets against real ``voice-context serve`` processes.
+
+Prints figures; asserts nothing. Every server is a subprocess of its own (the
+real command line, the default store unless ``--store`` says otherwise), and so
+is a trivial protocol-v1 server that answers every request at once: the same
+client's round trip to it, measured in the same run under the same load, is
+the baseline each figure is compared with. The load generator is this process,
+one event loop, apart from every server it measures; its own CPU is printed so
+that a saturated generator shows.
+
+Modes:
+
+``ramp`` (default)
+    1. Burst: ``--burst-sessions`` sessions send ``--burst-turns`` turns each, as fast
+       as acknowledgements come back, over ``--connections`` connections: durable
+       ingest in turns/s, against the trivial server's.
+    2. Ramp: for each N in ``--steps``, N sessions paced like voice (a turn every 2-4 s
+       with jitter, a ``context.get`` before every bot turn, a screen note about every
+       30 s; the text of the project's own recordings in ``fixtures/``), first against
+       the trivial server, then against the replicas. New sessions get 30-89 turns of
+       history first, so folds and recall have work from the start. Per step: turns/s
+       held, reply p50/p99/max beside the trivial server's, fold lag, the servers' CPU
+       and RSS per session. The capacity is the largest N whose reply p99 stays within
+       ``--p99-ratio`` of the trivial server's and whose fold lag does not grow.
+``length``
+    One session grown to each of ``--lengths`` turns: reply p99, fold time, recall
+    time, server RSS, bytes on disk per turn.
+
+``--replicas R --store redis`` starts a real redis-server and R replicas sharing it;
+sessions are spread across the replicas (session k on replica k mod R).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import ServerConnection, serve
+
+ROOT = Path(__file__).resolve().parent.parent
+TICK = os.sysconf("SC_CLK_TCK")
+RECENT_WINDOW = 50  # the server's defaults: lag is what waits behind the cursor beyond these
+BATCH_SIZE = 10
+BUDGET = 5200
+SERVER_ENV = {
+    # the burst and the preloaded history go faster than speech; a bot holds many sessions
+    "VOICE_CONTEXT_SERVER_TURNS_PER_SECOND": "100000",
+    "VOICE_CONTEXT_SERVER_TURN_BURST": "100000",
+    "VOICE_CONTEXT_SERVER_MAX_SESSIONS_PER_CONNECTION": "100000",
+    "VOICE_CONTEXT_SERVER_MAX_CONNECTIONS": "10000",
+}
+
+
+# -- the project's own recordings ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Line:
+    speaker: str
+    role: str
+    text: str
+
+
+def recorded_lines() -> list[Line]:
+    """Every turn of the project's recordings, in order (both recordings, one after the other)."""
+    out: list[Line] = []
+    for path in sorted((ROOT / "fixtures").glob("*.jsonl")):
+        if path.name.endswith(".probes.jsonl"):
+            continue
+        for raw in path.read_text(encoding="utf-8").splitlines():
+            message = json.loads(raw)
+            if message.get("type") == "turn.append":
+                t = message["turn"]
+                out.append(Line(t["speaker"], t["role"], t["text"]))
+    return out
+
+
+def recorded_notes() -> list[str]:
+    out: list[str] = []
+    for path in sorted((ROOT / "fixtures").glob("*.jsonl")):
+        for raw in path.read_text(encoding="utf-8").splitlines():
+            message = json.loads(raw)
+            if message.get("type") == "note.append":
+                out.append(message["note"]["text"])
+    return out or ["the shared screen shows the agenda"]
+
+
+LINES = recorded_lines()
+NOTES = recorded_notes()
+
+
+# -- processes ---------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class Process:
+    """A server in a child process that prints ``listening on URL`` once it serves."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.name = name
+        self.log = log
+        full = {k: v for k, v in os.environ.items() if not k.startswith("VOICE_CONTEXT_")} | env
+        with log.open("a") as err:
+            self.popen = subprocess.Popen(
+                args, stdout=subprocess.PIPE, stderr=err, text=True, env=full, start_new_session=True
+            )
+        assert self.popen.stdout is not None
+        line = self.popen.stdout.readline()
+        if not line.startswith("listening on "):
+            self.popen.kill()
+            raise RuntimeError(f"{name} did not start: {line!r}\n{log.read_text()[-2000:]}")
+        self.url = line.split()[-1]
+        self.pid = self.popen.pid
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+    @property
+    def http(self) -> str:
+        return self.url.replace("ws://", "http://").removesuffix("/v1")
+
+    def metrics(self) -> dict[str, float]:
+        """The server's counters from ``/metrics`` (label-free series only, plus compactions by event)."""
+        with urllib.request.urlopen(self.http + "/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("#") or " " not in line:
+                continue
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+        return out
+
+
+def serve_args(store: str, data_dir: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "voice_context", "serve", "--port", "0", "--store", store,
+        "--data-dir", str(data_dir), "--log-format", "json",
+    ]  # fmt: skip
+
+
+# -- the trivial protocol-v1 server ------------------------------------------------------
+
+
+async def trivial_main() -> None:
+    """Answers every protocol-v1 request at once, one frame at a time per connection, from
+    counters alone: the transport and the JSON, nothing else."""
+    turns: dict[str, int] = {}
+
+    async def handle(ws: ServerConnection) -> None:
+        async for frame in ws:
+            m = orjson.loads(frame)
+            kind, name, mid = m.get("type"), m.get("session"), m.get("id")
+            if kind == "session.open":
+                reply = {"type": "session.opened", "session": name, "resumed": name in turns}
+                reply |= {"turns": turns.setdefault(name, 0), "cursor": 0}
+            elif kind == "turn.append":
+                reply = {"type": "turn.appended", "session": name, "index": turns.get(name, 0)}
+                turns[name] = turns.get(name, 0) + 1
+            elif kind == "note.append":
+                reply = {"type": "note.appended", "session": name, "live": 1, "pending": 0}
+            elif kind == "context.get":
+                reply = {"type": "context", "session": name, "format": "instructions", "summary": ""}
+                reply |= {
+                    "cursor": 0,
+                    "covered_through": -1,
+                    "in_flight": False,
+                    "instructions": "",
+                    "chars": 0,
+                }
+            elif kind == "ping":
+                reply = {"type": "pong"}
+            else:
+                reply = {"type": "session.closed", "session": name}
+            if mid is not None:
+                reply["id"] = mid
+            await ws.send(orjson.dumps(reply).decode())
+
+    async with serve(handle, "127.0.0.1", 0, max_size=None) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        print(f"listening on ws://127.0.0.1:{port}/v1", flush=True)
+        await asyncio.Future()
+
+
+# -- the client: one event loop, many connections, requests matched to replies by id --------
+
+
+class Link:
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self.ids = itertools.count(1)
+        self.waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.reader = asyncio.create_task(self._read())
+
+    @classmethod
+    async def open(cls, url: str) -> Link:
+        return cls(await connect(url, max_size=None, ping_interval=None, compression=None))
+
+    async def request(self, message: dict[str, Any]) -> dict[str, Any]:
+        mid = next(self.ids)
+        message["id"] = mid
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.waiting[mid] = future
+        await self.ws.send(orjson.dumps(message).decode())
+        reply = await future
+        if reply.get("type") == "error":
+            raise RuntimeError(f"{reply.get('code')}: {reply.get('message')}")
+        return reply
+
+    async def _read(self) -> None:
+        async for frame in self.ws:
+            reply = orjson.loads(frame)
+            future = self.waiting.pop(reply.get("id"), None)  # pushed events carry no id
+            if future is not None and not future.done():
+                future.set_result(reply)
+
+    async def close(self) -> None:
+        self.reader.cancel()
+        await self.ws.close()
+
+
+@dataclass(eq=False)
+class Talker:
+    """One session: where it is in the recordings, how many turns it has, what its replies said."""
+
+    name: str
+    link: Link
+    offset: int
+    history: int = 0
+    turns: int = 0
+    cursor: int = 0
+    next_note: float = 0.0
+
+    def lag(self) -> int:
+        """Turns waiting behind the cursor beyond the recent window."""
+        return max(0, self.turns - RECENT_WINDOW - self.cursor)
+
+    def line(self) -> Line:
+        return LINES[(self.offset + self.turns) % len(LINES)]
+
+    async def open(self) -> None:
+        reply = await self.link.request({"type": "session.open", "session": self.name})
+        self.turns, self.cursor = reply.get("turns", 0), reply.get("cursor", 0)
+
+    async def say(self, line: Line | None = None) -> None:
+        line = line or self.line()
+        turn = {"speaker": line.speaker, "role": line.role, "text": line.text, "at": time.time()}
+        turn["id"] = f"u{self.turns}"
+        await self.link.request({"type": "turn.append", "session": self.name, "turn": turn})
+        self.turns += 1
+
+    async def context(self) -> None:
+        reply = await self.link.request(
+            {"type": "context.get", "session": self.name, "format": "instructions", "budget_chars": BUDGET}
+        )
+        self.cursor = reply.get("cursor", self.cursor)
+
+    async def note(self) -> None:
+        text = NOTES[(self.offset + self.turns) % len(NOTES)]
+        note = {"text": text, "at": time.time(), "speaker": self.line().speaker, "source": "screen"}
+        await self.link.request({"type": "note.append", "session": self.name, "note": note})
+
+
+@dataclass
+class Sample:
+    """What one phase measured on the client side."""
+
+    replies: list[float] = field(default_factory=list)
+    appends: list[float] = field(default_factory=list)
+    turns: int = 0
+    notes: int = 0
+    errors: int = 0
+    lag_first: list[int] = field(default_factory=list)
+    lag_last: list[int] = field(default_factory=list)
+
+
+def pct(samples: Sequence[float], q: float) -> float:
+    if not samples:
+        return float("nan")
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Progress:
+    """One status line, rewritten in place on a terminal, printed every few seconds otherwise."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+
+    def show(self, text: str, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.tty:
+            sys.stderr.write("\r\x1b[2K" + text)
+            sys.stderr.flush()
+        elif force or now - self.last >= 10:
+            print("  ..", text, file=sys.stderr, flush=True)
+            self.last = now
+
+    def done(self) -> None:
+        if self.tty:
+            sys.stderr.write("\r\x1b[2K")
+            sys.stderr.flush()
+
+
+PROGRESS = Progress()
+
+
+# -- the harness -------------------------------------------------------------------------
+
+
+class Harness:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.work = Path(tempfile.mkdtemp(prefix="voice-context-load-"))
+        self.redis: Any = None
+        self.replicas: list[Process] = []
+        self.trivial: Process | None = None
+        self.talkers: list[Talker] = []
+        self.links: dict[str, list[Link]] = {}
+        self.baseline_rss = 0
+        self.burst_turns = 0  # turns the burst stored on the replicas
+
+    # servers
+
+    def start(self) -> None:
+        args = self.args
+        store = args.store
+        if store == "redis":
+            from voice_context.testing.redis_server import RedisServer
+
+            self.redis = RedisServer(directory=self.work / "redis")
+            self.redis.start()
+            store = self.redis.url
+        elif args.replicas > 1 and not store.startswith(("redis", "unix")):
+            raise SystemExit("several replicas need a shared store: --store redis")
+        for r in range(args.replicas):
+            self.replicas.append(
+                Process(
+                    f"replica-{r}",
+                    serve_args(store, self.work / f"data-{r}"),
+                    SERVER_ENV,
+                    self.work / f"serve-{r}.log",
+                )
+            )
+        self.trivial = Process(
+            "trivial", [sys.executable, __file__, "--trivial"], {}, self.work / "trivial.log"
+        )
+        time.sleep(0.5)
+        self.baseline_rss = sum(rss_bytes(p.pid) for p in self.replicas)
+
+    def stop(self) -> None:
+        for p in [*self.replicas, *([self.trivial] if self.trivial else [])]:
+            p.stop()
+        if self.redis is not None:
+            self.redis.stop()
+        if not self.args.keep:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+    def server_pids(self) -> list[int]:
+        pids = [p.pid for p in self.replicas]
+        if self.redis is not None and self.redis.process is not None:
+            pids.append(self.redis.process.pid)
+        return pids
+
+    def disk_bytes(self) -> int:
+        total = 0
+        for r in range(len(self.replicas)):
+            for path in (self.work / f"data-{r}").glob("*"):
+                total += path.stat().st_size
+        if self.redis is not None:
+            for path in (self.work / "redis").rglob("*"):
+                if path.is_file():
+                    total += path.stat().st_size
+        return total
+
+    async def links_for(self, target: str, count: int) -> list[Link]:
+        """``count`` connections to each replica (or to the trivial server)."""
+        have = self.links.setdefault(target, [])
+        urls = [self.trivial.url] if target == "trivial" and self.trivial else [p.url for p in self.replicas]
+        while len(have) < count * len(urls):
+            have.append(await Link.open(urls[len(have) % len(urls)]))
+        return have
+
+    # the burst
+
+    async def burst(self, target: str) -> tuple[float, int]:
+        args = self.args
+        links = await self.links_for(target, args.connections)
+        talkers = [
+            Talker(f"burst-{target}-{k}", links[k % len(links)], offset=k * 7)
+            for k in range(args.burst_sessions)
+        ]
+        await asyncio.gather(*(t.open() for t in talkers))
+        done = 0
+        started = time.perf_counter()
+
+        async def run(t: Talker) -> None:
+            nonlocal done
+            for _ in range(args.burst_turns):
+                await t.say()
+                done += 1
+
+        async def show() -> None:
+            while True:
+                await asyncio.sleep(1)
+                elapsed = time.perf_counter() - started
+                PROGRESS.show(f"burst on {target}: {done:,} turns, {done / elapsed:,.0f} turns/s")
+
+        shower = asyncio.create_task(show())
+        await asyncio.gather(*(run(t) for t in talkers))
+        elapsed = time.perf_counter() - started
+        shower.cancel()
+        PROGRESS.done()
+        await asyncio.gather(*(t.link.request({"type": "session.close", "session": t.name}) for t in talkers))
+        return done / elapsed, done
+
+    # paced sessions
+
+    async def grow(self, target: str, n: int) -> list[Talker]:
+        """The first ``n`` paced sessions on a target, opening (and preloading) the missing ones."""
+        links = await self.links_for(target, max(1, -(-n // self.args.sessions_per_connection)))
+        mine = [t for t in self.talkers if t.link in links]
+        new = [
+            Talker(f"voice-{target}-{k}", links[k % len(links)], (k * 37) % len(LINES), 30 + (k * 7919) % 60)
+            for k in range(len(mine), n)
+        ]
+        await asyncio.gather(*(t.open() for t in new))
+
+        async def preload(t: Talker, count: int) -> None:
+            for _ in range(count):
+                await t.say()
+
+        started = time.perf_counter()
+        pre = asyncio.gather(*(preload(t, t.history) for t in new))
+        while not pre.done():
+            await asyncio.sleep(0.5)
+            PROGRESS.show(
+                f"{target}: opening {len(new)} sessions with history, "
+                f"{sum(t.turns for t in new):,} turns in {time.perf_counter() - started:.0f}s"
+            )
+        await pre
+        self.talkers.extend(new)
+        return [*mine, *new]
+
+    async def paced(
+        self, talkers: list[Talker], seconds: float, label: str
+    ) -> tuple[Sample, dict[str, float]]:
+        sample = Sample()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        stop = started + seconds
+        rng = random.Random(len(talkers))
+        pids = self.server_pids() if label != "trivial" else ([self.trivial.pid] if self.trivial else [])
+        cpu0 = [cpu_seconds(p) for p in pids]
+        me0 = time.process_time()
+
+        async def one(t: Talker) -> None:
+            await asyncio.sleep(rng.uniform(0, 4))  # spread the sessions' first turns
+            t.next_note = loop.time() + rng.uniform(0, 30)
+            while loop.time() < stop:
+                line = t.line()
+                try:
+                    if line.role == "assistant":
+                        t0 = time.perf_counter()
+                        await t.context()
+                        sample.replies.append(time.perf_counter() - t0)
+                        now = loop.time()
+                        (sample.lag_first if now < started + seconds / 2 else sample.lag_last).append(t.lag())
+                    t0 = time.perf_counter()
+                    await t.say(line)
+                    sample.appends.append(time.perf_counter() - t0)
+                    sample.turns += 1
+                    if loop.time() >= t.next_note:
+                        await t.note()
+                        sample.notes += 1
+                        t.next_note += rng.uniform(25, 35)
+                except RuntimeError:
+                    sample.errors += 1
+                await asyncio.sleep(rng.uniform(2, 4))
+
+        async def show() -> None:
+            while True:
+                await asyncio.sleep(1)
+                elapsed = loop.time() - started
+                lag = max((t.lag() for t in talkers), default=0)
+                PROGRESS.show(
+                    f"{label}: {len(talkers)} sessions, {elapsed:4.0f}/{seconds:.0f}s, "
+                    f"{sample.turns / max(elapsed, 1e-9):6.1f} turns/s, "
+                    f"reply p99 {pct(sample.replies, 0.99) * 1e3:6.1f} ms, lag max {lag}"
+                )
+
+        shower = asyncio.create_task(show())
+        await asyncio.gather(*(one(t) for t in talkers))
+        shower.cancel()
+        PROGRESS.done()
+        wall = loop.time() - started
+        usage = {
+            "wall": wall,
+            "server_cpu": sum(cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)) / wall,
+            "client_cpu": (time.process_time() - me0) / wall,
+        }
+        return sample, usage
+
+    async def compactions(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for p in self.replicas:
+            m = await asyncio.to_thread(p.metrics)
+            for key, value in m.items():
+                if key.startswith("voice_context_compactions"):
+                    totals[key] = totals.get(key, 0.0) + value
+        return totals
+
+    def folds_twice(self) -> tuple[int, int]:
+        """(folds started, of which for a batch another fold had already started at) across replicas."""
+        seen: set[tuple[str, int]] = set()
+        started = twice = 0
+        for r in range(len(self.replicas)):
+            for raw in (self.work / f"serve-{r}.log").read_text().splitlines():
+                if '"voice_context_compaction_started"' not in raw:
+                    continue
+                entry = json.loads(raw)
+                key = (entry["session"], entry["cursor"])
+                started += 1
+                if key in seen:
+                    twice += 1
+                seen.add(key)
+        return started, twice
+
+
+def lag_verdict(sample: Sample) -> tuple[int, float, float, bool]:
+    first = statistics.fmean(sample.lag_first) if sample.lag_first else 0.0
+    last = statistics.fmean(sample.lag_last) if sample.lag_last else 0.0
+    worst = max([*sample.lag_first, *sample.lag_last], default=0)
+    # a fold takes 10 turns at a time, so one session's lag saws between 0 and a batch or two; the
+    # mean over every session moves by a turn or so from noise alone. Growing is more than that.
+    grows = last > first + 2.0
+    return worst, first, last, grows
+
+
+async def ramp(args: argparse.Namespace) -> None:
+    h = Harness(args)
+    print(
+        f"== voice-context load: {os.cpu_count()} cores; the load generator is this process"
+        f" (pid {os.getpid()}), apart from every server; {args.replicas} replica(s), store {args.store!r}"
+    )
+    h.start()
+    try:
+        print(
+            "   servers: "
+            + ", ".join(f"{p.name} pid {p.pid} {p.url}" for p in h.replicas)
+            + f"; trivial {h.trivial and h.trivial.url}"
+        )
+        if args.burst_sessions:
+            print(
+                f"\n== burst: {args.burst_sessions:,} sessions x {args.burst_turns} turns over"
+                f" {args.connections} connections per server, acknowledged turns/s"
+            )
+            triv, _ = await h.burst("trivial")
+            real, h.burst_turns = await h.burst("voice")
+            print(f"   trivial protocol-v1 server   {triv:9,.0f} turns/s")
+            print(
+                f"   voice-context ({args.store:<6})      {real:9,.0f} turns/s"
+                f"   x{real / triv:.2f} of trivial"
+            )
+        print(
+            f"\n== ramp: paced sessions ({args.step_seconds:g}s per step, the trivial server first, then"
+            f" voice-context; {args.sessions_per_connection} sessions per connection)"
+        )
+        header = (
+            f"{'N':>6} {'turns/s':>8} {'ctx p50':>8} {'p99':>7} {'max':>7} {'triv p99':>8} {'x':>5}"
+            f" {'app p99':>8} {'lag max':>7} {'lag 1st/2nd half':>16} {'grows':>5}"
+            f" {'srv CPU':>7} {'gen CPU':>7}"
+            f" {'KB/sess':>8} {'errors':>6}"
+        )
+        print(header)
+        capacity = within_budget = 0
+        for n in [n for n in args.steps if n > 0]:
+            trivial_talkers = await h.grow("trivial", n)
+            triv, _ = await h.paced(trivial_talkers, args.step_seconds, "trivial")
+            talkers = await h.grow("voice", n)
+            rss_before = sum(rss_bytes(p) for p in [p.pid for p in h.replicas])
+            sample, usage = await h.paced(talkers, args.step_seconds, "voice")
+            rss = sum(rss_bytes(p.pid) for p in h.replicas)
+            worst, first, last, grows = lag_verdict(sample)
+            ratio = pct(sample.replies, 0.99) / pct(triv.replies, 0.99)
+            ok = ratio <= args.p99_ratio and not grows and sample.errors == 0
+            if ok:
+                capacity = n
+            if pct(sample.replies, 0.99) * 1e3 <= args.p99_budget_ms and not grows and sample.errors == 0:
+                within_budget = n
+            per_session = (max(rss, rss_before) - h.baseline_rss) / n / 1024
+            print(
+                f"{n:>6} {sample.turns / usage['wall']:>8.1f} {pct(sample.replies, 0.5) * 1e3:>6.2f}ms"
+                f" {pct(sample.replies, 0.99) * 1e3:>5.1f}ms {max(sample.replies, default=0) * 1e3:>5.0f}ms"
+                f" {pct(triv.replies, 0.99) * 1e3:>6.2f}ms {ratio:>5.2f}"
+                f" {pct(sample.appends, 0.99) * 1e3:>6.1f}ms"
+                f" {worst:>7} {first:>7.1f}/{last:<8.1f} {'yes' if grows else 'no':>5}"
+                f" {usage['server_cpu'] * 100:>6.0f}% {usage['client_cpu'] * 100:>6.0f}% {per_session:>8.1f}"
+                f" {sample.errors:>6}",
+                flush=True,
+            )
+            if not ok and args.stop_at_capacity:
+                break
+        folds = await h.compactions()
+        started, twice = h.folds_twice()
+        stored = h.burst_turns + sum(t.turns for t in h.talkers if t.name.startswith("voice-voice"))
+        print(
+            f"\n   folds: {int(folds.get('voice_context_compactions_completed_total', 0))} completed,"
+            f" {int(folds.get('voice_context_compactions_failed_total', 0))} failed;"
+            f" {started} started, {twice} of them for a batch already started"
+        )
+        print("   indexing lag: none to observe (recall indexes each turn before it is acknowledged)")
+        print(
+            f"   bytes on disk: {h.disk_bytes() / max(stored, 1):,.0f} per turn"
+            f" ({stored:,} turns stored, the burst's among them)"
+        )
+        print(
+            f"\n   capacity: {capacity:,} paced sessions (reply p99 within {args.p99_ratio}x of the"
+            " trivial server's, no growing fold lag, no errors)"
+        )
+        print(f"   within a {args.p99_budget_ms:g} ms reply p99: {within_budget:,} paced sessions")
+    finally:
+        for links in h.links.values():
+            for link in links:
+                await link.close()
+        h.stop()
+
+
+# -- one session, longer and longer ------------------------------------------------------
+
+
+async def length(args: argparse.Namespace) -> None:
+    from voice_context.core.config import SessionConfig
+    from voice_context.core.session import Session
+    from voice_context.core.turns import Turn
+    from voice_context.recall.index import RecallIndex, recall_candidates
+
+    h = Harness(args)
+    h.start()
+    print(f"== one session, longer and longer: store {args.store!r}, {os.cpu_count()} cores")
+    print(
+        f"{'turns':>7} {'ctx p50':>8} {'ctx p99':>8} {'triv p99':>8} {'fold mean':>9} {'fold max':>8}"
+        f" {'recall p99':>10} {'server RSS':>10} {'vs start':>9} {'disk/turn':>9}"
+    )
+    index = RecallIndex()
+    session = Session("length", SessionConfig())
+    try:
+        links = await h.links_for("voice", 1)
+        trivial = (await h.links_for("trivial", 1))[0]
+        talker = Talker("length-voice", links[0], 0)
+        await talker.open()
+        shadow = Talker("length-trivial", trivial, 0)
+        await shadow.open()
+        rss0 = rss_bytes(h.replicas[0].pid)
+        log = h.work / "serve-0.log"
+        seen_lines = 0
+        for target in args.lengths:
+            while talker.turns < target:
+                line = talker.line()
+                n = talker.turns
+                await talker.say(line)
+                turn = Turn(
+                    line.speaker, "assistant" if line.role == "assistant" else "user", line.text, time.time()
+                )
+                index.add_turn(n, turn)
+                session.append_turn(turn)
+                if n % 20 == 19:
+                    await talker.context()  # folds keep up as they would in a call
+                if n % 500 == 0:
+                    PROGRESS.show(f"growing to {target:,}: {talker.turns:,} turns")
+            PROGRESS.done()
+            await asyncio.sleep(1.0)  # let the folds in flight land
+            replies, baseline, recalls = [], [], []
+            for k in range(args.samples):
+                t0 = time.perf_counter()
+                await talker.context()
+                replies.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                await shadow.context()
+                baseline.append(time.perf_counter() - t0)
+                query = LINES[(k * 7) % len(LINES)].text
+                folded = Session(
+                    "length",
+                    SessionConfig(),
+                    cursor=max(0, talker.turns - 60),
+                    turns=session.verbatim_turns[-60:],
+                )
+                t0 = time.perf_counter()
+                recall_candidates(index, folded, query)
+                recalls.append(time.perf_counter() - t0)
+            lines = log.read_text().splitlines()
+            folds = [
+                json.loads(raw)["latency"]
+                for raw in lines[seen_lines:]
+                if '"voice_context_compaction_completed"' in raw
+            ]
+            seen_lines = len(lines)
+            rss = rss_bytes(h.replicas[0].pid)
+            print(
+                f"{talker.turns:>7,} {pct(replies, 0.5) * 1e3:>6.2f}ms {pct(replies, 0.99) * 1e3:>6.2f}ms"
+                f" {pct(baseline, 0.99) * 1e3:>6.2f}ms"
+                f" {(statistics.fmean(folds) * 1e3 if folds else float('nan')):>7.1f}ms"
+                f" {(max(folds) * 1e3 if folds else float('nan')):>6.1f}ms {pct(recalls, 0.99) * 1e3:>8.2f}ms"
+                f" {rss / 2**20:>8.1f}MB {(rss - rss0) / 1024:>7.0f}KB {h.disk_bytes() / talker.turns:>9.0f}",
+                flush=True,
+            )
+    finally:
+        for links in h.links.values():
+            for link in links:
+                await link.close()
+        h.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("mode", nargs="?", default="ramp", choices=("ramp", "length"))
+    parser.add_argument("--trivial", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--store", default="sqlite", help="sqlite (default), memory or redis (a redis-server is started)"
+    )
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument(
+        "--steps", type=lambda s: [int(x) for x in s.split(",")], default=[250, 500, 1000, 1500]
+    )
+    parser.add_argument("--step-seconds", type=float, default=30.0)
+    parser.add_argument("--sessions-per-connection", type=int, default=25)
+    parser.add_argument("--connections", type=int, default=20, help="connections per server for the burst")
+    parser.add_argument("--burst-sessions", type=int, default=1000, help="0 skips the burst")
+    parser.add_argument("--burst-turns", type=int, default=60)
+    parser.add_argument("--p99-ratio", type=float, default=1.5)
+    parser.add_argument("--p99-budget-ms", type=float, default=100.0, help="capacity within this p99")
+    parser.add_argument(
+        "--stop-at-capacity", action="store_true", help="stop the ramp at the first step past it"
+    )
+    parser.add_argument(
+        "--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[100, 1000, 5000, 20000]
+    )
+    parser.add_argument("--samples", type=int, default=200, help="context requests per length")
+    parser.add_argument("--keep", action="store_true", help="keep the servers' files and logs")
+    args = parser.parse_args()
+    if args.trivial:
+        asyncio.run(trivial_main())
+        return
+    asyncio.run(ramp(args) if args.mode == "ramp" else length(args))
+
+
+if __name__ == "__main__":
+    main()

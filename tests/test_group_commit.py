@@ -1,0 +1,153 @@
+"""Group commit on its own: who writes, who waits, and what a cancellation or a failure does.
+
+``write_many`` here records its groups and holds each one until the test lets
+it finish, as a store's commit would take its time; the stores' own group
+commit is told in ``test_store_contract.py`` and ``test_restart.py``.
+"""
+
+from __future__ import annotations
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from voice_context.errors import StoreError
+from voice_context.store.group import GroupCommit, Pending
+
+
+class Disk:
+    """Writes groups of strings; each group waits for ``release`` before it is durable."""
+
+    def __init__(self, *, hold: bool = True) -> None:
+        self.hold = hold
+        self.groups: list[list[str]] = []
+        self.durable: list[str] = []
+        self.release = anyio.Event()
+        self.fail_with: Exception | None = None
+        self.reject: set[str] = set()
+
+    async def write_many(self, batch: list[Pending[str]]) -> None:
+        self.groups.append([item.op for item in batch])
+        if self.hold:
+            await self.release.wait()
+            self.release = anyio.Event()
+        else:
+            await anyio.lowlevel.checkpoint()
+        if self.fail_with is not None:
+            raise self.fail_with
+        for item in batch:
+            if item.op in self.reject:
+                item.error = StoreError(f"{item.op} is refused", retryable=False)
+            else:
+                self.durable.append(item.op)
+
+
+async def settle() -> None:
+    for _ in range(10):
+        await anyio.lowlevel.checkpoint()
+
+
+@pytest.mark.asyncio
+async def test_writes_that_arrive_during_a_write_go_out_together_and_return_once_durable() -> None:
+    disk = Disk()
+    group = GroupCommit(disk.write_many)
+    acked: list[str] = []
+
+    async def write(op: str) -> None:
+        await group.submit(op)
+        acked.append(op)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(write, "a")
+        await settle()
+        for op in "bcd":
+            tg.start_soon(write, op)
+        await settle()
+        assert disk.groups == [["a"]] and acked == [], "nothing is acknowledged before its group is durable"
+        disk.release.set()
+        await settle()
+        assert acked == ["a"] and disk.groups == [["a"], ["b", "c", "d"]]
+        disk.release.set()
+
+    assert acked == ["a", "b", "c", "d"] == disk.durable
+    assert (group.groups, group.writes, group.largest) == (2, 4, 3)
+
+
+@pytest.mark.asyncio
+async def test_a_write_that_fails_fails_alone_and_a_failed_group_fails_every_write_in_it() -> None:
+    disk = Disk(hold=False)
+    disk.reject = {"bad"}
+    group = GroupCommit(disk.write_many)
+    outcomes: dict[str, str] = {}
+
+    async def write(op: str) -> None:
+        try:
+            await group.submit(op)
+            outcomes[op] = "ok"
+        except StoreError as exc:
+            outcomes[op] = str(exc)
+
+    async with anyio.create_task_group() as tg:
+        for op in ("good", "bad", "fine"):
+            tg.start_soon(write, op)
+    assert outcomes == {"good": "ok", "bad": "bad is refused", "fine": "ok"}
+
+    disk.fail_with = StoreError("disk full")
+    async with anyio.create_task_group() as tg:
+        for op in ("x", "y"):
+            tg.start_soon(write, op)
+    assert (outcomes["x"], outcomes["y"]) == ("disk full", "disk full")
+    assert disk.durable == ["good", "fine"]
+
+
+@pytest.mark.asyncio
+async def test_a_write_cancelled_while_it_waits_in_the_queue_is_never_written() -> None:
+    disk = Disk()
+    group = GroupCommit(disk.write_many)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(group.submit, "first")
+        await settle()
+        with anyio.move_on_after(0.01):
+            await group.submit("given up")
+        tg.start_soon(group.submit, "later")
+        await settle()
+        disk.release.set()
+        await settle()
+        disk.release.set()
+
+    assert disk.groups == [["first"], ["later"]]
+    assert disk.durable == ["first", "later"]
+
+
+@pytest.mark.asyncio
+async def test_a_writer_cancelled_mid_write_finishes_its_group_and_the_others_go_on() -> None:
+    disk = Disk()
+    group = GroupCommit(disk.write_many)
+    acked: list[str] = []
+
+    async def write(op: str) -> None:
+        await group.submit(op)
+        acked.append(op)
+
+    writer = anyio.CancelScope()
+
+    async def cancellable(op: str) -> None:
+        with writer:
+            await write(op)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(cancellable, "writer")
+        await settle()
+        tg.start_soon(write, "waiting")
+        await settle()
+        writer.cancel()  # the group in flight is shielded: written whole
+        await settle()
+        assert disk.groups == [["writer"]] and disk.durable == []
+        disk.release.set()
+        await settle()
+        disk.release.set()
+
+    assert disk.groups == [["writer"], ["waiting"]]
+    assert disk.durable == ["writer", "waiting"]
+    assert acked == ["writer", "waiting"], "a durable write is reported as one, even to a cancelled caller"

@@ -1,0 +1,120 @@
+"""Group commit: writes that arrive while one is in flight go out together in the next.
+
+A durable store pays for every write it makes durable (an ``fsync`` of the
+SQLite log, a round trip and an ``fsync`` in Redis), whatever the write
+holds. :class:`GroupCommit` lets many small writes share that price::
+
+    group = GroupCommit(write_many)     # write_many(batch) makes a whole batch durable
+    await group.submit(op)              # returns once ``op``'s batch is durable, or raises its error
+
+There is no writer task: the first caller that finds nothing in flight writes
+the queue as it stands (its own write among them), and those that arrive
+meanwhile wait; when that group is durable they wake, and one of them writes
+the next group, with every write queued since. The group being written is
+shielded from cancellation, so a cancelled caller never abandons the writes
+of others; a caller cancelled while its write still waits in the queue takes
+it out (it was never written).
+
+The store's ``write_many`` decides each write's fate: it sets ``error`` on a
+write that failed alone (the others in its group are unaffected) and raises
+when the whole group failed (then every write in it gets that error). A
+write is acknowledged only once ``write_many`` has returned, that is once
+its group is durable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import anyio
+
+from voice_context.errors import StoreError
+
+T = TypeVar("T")
+
+MAX_GROUP = 1000
+"""At most this many writes in one group (the rest go in the next)."""
+
+
+@dataclass(eq=False, slots=True)
+class Pending(Generic[T]):
+    """One write waiting for its group: ``error`` is set when it failed alone."""
+
+    op: T
+    error: BaseException | None = None
+    done: bool = False
+
+
+class GroupCommit(Generic[T]):
+    """Gathers writes into groups, each made durable by one call of ``write_many``."""
+
+    def __init__(
+        self, write_many: Callable[[list[Pending[T]]], Awaitable[None]], *, max_group: int = MAX_GROUP
+    ) -> None:
+        if max_group < 1:
+            raise ValueError("a group holds at least one write")
+        self._write_many = write_many
+        self.max_group = max_group
+        self._queue: list[Pending[T]] = []
+        self._writing = False
+        self._written = anyio.Event()
+        #: groups written, writes in them, and the largest group so far
+        self.groups = 0
+        self.writes = 0
+        self.largest = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"<GroupCommit queued={len(self._queue)} writing={self._writing} "
+            f"groups={self.groups} writes={self.writes} largest={self.largest}>"
+        )
+
+    async def submit(self, op: T) -> None:
+        """Write ``op`` in the next group; returns once that group is durable.
+
+        Raises the error ``write_many`` gave this write, or the group's.
+        """
+        item = Pending(op)
+        self._queue.append(item)
+        try:
+            while not item.done:
+                if self._writing:
+                    await self._written.wait()
+                else:
+                    await self._write_next()
+        except BaseException:
+            if not item.done and item in self._queue:
+                self._queue.remove(item)  # never written: nothing to undo
+            raise
+        if item.error is not None:
+            raise item.error
+
+    async def _write_next(self) -> None:
+        batch = self._queue[: self.max_group]
+        del self._queue[: self.max_group]
+        self._writing = True
+        failed: BaseException | None = None
+        try:
+            with anyio.CancelScope(shield=True):  # others wait on this group: it is written whole
+                await self._write_many(batch)
+        except BaseException as exc:
+            failed = exc
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            for item in batch:
+                if failed is not None and item.error is None:
+                    item.error = (
+                        failed
+                        if isinstance(failed, Exception)
+                        else StoreError("the write was interrupted", retryable=True)
+                    )
+                item.done = True
+            self.groups += 1
+            self.writes += len(batch)
+            self.largest = max(self.largest, len(batch))
+            self._writing = False
+            written, self._written = self._written, anyio.Event()
+            written.set()
