@@ -9,6 +9,9 @@
 4. Over the wire: ``context.get`` round trips through a real server on
    127.0.0.1 with the client, against ``ping`` round trips (the transport's
    floor) and against ``context.get`` while a slow fold is in flight.
+6. Token budgets: ``build_context`` under a token budget in ``o200k_base`` (a
+   warm count cache, as on a live session), against the same context under the
+   char budget of the same size (4 chars a token).
 5. Recall on the reply path, in process: a 5,000-turn session (the text of the
    project's own recordings, each turn numbered), a context with a query
    (recall over the whole history, then the budget) against the same context
@@ -32,6 +35,7 @@ from voice_context.core.budget import build_context
 from voice_context.core.session import Session
 from voice_context.recall.index import RecallIndex, recall_candidates
 from voice_context.summarizers.fakes import SlowSummarizer
+from voice_context.tokenizers import load_tokenizer
 
 WORDS = "we should try the new team comp tonight because Bob keeps dying as Hulk on Tokyo".split()
 
@@ -202,6 +206,27 @@ def bench_recall(n: int, size: int = 5000) -> None:
     print(row("context with a query: recall + budget", samples, samples_off))
 
 
+def bench_tokens(n: int) -> None:
+    print("== token budgets (o200k_base) against char budgets of the same size")
+    counter = load_tokenizer("o200k_base")
+    for size in (60, 1000):
+        session = Session("bench", SessionConfig(recent_window=size))
+        for i in range(size):
+            session.append_turn(turn(i))
+        view = session.view()
+        for fmt, tokens in (("instructions", 1300), ("messages", 2000)):
+            by_chars = timed(
+                lambda view=view, fmt=fmt, tokens=tokens: build_context(view, fmt, budget_chars=tokens * 4), n
+            )
+            by_tokens = timed(
+                lambda view=view, fmt=fmt, tokens=tokens: build_context(
+                    view, fmt, budget_chars=100_000, budget_tokens=tokens, tokens=counter
+                ),
+                n,
+            )
+            print(row(f"{size:>5} turns  {fmt:<12} {tokens} tokens", by_tokens, by_chars))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -212,6 +237,7 @@ def main() -> None:
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     bench_core(args.n)
+    bench_tokens(args.n)
     bench_recall(args.n)
     anyio.run(bench_manager, args.n, args.delay, args.sessions)
     anyio.run(bench_wire, args.n, args.delay)

@@ -393,11 +393,20 @@ class SessionHandle:
         base_instructions: str | None = None,
         facts: Sequence[str] | None = None,
         query: str | None = None,
+        *,
+        budget_tokens: int | None = None,
     ) -> Event:
         """The context for the next reply: ``messages`` or ``instructions``, plus the summary and cursor.
-        ``query`` is what recall looks for (by default the newest user turn)."""
+        ``query`` is what recall looks for (by default the newest user turn); ``budget_tokens``
+        bounds it in the session's tokenizer's count, beside or instead of ``budget_chars``."""
         message = ContextGet(
-            self.name, format, budget_chars, base_instructions or "", tuple(facts or ()), query=query
+            self.name,
+            format,
+            budget_chars,
+            base_instructions or "",
+            tuple(facts or ()),
+            query=query,
+            budget_tokens=budget_tokens,
         )
         return await self.client.request(message)
 

@@ -100,6 +100,7 @@ class ContextGet:
     facts: tuple[str, ...] = ()
     id: MessageId = None
     query: str | None = None
+    budget_tokens: int | None = None
     type: str = field(default="context.get", init=False, repr=False)
 
 
@@ -338,6 +339,9 @@ def _message(obj: dict[str, Any], max_text_chars: int) -> ClientMessage:
         budget = obj.get("budget_chars")
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
             raise r.fail("budget_chars must be a non-negative integer")
+        tokens = obj.get("budget_tokens")
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0):
+            raise r.fail("budget_tokens must be a non-negative integer")
         base = r.string(obj, "base_instructions", "", required=False, non_empty=False)
         raw_facts = obj.get("facts")
         if raw_facts is None:
@@ -347,7 +351,7 @@ def _message(obj: dict[str, Any], max_text_chars: int) -> ClientMessage:
         else:
             raise r.fail("facts must be a list of strings")
         query = r.string(obj, "query", "", required=False, non_empty=False, max_chars=max_text_chars)
-        return ContextGet(session, cast(Format, fmt), budget, base or "", facts, msg_id, query)
+        return ContextGet(session, cast(Format, fmt), budget, base or "", facts, msg_id, query, tokens)
     if kind == "session.state":
         return SessionStateGet(session, msg_id)
     if kind == "session.delete":
@@ -399,6 +403,8 @@ def message_dict(message: ClientMessage) -> dict[str, Any]:
         out["format"] = message.format
         if message.budget_chars is not None:
             out["budget_chars"] = message.budget_chars
+        if message.budget_tokens is not None:
+            out["budget_tokens"] = message.budget_tokens
         if message.base_instructions:
             out["base_instructions"] = message.base_instructions
         if message.facts:
@@ -472,6 +478,9 @@ def encode_context(session: str, ctx: Context, *, in_flight: bool, msg_id: Messa
         "first_turn": ctx.first_turn,
         "turns_shown": ctx.turns_shown,
         "budget_chars": ctx.budget_chars,
+        "budget_tokens": ctx.budget_tokens,
+        "tokens": ctx.tokens,
+        "tokenizer": ctx.tokenizer,
         "dropped": list(ctx.dropped),
         "query": ctx.query,
         "recalled": [r.as_wire() for r in ctx.recalled],

@@ -44,6 +44,7 @@ from voice_context.core.session import (
     SessionStats,
     Stale,
 )
+from voice_context.core.tokens import TokenCounter
 from voice_context.core.turns import Note, Turn
 from voice_context.core.window import Skip, SkipReason
 from voice_context.errors import SessionClosed, StoreError, SummarizerError, TurnConflict, UnknownSession
@@ -52,6 +53,7 @@ from voice_context.recall.index import RecallIndex, default_query, older_turns, 
 from voice_context.store.base import SessionRecord, Store
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import Summarizer, SummaryRequest
+from voice_context.tokenizers import load_tokenizer
 
 log = structlog.get_logger("voice_context")
 
@@ -135,6 +137,7 @@ class SessionManager:
         self._idle.set()
         self.counters: dict[str, int] = {"started": 0, "completed": 0, "failed": 0, "stale": 0}
         self._listeners: list[Listener] = []
+        self._counters: dict[str, TokenCounter] = {}
 
     def __repr__(self) -> str:
         return (
@@ -145,6 +148,9 @@ class SessionManager:
     # -- lifetime --------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
+        # the default tokenizer's file is read once per process, before the first reply needs it
+        tokenizer = self.config.tokenizer
+        self._counters[tokenizer] = await anyio.to_thread.run_sync(load_tokenizer, tokenizer)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         return self
@@ -325,6 +331,7 @@ class SessionManager:
         format: Format = "messages",
         *,
         budget_chars: int | None = None,
+        budget_tokens: int | None = None,
         base_instructions: str = "",
         facts: Sequence[str] = (),
         query: str | None = None,
@@ -335,8 +342,16 @@ class SessionManager:
 
         ``query`` is what recall looks for in the session's older history; by
         default the newest user turn. The context says what it recalled.
+        ``budget_tokens`` is counted with the session's ``tokenizer``, and then
+        the context reports its size in that count (``tokens``).
         """
         live = self._get(name, owner)
+        tokenizer = live.session.config.tokenizer
+        counter = self._counters.get(tokenizer)
+        if counter is None:  # the first use of a tokenizer reads its file: off the event loop
+            counter = await anyio.to_thread.run_sync(load_tokenizer, tokenizer)
+            self._counters[tokenizer] = counter
+            live = self._get(name, owner)  # decide again after the await
         self._maybe_compact(live)
         query_vector = None
         if live.recall.embedder is not None:
@@ -347,21 +362,19 @@ class SessionManager:
             live = self._get(name, owner)  # decide again after the await
         session = live.session
         query, recalled = recall_candidates(live.recall, session, query, query_vector=query_vector)
+        if budget_chars is None and format == "instructions":
+            budget_chars = session.config.instructions_budget_chars
         return build_context(
             session.view(),
             format,
             budget_chars=budget_chars,
+            budget_tokens=budget_tokens,
+            tokens=counter if budget_tokens is not None else None,  # a whole count costs ~45 us/kchar
             base_instructions=base_instructions,
             facts=facts,
             recalled=recalled,
             query=query,
-            older=older_turns(
-                live.recall,
-                session,
-                budget_chars
-                if budget_chars is not None
-                else (session.config.instructions_budget_chars if format == "instructions" else None),
-            ),
+            older=older_turns(live.recall, session, older_chars(budget_chars, budget_tokens)),
         )
 
     def state(self, name: str, *, owner: str | None = None) -> SessionStats:
@@ -740,6 +753,15 @@ class SessionManager:
                 listener(event)
             except Exception:  # a listener's bug must not lose the compaction
                 log.exception("voice_context_listener_failed", session=event.session)
+
+
+def older_chars(budget_chars: int | None, budget_tokens: int | None) -> int | None:
+    """The char budget that bounds how many turns before the cursor a context may show:
+    a token budget holds at most about four chars a token of them."""
+    if budget_tokens is None:
+        return budget_chars
+    from_tokens = budget_tokens * 4
+    return from_tokens if budget_chars is None else min(budget_chars, from_tokens)
 
 
 def _restore(record: SessionRecord, config: SessionConfig) -> Session:

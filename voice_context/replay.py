@@ -67,6 +67,7 @@ from voice_context.manager import CompactionEvent, SessionManager
 from voice_context.recall.embedding import load_embedder
 from voice_context.recall.index import RecallIndex, older_turns, recall_candidates
 from voice_context.summarizers.base import Summarizer, SummaryRequest
+from voice_context.tokenizers import load_tokenizer
 
 MESSAGE_TYPES = frozenset(
     {"session.open", "turn.append", "note.append", "context.get", "session.state", "session.close"}
@@ -309,10 +310,16 @@ class OfflineReplay:
         query, recalled = recall_candidates(
             state.recall, session, raw_query if isinstance(raw_query, str) else None, embed=True
         )
+        raw_tokens = message.get("budget_tokens")
+        budget_tokens = (
+            raw_tokens if isinstance(raw_tokens, int) and not isinstance(raw_tokens, bool) else None
+        )
         context = build_context(
             session.view(),
             cast(Format, fmt),
             budget_chars=budget,
+            budget_tokens=budget_tokens,
+            tokens=load_tokenizer(session.config.tokenizer) if budget_tokens is not None else None,
             base_instructions=base if isinstance(base, str) else "",
             facts=[str(f) for f in facts],
             recalled=recalled,

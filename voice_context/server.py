@@ -617,6 +617,7 @@ class Server:
                 name,
                 message.format,
                 budget_chars=message.budget_chars,
+                budget_tokens=message.budget_tokens,
                 base_instructions=message.base_instructions,
                 facts=message.facts,
                 query=message.query,

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from voice_context.core.tokens import DEFAULT_TOKENIZER, TOKENIZERS
 from voice_context.errors import ConfigError
 
 RECENT_WINDOW = 50
@@ -57,6 +58,9 @@ class SessionConfig:
       this old at the time of the request (0 keeps the design's pure count rule).
     - ``retry_base_seconds`` / ``retry_max_seconds``: after a failed compaction the
       next attempt waits ``base * 2**(failures-1)``, at most ``max``.
+    - ``tokenizer``: what a token budget is counted in: ``o200k_base`` (GPT-4o and
+      later), ``cl100k_base`` (GPT-4, GPT-3.5), or ``chars`` (the ``chars/3.5``
+      estimate, which is also what counts when no tokenizer is installed).
     """
 
     recent_window: int = RECENT_WINDOW
@@ -78,6 +82,7 @@ class SessionConfig:
     min_age_seconds: float = 0.0
     retry_base_seconds: float = 2.0
     retry_max_seconds: float = 60.0
+    tokenizer: str = DEFAULT_TOKENIZER
 
     def __post_init__(self) -> None:
         positive = (
@@ -110,6 +115,9 @@ class SessionConfig:
             raise ConfigError("recent_share + recall_share + summary_share must not exceed 1")
         if not isinstance(self.recall, bool):
             raise ConfigError(f"recall must be true or false, got {self.recall!r}")
+        if self.tokenizer not in TOKENIZERS:
+            known = ", ".join(sorted(TOKENIZERS))
+            raise ConfigError(f"tokenizer must be one of {known}, got {self.tokenizer!r}")
         if self.max_summary_chars < 40:
             raise ConfigError("max_summary_chars must be at least 40")
         if self.summary_priority_chars < 40:
@@ -154,16 +162,20 @@ CLIENT_MAXIMA: Mapping[str, int | float] = {
     "summary_share": 1,
     "recall_limit": 32,
 }
+#: Fields a client may set that are names, not numbers (checked by :class:`SessionConfig`).
+CLIENT_NAMES: frozenset[str] = frozenset({"tokenizer"})
 
 
 def check_client_overrides(overrides: Mapping[str, Any], defaults: SessionConfig) -> None:
     """Refuse what a client may not ask of a session (``ConfigError``): a field outside
-    :data:`CLIENT_MAXIMA`, or a number above its maximum."""
-    refused = sorted(set(overrides) - set(CLIENT_MAXIMA))
+    :data:`CLIENT_MAXIMA` and :data:`CLIENT_NAMES`, or a number above its maximum."""
+    refused = sorted(set(overrides) - set(CLIENT_MAXIMA) - CLIENT_NAMES)
     if refused:
-        allowed = ", ".join(CLIENT_MAXIMA)
+        allowed = ", ".join([*CLIENT_MAXIMA, *sorted(CLIENT_NAMES)])
         raise ConfigError(f"session config cannot set {', '.join(refused)} (a client may set: {allowed})")
     for name, value in overrides.items():
+        if name in CLIENT_NAMES:
+            continue
         limit = max(CLIENT_MAXIMA[name], getattr(defaults, name))
         if isinstance(value, int | float) and not isinstance(value, bool) and value > limit:
             raise ConfigError(f"{name} may be at most {limit:g} (asked for {value:g})")
