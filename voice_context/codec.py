@@ -537,6 +537,8 @@ def encode_event(event: CompactionEvent) -> str:
     }
     if event.kind == "completed":
         obj["old_cursor"] = event.old_cursor
+        if event.trigger is not None:
+            obj["trigger"] = event.trigger
     else:
         obj.update(
             error=event.error, retryable=event.retryable, failures=event.failures, retry_at=event.retry_at

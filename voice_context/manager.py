@@ -46,7 +46,7 @@ from voice_context.core.session import (
 )
 from voice_context.core.tokens import TokenCounter
 from voice_context.core.turns import Note, Turn
-from voice_context.core.window import Skip, SkipReason
+from voice_context.core.window import FillBudget, Skip, SkipReason
 from voice_context.errors import SessionClosed, StoreError, SummarizerError, TurnConflict, UnknownSession
 from voice_context.recall.embedding import Embedder
 from voice_context.recall.index import RecallIndex, default_query, older_turns, recall_candidates
@@ -85,6 +85,8 @@ class CompactionEvent:
     retryable: bool | None = None
     failures: int = 0
     retry_at: float | None = None
+    trigger: str | None = None
+    """For a completed fold: ``count`` (the batch rule) or ``fill`` (the fill trigger)."""
 
 
 Listener = Callable[[CompactionEvent], None]
@@ -352,7 +354,9 @@ class SessionManager:
             counter = await anyio.to_thread.run_sync(load_tokenizer, tokenizer)
             self._counters[tokenizer] = counter
             live = self._get(name, owner)  # decide again after the await
-        self._maybe_compact(live)
+        if budget_chars is None and format == "instructions":
+            budget_chars = live.session.config.instructions_budget_chars
+        self._maybe_compact(live, FillBudget(budget_chars, budget_tokens, counter))
         query_vector = None
         if live.recall.embedder is not None:
             self._maybe_embed(live)
@@ -362,8 +366,6 @@ class SessionManager:
             live = self._get(name, owner)  # decide again after the await
         session = live.session
         query, recalled = recall_candidates(live.recall, session, query, query_vector=query_vector)
-        if budget_chars is None and format == "instructions":
-            budget_chars = session.config.instructions_budget_chars
         return build_context(
             session.view(),
             format,
@@ -498,9 +500,9 @@ class SessionManager:
             raise UnknownSession(name)
         return live
 
-    def _maybe_compact(self, live: _Live) -> None:
+    def _maybe_compact(self, live: _Live, budget: FillBudget | None = None) -> None:
         session = live.session
-        decision = session.plan_compaction(self.clock())
+        decision = session.plan_compaction(self.clock(), budget)
         if isinstance(decision, Skip):
             # a skip worth telling is told once: per plan in flight, per backoff
             repeat = {
@@ -607,6 +609,7 @@ class SessionManager:
             recent_start=plan.recent_start,
             pending_note_count=len(plan.notes),
             recompact=plan.recompact,
+            trigger=plan.trigger,
         )
         request = SummaryRequest.for_plan(plan, session.name)
         try:
@@ -697,6 +700,7 @@ class SessionManager:
                 len(outcome.summary),
                 outcome.latency,
                 old_cursor=outcome.old_cursor,
+                trigger=plan.trigger,
             ),
         )
         return None

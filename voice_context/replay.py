@@ -62,6 +62,7 @@ from voice_context.core.budget import FORMATS, Context, Format, build_context
 from voice_context.core.config import SessionConfig
 from voice_context.core.session import Applied, CompactionPlan, Failed, Session
 from voice_context.core.turns import ROLES, Note, Role, Turn
+from voice_context.core.window import FillBudget
 from voice_context.errors import ConfigError, SummarizerError
 from voice_context.manager import CompactionEvent, SessionManager
 from voice_context.recall.embedding import load_embedder
@@ -294,13 +295,25 @@ class OfflineReplay:
         session = state.session
         if probe is None:
             state.last_request = message
-        plan = session.plan_compaction(now) if probe is None else None
         fmt = message.get("format", "messages")
         if fmt not in FORMATS:
             fmt = "messages"
         budget = self.budget_chars
         if budget is None and isinstance(message.get("budget_chars"), int):
             budget = message["budget_chars"]
+        raw_tokens = message.get("budget_tokens")
+        budget_tokens = (
+            raw_tokens if isinstance(raw_tokens, int) and not isinstance(raw_tokens, bool) else None
+        )
+        counter = load_tokenizer(session.config.tokenizer) if budget_tokens is not None else None
+        fill = FillBudget(
+            budget
+            if budget is not None or fmt != "instructions"
+            else session.config.instructions_budget_chars,
+            budget_tokens,
+            counter,
+        )
+        plan = session.plan_compaction(now, fill) if probe is None else None
         raw_facts = message.get("facts")
         facts: list[Any] = raw_facts if isinstance(raw_facts, list) else []
         base = message.get("base_instructions")
@@ -310,16 +323,12 @@ class OfflineReplay:
         query, recalled = recall_candidates(
             state.recall, session, raw_query if isinstance(raw_query, str) else None, embed=True
         )
-        raw_tokens = message.get("budget_tokens")
-        budget_tokens = (
-            raw_tokens if isinstance(raw_tokens, int) and not isinstance(raw_tokens, bool) else None
-        )
         context = build_context(
             session.view(),
             cast(Format, fmt),
             budget_chars=budget,
             budget_tokens=budget_tokens,
-            tokens=load_tokenizer(session.config.tokenizer) if budget_tokens is not None else None,
+            tokens=counter,
             base_instructions=base if isinstance(base, str) else "",
             facts=[str(f) for f in facts],
             recalled=recalled,

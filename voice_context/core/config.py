@@ -21,6 +21,7 @@ MAX_TURN_CHARS = 1200
 RECENT_SHARE = 0.85
 RECALL_SHARE = 0.1
 SUMMARY_SHARE = 0.05
+FILL_TRIGGER = 0.7
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,6 +62,9 @@ class SessionConfig:
     - ``tokenizer``: what a token budget is counted in: ``o200k_base`` (GPT-4o and
       later), ``cl100k_base`` (GPT-4, GPT-3.5), or ``chars`` (the ``chars/3.5``
       estimate, which is also what counts when no tokenizer is installed).
+    - ``fill_trigger``: a context asked for under a budget also starts a
+      compaction when the verbatim turns from the cursor on pass this share of
+      that budget (chars or tokens), whatever their count; 0 turns it off.
     """
 
     recent_window: int = RECENT_WINDOW
@@ -83,6 +87,7 @@ class SessionConfig:
     retry_base_seconds: float = 2.0
     retry_max_seconds: float = 60.0
     tokenizer: str = DEFAULT_TOKENIZER
+    fill_trigger: float = FILL_TRIGGER
 
     def __post_init__(self) -> None:
         positive = (
@@ -107,7 +112,7 @@ class SessionConfig:
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
-        for name in ("recent_share", "recall_share", "summary_share"):
+        for name in ("recent_share", "recall_share", "summary_share", "fill_trigger"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= 1:
                 raise ConfigError(f"{name} must be a number between 0 and 1, got {value!r}")
@@ -161,6 +166,7 @@ CLIENT_MAXIMA: Mapping[str, int | float] = {
     "recall_share": 1,
     "summary_share": 1,
     "recall_limit": 32,
+    "fill_trigger": 1,
 }
 #: Fields a client may set that are names, not numbers (checked by :class:`SessionConfig`).
 CLIENT_NAMES: frozenset[str] = frozenset({"tokenizer"})

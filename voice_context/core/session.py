@@ -9,7 +9,8 @@ as plain data, and performs what comes back (run a plan, persist, log).
 Invariants, checked by the property tests:
 
 - the cursor only moves forward, and only to the end of the plan that landed;
-- a plan never contains a turn inside the recent window at the time it starts;
+- a plan never contains a turn inside the recent window at the time it starts,
+  unless the fill trigger made it due (the budget would cut those turns anyway);
 - every turn is either before the cursor (covered by the summary) or kept
   verbatim: there is no gap, whatever order results arrive in;
 - the summary never exceeds ``max_summary_chars``.
@@ -25,7 +26,15 @@ from typing import NamedTuple
 from voice_context.core.config import SessionConfig
 from voice_context.core.text import clamp_sentences, clip, normalize
 from voice_context.core.turns import Note, Turn
-from voice_context.core.window import Batch, Skip, SkipReason, choose_batch
+from voice_context.core.window import (
+    Batch,
+    FillBudget,
+    Skip,
+    SkipReason,
+    choose_batch,
+    fill_end,
+    verbatim_sizes,
+)
 
 #: Past this many failures in a row the backoff stops doubling (it is long at its ceiling by then).
 MAX_BACKOFF_DOUBLINGS = 32
@@ -60,6 +69,9 @@ class CompactionPlan:
     max_note_chars: int
     started_at: float
     recompact: bool = False
+    trigger: str = "count"
+    """What made it due: ``count`` (the batch rule) or ``fill`` (the verbatim part passed
+    ``fill_trigger`` of the budget a context was asked in)."""
 
     def __repr__(self) -> str:
         kind = "recompact" if self.recompact else "fold"
@@ -320,12 +332,29 @@ class Session:
         while len(self._live) > config.live_note_entries:
             self._queue_pending(self._live.popleft())
 
-    def plan_compaction(self, now: float) -> CompactionPlan | Skip:
+    def plan_compaction(self, now: float, budget: FillBudget | None = None) -> CompactionPlan | Skip:
         """Evaluate the trigger for a context request at time ``now``.
 
-        Returns the plan to run (and marks it in flight) or why nothing starts.
+        ``budget`` is the budget the context is asked in: with one, the fill
+        trigger is evaluated too (see :mod:`voice_context.core.window`), and a
+        fold it makes due may reach into the recent window by count. Returns the
+        plan to run (and marks it in flight) or why nothing starts.
         """
-        decision = choose_batch(
+        decision = self._by_count(now)
+        if budget is None or not self.config.fill_trigger:
+            return decision if isinstance(decision, Skip) else self._start(decision, now)
+        if isinstance(decision, Skip) and decision.reason is not SkipReason.BELOW_THRESHOLD:
+            return decision
+        sizes = verbatim_sizes(self._turns, self.config, budget)
+        end = fill_end(self._cursor, sizes, self.config.fill_trigger, budget)
+        if end is None or (isinstance(decision, Batch) and end <= decision.end):
+            return decision if isinstance(decision, Skip) else self._start(decision, now)
+        if self._retry_at is not None and now < self._retry_at:
+            return Skip(SkipReason.BACKING_OFF, decision.recent_start, retry_at=self._retry_at)
+        return self._start(Batch(self._cursor, end, decision.recent_start), now, trigger="fill")
+
+    def _by_count(self, now: float) -> Batch | Skip:
+        return choose_batch(
             total_turns=self.total_turns,
             cursor=self._cursor,
             config=self.config,
@@ -335,9 +364,6 @@ class Session:
             retry_at=self._retry_at,
             turn_times=[t.at for t in self._turns] if self.config.min_age_seconds else (),
         )
-        if isinstance(decision, Skip):
-            return decision
-        return self._start(decision, now)
 
     def check_result(self, plan_id: int, text: str) -> Accepted | CompactionPlan | Rejected | Stale:
         """What ``compaction_succeeded`` would do with ``text``, without doing it.
@@ -439,7 +465,7 @@ class Session:
             last_seq = seq
         return tuple(taken), last_seq
 
-    def _start(self, batch: Batch, now: float) -> CompactionPlan:
+    def _start(self, batch: Batch, now: float, *, trigger: str = "count") -> CompactionPlan:
         # several batches at once only as far as their text stays under MAX_FOLD_CHARS
         count, size = batch.size, self.config.batch_size
         while count > size and sum(len(t.text) for t in self._turns[:count]) > MAX_FOLD_CHARS:
@@ -458,6 +484,7 @@ class Session:
             max_chars=self.config.max_summary_chars,
             max_note_chars=self.config.max_note_chars,
             started_at=now,
+            trigger=trigger,
         )
         self._in_flight = plan
         return plan
