@@ -12,6 +12,10 @@
 6. Token budgets: ``build_context`` under a token budget in ``o200k_base`` (a
    warm count cache, as on a live session), against the same context under the
    char budget of the same size (4 chars a token).
+7. Deterministic compression: ``compress`` of 100 fresh messages (conversation
+   with repeats, rephrasings and filler), without and with a budget that
+   forces convergence, against reading each message once (normalizing its
+   words: the floor of any de-duplication).
 5. Recall on the reply path, in process: a 5,000-turn session (the text of the
    project's own recordings, each turn numbered), a context with a query
    (recall over the whole history, then the budget) against the same context
@@ -34,6 +38,7 @@ from voice_context import DeterministicSummarizer, SessionConfig, SessionManager
 from voice_context.core.budget import build_context
 from voice_context.core.session import Session
 from voice_context.recall.index import RecallIndex, recall_candidates
+from voice_context.summarizers.compress import _key, compress
 from voice_context.summarizers.fakes import SlowSummarizer
 from voice_context.tokenizers import load_tokenizer
 
@@ -227,6 +232,32 @@ def bench_tokens(n: int) -> None:
             print(row(f"{size:>5} turns  {fmt:<12} {tokens} tokens", by_tokens, by_chars))
 
 
+def bench_compress(n: int) -> None:
+    print("== deterministic compression of 100 messages")
+    fillers = ("yeah", "ok lol", "right", "haha", "sure")
+
+    def messages(seed: int) -> list[Turn]:
+        out = []
+        for i in range(100):
+            k = seed * 100 + i
+            if i % 10 == 3:
+                text = fillers[k % len(fillers)]
+            elif i % 10 == 6:  # a rephrasing of the message before
+                text = out[-1].text.rstrip(".") + " then"
+            else:
+                text = turn(k).text
+            out.append(Turn(("Alice", "Bob")[i % 2], "user", text, 1_700_000_000.0 + i))
+        return out
+
+    batches = [messages(seed) for seed in range(n)]  # fresh texts each time: no cache helps
+    floor = timed(lambda it=iter(batches): [_key(t.text) for t in next(it)], n)  # noqa: B008 - one pass
+    plain = timed(lambda it=iter(batches): compress(next(it)), n)  # noqa: B008
+    forced = timed(lambda it=iter(batches): compress(next(it), budget_chars=2000), n)  # noqa: B008
+    print(row("reading each message once (the floor)", floor))
+    print(row("compress: filler, exact and fuzzy duplicates", plain, floor))
+    print(row("compress + force-converge to 2,000 chars", forced, floor))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -238,6 +269,7 @@ def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     bench_core(args.n)
     bench_tokens(args.n)
+    bench_compress(min(args.n, 1000))
     bench_recall(args.n)
     anyio.run(bench_manager, args.n, args.delay, args.sessions)
     anyio.run(bench_wire, args.n, args.delay)
