@@ -46,6 +46,8 @@ from voice_context.codec import (
     ClientMessage,
     ContextGet,
     DecodeError,
+    LandmarkPin,
+    LandmarkUnpin,
     NoteAppend,
     Ping,
     SessionClose,
@@ -412,6 +414,14 @@ class SessionHandle:
 
     async def state(self) -> Event:
         return await self.client.request(SessionStateGet(self.name))
+
+    async def pin(self, index: int, kind: str = "other", reason: str = "", source: str = "manual") -> Event:
+        """Pin the turn at ``index`` as a landmark: never paraphrased, shown whole in later contexts."""
+        return await self.client.request(LandmarkPin(self.name, index, kind, reason, source))
+
+    async def unpin(self, index: int) -> Event:
+        """Unpin the landmark at ``index``; the reply's ``removed`` says whether there was one."""
+        return await self.client.request(LandmarkUnpin(self.name, index))
 
     async def close(self) -> None:
         """Stop using the session on this client (its state stays on the server's store)."""

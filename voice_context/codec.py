@@ -34,6 +34,7 @@ from voice_context.errors import DecodeError
 
 if TYPE_CHECKING:
     from voice_context.core.budget import Context
+    from voice_context.core.landmarks import Landmark
     from voice_context.core.session import NotesChanged, SessionStats
     from voice_context.manager import CompactionEvent, Opened
 
@@ -41,6 +42,8 @@ PROTOCOL_VERSION: Final = 1
 MAX_SESSION_CHARS: Final = 200
 MAX_ID_CHARS: Final = 200
 MAX_SPEAKER_CHARS: Final = 200
+MAX_KIND_CHARS: Final = 40
+MAX_REASON_CHARS: Final = 200
 DEFAULT_MAX_TEXT_CHARS: Final = 8000
 #: Times are unix seconds from 0 up to (not including) 1e11, the year 5138: a larger
 #: value is a mistake, most often milliseconds (JavaScript's ``Date.now()``, about 1.7e12).
@@ -128,6 +131,29 @@ class SessionDelete:
 
 
 @dataclass(frozen=True, slots=True)
+class LandmarkPin:
+    """Pin the turn at ``index`` as a landmark: shown whole in every later context, never folded."""
+
+    session: str
+    index: int
+    kind: str = "other"
+    reason: str = ""
+    source: str = "manual"
+    id: MessageId = None
+    type: str = field(default="landmark.pin", init=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class LandmarkUnpin:
+    """Unpin the landmark at ``index``."""
+
+    session: str
+    index: int
+    id: MessageId = None
+    type: str = field(default="landmark.unpin", init=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class Ping:
     """Answered with ``pong``; needs no session. Not recorded."""
 
@@ -137,10 +163,27 @@ class Ping:
 
 
 ClientMessage = (
-    SessionOpen | TurnAppend | NoteAppend | ContextGet | SessionStateGet | SessionClose | SessionDelete | Ping
+    SessionOpen
+    | TurnAppend
+    | NoteAppend
+    | ContextGet
+    | SessionStateGet
+    | SessionClose
+    | SessionDelete
+    | LandmarkPin
+    | LandmarkUnpin
+    | Ping
 )
 SessionMessage = (
-    SessionOpen | TurnAppend | NoteAppend | ContextGet | SessionStateGet | SessionClose | SessionDelete
+    SessionOpen
+    | TurnAppend
+    | NoteAppend
+    | ContextGet
+    | SessionStateGet
+    | SessionClose
+    | SessionDelete
+    | LandmarkPin
+    | LandmarkUnpin
 )
 
 CLIENT_TYPES: Final = (
@@ -151,6 +194,8 @@ CLIENT_TYPES: Final = (
     "session.state",
     "session.close",
     "session.delete",
+    "landmark.pin",
+    "landmark.unpin",
     "ping",
 )
 
@@ -352,6 +397,18 @@ def _message(obj: dict[str, Any], max_text_chars: int) -> ClientMessage:
             raise r.fail("facts must be a list of strings")
         query = r.string(obj, "query", "", required=False, non_empty=False, max_chars=max_text_chars)
         return ContextGet(session, cast(Format, fmt), budget, base or "", facts, msg_id, query, tokens)
+    if kind in ("landmark.pin", "landmark.unpin"):
+        index = obj.get("index")
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise r.fail("index must be a non-negative integer (a turn's index)")
+        if kind == "landmark.unpin":
+            return LandmarkUnpin(session, index, msg_id)
+        pin_kind = r.string(obj, "kind", "", required=False, max_chars=MAX_KIND_CHARS) or "other"
+        reason = r.string(obj, "reason", "", required=False, non_empty=False, max_chars=MAX_REASON_CHARS)
+        source = r.string(obj, "source", "", required=False) or "manual"
+        if source not in ("manual", "llm"):
+            raise r.fail("source must be manual or llm (heuristic landmarks are found by the server)")
+        return LandmarkPin(session, index, pin_kind, reason or "", source, msg_id)
     if kind == "session.state":
         return SessionStateGet(session, msg_id)
     if kind == "session.delete":
@@ -411,6 +468,12 @@ def message_dict(message: ClientMessage) -> dict[str, Any]:
             out["facts"] = list(message.facts)
         if message.query is not None:
             out["query"] = message.query
+    elif isinstance(message, LandmarkPin):
+        out.update(index=message.index, kind=message.kind, source=message.source)
+        if message.reason:
+            out["reason"] = message.reason
+    elif isinstance(message, LandmarkUnpin):
+        out["index"] = message.index
     return out
 
 
@@ -441,11 +504,43 @@ def encode_opened(session: str, opened: Opened, msg_id: MessageId = None) -> str
 
 
 def encode_turn_appended(
-    session: str, index: int, msg_id: MessageId = None, *, duplicate: bool = False
+    session: str,
+    index: int,
+    msg_id: MessageId = None,
+    *,
+    duplicate: bool = False,
+    landmark: Landmark | None = None,
 ) -> str:
     obj: dict[str, Any] = {"type": "turn.appended", "session": session, "index": index}
     if duplicate:
         obj["duplicate"] = True
+    if landmark is not None:
+        obj["landmark"] = {"kind": landmark.kind, "reason": landmark.reason, "source": landmark.source}
+    return _dumps(_with_id(obj, msg_id))
+
+
+def landmark_wire(landmark: Landmark) -> dict[str, Any]:
+    """A landmark as replies carry it."""
+    t = landmark.turn
+    return {
+        "index": landmark.index,
+        "kind": landmark.kind,
+        "reason": landmark.reason,
+        "source": landmark.source,
+        "pinned_at": landmark.pinned_at,
+        "speaker": t.speaker,
+        "text": t.text,
+        "at": t.at,
+    }
+
+
+def encode_pinned(session: str, landmark: Landmark, msg_id: MessageId = None) -> str:
+    obj = {"type": "landmark.pinned", "session": session, "landmark": landmark_wire(landmark)}
+    return _dumps(_with_id(obj, msg_id))
+
+
+def encode_unpinned(session: str, index: int, removed: bool, msg_id: MessageId = None) -> str:
+    obj = {"type": "landmark.unpinned", "session": session, "index": index, "removed": removed}
     return _dumps(_with_id(obj, msg_id))
 
 
@@ -484,6 +579,7 @@ def encode_context(session: str, ctx: Context, *, in_flight: bool, msg_id: Messa
         "dropped": list(ctx.dropped),
         "query": ctx.query,
         "recalled": [r.as_wire() for r in ctx.recalled],
+        "landmarks": [{"turn": lm.index, "kind": lm.kind} for lm in ctx.landmarks],
     }
     if ctx.format == "messages":
         obj["messages"] = [dict(m) for m in ctx.messages]
@@ -507,6 +603,7 @@ def encode_state(session: str, stats: SessionStats, msg_id: MessageId = None) ->
                 "failures": stats.failures,
                 "compactions": stats.compactions,
                 "notes_dropped": stats.notes_dropped,
+                "landmarks": stats.landmarks,
             },
             msg_id,
         )
@@ -588,6 +685,8 @@ __all__ = [
     "ClientMessage",
     "ContextGet",
     "DecodeError",
+    "LandmarkPin",
+    "LandmarkUnpin",
     "NoteAppend",
     "Ping",
     "SessionClose",
@@ -606,9 +705,12 @@ __all__ = [
     "encode_event",
     "encode_note_appended",
     "encode_opened",
+    "encode_pinned",
     "encode_pong",
     "encode_state",
     "encode_turn_appended",
+    "encode_unpinned",
+    "landmark_wire",
     "message_dict",
     "parse",
     "valid_session_name",

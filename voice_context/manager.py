@@ -34,6 +34,7 @@ from anyio.abc import TaskGroup
 from voice_context.config import session_defaults
 from voice_context.core.budget import Context, Format, build_context
 from voice_context.core.config import SessionConfig
+from voice_context.core.landmarks import Landmark, LandmarkSource
 from voice_context.core.session import (
     Accepted,
     Applied,
@@ -263,7 +264,8 @@ class SessionManager:
             if record.owner != owner:
                 raise UnknownSession(name)
             merged = {**record.config, **(overrides or {})}
-            session = _restore(record, self.config.with_overrides(merged))
+            landmarks = await self.store.load_landmarks(name)
+            session = _restore(record, self.config.with_overrides(merged), landmarks)
             if overrides:
                 await self.store.save_config(name, merged)
             await self._save_notes_if_changed(session, (record.live_notes, record.pending_notes))
@@ -310,7 +312,11 @@ class SessionManager:
                     text = f"session {name!r} is being appended to elsewhere at the same time: try again"
                     raise StoreError(text, retryable=True) from conflict
             live.recall.add_turn(index, turn)
-            return live.session.append_turn(turn)
+            index = live.session.append_turn(turn)
+            found = live.session.landmark(index)
+            if found is not None:
+                await self._save_landmark(name, found)
+            return index
 
     async def append_note(self, name: str, note: Note, *, owner: str | None = None) -> NotesChanged:
         """Add a screen-watch note; evicted notes queue for the next compaction."""
@@ -382,6 +388,63 @@ class SessionManager:
     def state(self, name: str, *, owner: str | None = None) -> SessionStats:
         return self._get(name, owner).session.stats()
 
+    async def pin(
+        self,
+        name: str,
+        index: int,
+        *,
+        kind: str = "other",
+        reason: str = "",
+        source: LandmarkSource = "manual",
+        owner: str | None = None,
+    ) -> Landmark:
+        """Pin the turn at ``index`` as a landmark (replacing one already there) and store it.
+
+        Raises ``IndexError`` when the session has no such turn.
+        """
+        live = self._get(name, owner)
+        async with live.lock:
+            session = live.session
+            if not 0 <= index < session.total_turns:
+                raise IndexError(f"session {name!r} has no turn {index} (it has {session.total_turns})")
+            if index >= session.cursor:
+                turn = session.turn(index)
+            else:
+                [turn] = await self.store.read_turns(name, index, index + 1)
+            landmark = Landmark(index, turn, kind, reason, source, self.clock())
+            await self.store.save_landmark(name, landmark)
+            live.session.pin(landmark)
+            log.info("voice_context_landmark_pinned", session=name, index=index, kind=kind, source=source)
+            return landmark
+
+    async def unpin(self, name: str, index: int, *, owner: str | None = None) -> bool:
+        """Unpin the landmark at ``index``; returns whether there was one."""
+        live = self._get(name, owner)
+        async with live.lock:
+            removed = await self.store.delete_landmark(name, index)
+            removed = live.session.unpin(index) is not None or removed
+            log.info("voice_context_landmark_unpinned", session=name, index=index, removed=removed)
+            return removed
+
+    async def _save_landmark(self, name: str, landmark: Landmark) -> None:
+        """Store a landmark the heuristics found. The turn is stored already: a landmark
+        that cannot be stored is logged; it stays pinned here, and a session restored
+        elsewhere does without it (an unpin must last, so restored turns are not read again)."""
+        try:
+            await self.store.save_landmark(name, landmark)
+        except StoreError as exc:
+            log.warning(
+                "voice_context_landmark_not_stored", session=name, index=landmark.index, error=str(exc)
+            )
+        else:
+            log.info(
+                "voice_context_landmark_pinned",
+                session=name,
+                index=landmark.index,
+                kind=landmark.kind,
+                source=landmark.source,
+            )
+
     def session(self, name: str, *, owner: str | None = None) -> Session:
         """The live session object (for inspection; mutate it only through the manager)."""
         return self._get(name, owner).session
@@ -447,7 +510,7 @@ class SessionManager:
         if session.in_flight is not None and live.scope is not None:
             live.scope.cancel()
         session.begin_ending()
-        live.session = _restore(record, session.config)
+        live.session = _restore(record, session.config, await self.store.load_landmarks(session.name))
         if record.total_turns > live.recall.turns:
             live.recall.add_turns(
                 live.recall.turns,
@@ -768,8 +831,9 @@ def older_chars(budget_chars: int | None, budget_tokens: int | None) -> int | No
     return from_tokens if budget_chars is None else min(budget_chars, from_tokens)
 
 
-def _restore(record: SessionRecord, config: SessionConfig) -> Session:
-    """A live session from the store's record (which holds the turns from its cursor on)."""
+def _restore(record: SessionRecord, config: SessionConfig, landmarks: Sequence[Landmark] = ()) -> Session:
+    """A live session from the store's record (which holds the turns from its cursor on)
+    and its landmarks."""
     return Session(
         record.name,
         config,
@@ -779,4 +843,5 @@ def _restore(record: SessionRecord, config: SessionConfig) -> Session:
         live_notes=record.live_notes,
         pending_notes=record.pending_notes,
         compactions=record.compactions,
+        landmarks=landmarks,
     )

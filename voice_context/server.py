@@ -64,6 +64,8 @@ from voice_context.codec import (
     ClientMessage,
     ContextGet,
     DecodeError,
+    LandmarkPin,
+    LandmarkUnpin,
     MessageId,
     NoteAppend,
     Ping,
@@ -628,6 +630,22 @@ class Server:
             return codec.encode_context(name, ctx, in_flight=in_flight, msg_id=message.id), True
         if isinstance(message, SessionStateGet):
             return codec.encode_state(name, manager.state(name, owner=owner), message.id), True
+        if isinstance(message, LandmarkPin):
+            try:
+                landmark = await manager.pin(
+                    name,
+                    message.index,
+                    kind=message.kind,
+                    reason=message.reason,
+                    source="llm" if message.source == "llm" else "manual",
+                    owner=owner,
+                )
+            except IndexError as exc:
+                raise _Reject(BAD_REQUEST, str(exc)) from None
+            return codec.encode_pinned(name, landmark, message.id), True
+        if isinstance(message, LandmarkUnpin):
+            removed = await manager.unpin(name, message.index, owner=owner)
+            return codec.encode_unpinned(name, message.index, removed, message.id), True
         if isinstance(message, SessionDelete):
             await self._delete(conn, name)
             return codec.encode_deleted(name, message.id), False
@@ -686,8 +704,11 @@ class Server:
                 return codec.encode_turn_appended(name, duplicate, message.id, duplicate=True), False
             self._take(limits)
             index = await self.manager.append_turn(name, message.turn, owner=conn.owner)
+            found = (
+                session.landmark(index) if self.manager.session(name, owner=conn.owner) is session else None
+            )
         self.metrics.turns.inc()
-        return codec.encode_turn_appended(name, index, message.id), True
+        return codec.encode_turn_appended(name, index, message.id, landmark=found), True
 
     def _forget_idle_limits(self) -> None:
         """Drop the rate limits of sessions nobody holds whose buckets have refilled anyway

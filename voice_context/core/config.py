@@ -22,6 +22,7 @@ RECENT_SHARE = 0.85
 RECALL_SHARE = 0.1
 SUMMARY_SHARE = 0.05
 FILL_TRIGGER = 0.7
+LANDMARK_SHARE = 0.25
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +66,10 @@ class SessionConfig:
     - ``fill_trigger``: a context asked for under a budget also starts a
       compaction when the verbatim turns from the cursor on pass this share of
       that budget (chars or tokens), whatever their count; 0 turns it off.
+    - ``landmarks``: whether turns are read for landmarks as they arrive (pinned
+      and unpinned ones by hand count either way).
+    - ``landmark_share``: the share of a budget the landmarks take, newest first,
+      right after the current turn; more of them only take the room left at the end.
     """
 
     recent_window: int = RECENT_WINDOW
@@ -88,6 +93,8 @@ class SessionConfig:
     retry_max_seconds: float = 60.0
     tokenizer: str = DEFAULT_TOKENIZER
     fill_trigger: float = FILL_TRIGGER
+    landmarks: bool = True
+    landmark_share: float = LANDMARK_SHARE
 
     def __post_init__(self) -> None:
         positive = (
@@ -112,14 +119,15 @@ class SessionConfig:
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
-        for name in ("recent_share", "recall_share", "summary_share", "fill_trigger"):
+        for name in ("recent_share", "recall_share", "summary_share", "fill_trigger", "landmark_share"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= 1:
                 raise ConfigError(f"{name} must be a number between 0 and 1, got {value!r}")
         if self.recent_share + self.recall_share + self.summary_share > 1 + 1e-9:
             raise ConfigError("recent_share + recall_share + summary_share must not exceed 1")
-        if not isinstance(self.recall, bool):
-            raise ConfigError(f"recall must be true or false, got {self.recall!r}")
+        for name in ("recall", "landmarks"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.tokenizer not in TOKENIZERS:
             known = ", ".join(sorted(TOKENIZERS))
             raise ConfigError(f"tokenizer must be one of {known}, got {self.tokenizer!r}")
@@ -167,6 +175,8 @@ CLIENT_MAXIMA: Mapping[str, int | float] = {
     "summary_share": 1,
     "recall_limit": 32,
     "fill_trigger": 1,
+    "landmarks": 1,
+    "landmark_share": 1,
 }
 #: Fields a client may set that are names, not numbers (checked by :class:`SessionConfig`).
 CLIENT_NAMES: frozenset[str] = frozenset({"tokenizer"})

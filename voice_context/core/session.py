@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from voice_context.core.config import SessionConfig
+from voice_context.core.landmarks import Landmark, found_in
 from voice_context.core.text import clamp_sentences, clip, normalize
 from voice_context.core.turns import Note, Turn
 from voice_context.core.window import (
@@ -72,6 +73,9 @@ class CompactionPlan:
     trigger: str = "count"
     """What made it due: ``count`` (the batch rule) or ``fill`` (the verbatim part passed
     ``fill_trigger`` of the budget a context was asked in)."""
+    landmarks: int = 0
+    """How many turns of ``start..end-1`` are landmarks, left out of ``turns``: a
+    compaction never paraphrases one."""
 
     def __repr__(self) -> str:
         kind = "recompact" if self.recompact else "fold"
@@ -157,6 +161,7 @@ class SessionStats(NamedTuple):
     failures: int
     compactions: int
     notes_dropped: int
+    landmarks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +173,7 @@ class ContextView:
     turns: tuple[Turn, ...]
     live_notes: tuple[Note, ...]
     config: SessionConfig
+    landmarks: tuple[Landmark, ...] = ()
 
     @property
     def covered_through(self) -> int:
@@ -189,6 +195,7 @@ class Session:
         pending_notes: Iterable[Note] = (),
         failures: int = 0,
         compactions: int = 0,
+        landmarks: Iterable[Landmark] = (),
     ) -> None:
         """Create a session, or restore one: ``turns`` are those from ``cursor`` on."""
         if cursor < 0:
@@ -215,6 +222,7 @@ class Session:
         self._compactions = compactions
         self._retry_at: float | None = None
         self._ending = False
+        self._landmarks: dict[int, Landmark] = {lm.index: lm for lm in landmarks}
 
     # -- reading ---------------------------------------------------------------
 
@@ -272,10 +280,21 @@ class Session:
             failures=self._failures,
             compactions=self._compactions,
             notes_dropped=self._notes_dropped,
+            landmarks=len(self._landmarks),
         )
 
+    @property
+    def landmarks(self) -> tuple[Landmark, ...]:
+        """The session's landmarks, oldest first."""
+        return tuple(self._landmarks[i] for i in sorted(self._landmarks))
+
+    def landmark(self, index: int) -> Landmark | None:
+        return self._landmarks.get(index)
+
     def view(self) -> ContextView:
-        return ContextView(self._cursor, self._summary, tuple(self._turns), tuple(self._live), self.config)
+        return ContextView(
+            self._cursor, self._summary, tuple(self._turns), tuple(self._live), self.config, self.landmarks
+        )
 
     def __repr__(self) -> str:
         flight = f"plan#{self._in_flight.plan_id}" if self._in_flight else "none"
@@ -288,9 +307,27 @@ class Session:
     # -- events ----------------------------------------------------------------
 
     def append_turn(self, turn: Turn) -> int:
-        """Append a finalized turn; returns its transcript index."""
+        """Append a finalized turn; returns its transcript index. A turn the landmark
+        heuristics recognise is pinned as it arrives (see :meth:`landmark`)."""
         self._turns.append(turn)
-        return self.total_turns - 1
+        index = self.total_turns - 1
+        if self.config.landmarks:
+            found = found_in(index, turn)
+            if found is not None:
+                self._landmarks[index] = found
+        return index
+
+    def pin(self, landmark: Landmark) -> None:
+        """Pin a landmark (or replace the one at its index): from now on it is shown whole,
+        and no compaction folds it."""
+        if not 0 <= landmark.index < self.total_turns:
+            raise IndexError(f"no turn {landmark.index} (turns {self.total_turns})")
+        self._landmarks[landmark.index] = landmark
+
+    def unpin(self, index: int) -> Landmark | None:
+        """Unpin the landmark at ``index``; returns it (``None`` if there was none). A turn
+        already folded stays out of the summary; one still verbatim is folded as usual."""
+        return self._landmarks.pop(index, None)
 
     def append_note(self, note: Note) -> NotesChanged:
         """Add a note to the live buffer; notes pushed out of it queue for the next compaction."""
@@ -380,6 +417,9 @@ class Session:
         text = normalize(text[: readable + 1])
         if len(text) > readable:
             text = clamp_sentences(text, readable)
+        if not text and not plan.turns and not plan.notes and plan.landmarks and not plan.recompact:
+            # a batch of landmarks alone adds nothing to the summary, and needs nothing from it
+            return Accepted(plan, normalize(plan.previous_summary), False)
         if not text:
             return Rejected(plan, "empty")
         if len(text) <= limit:
@@ -472,12 +512,14 @@ class Session:
             count -= size
         batch = replace(batch, end=batch.start + count)
         notes, last_seq = self._notes_for_batch()
+        kept = [t for i, t in enumerate(self._turns[: batch.size]) if batch.start + i not in self._landmarks]
         plan = CompactionPlan(
             plan_id=self._take_plan_id(),
             start=batch.start,
             end=batch.end,
             recent_start=batch.recent_start,
-            turns=tuple(self._turns[: batch.size]),
+            turns=tuple(kept),
+            landmarks=batch.size - len(kept),
             notes=notes,
             last_note_seq=last_seq,
             previous_summary=self._summary,

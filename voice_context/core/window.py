@@ -74,6 +74,10 @@ BACKLOG_BATCHES = 4
 MAX_FOLD_BATCHES = 8
 
 
+FILL_TARGET = 0.5
+"""A fold made due by the fill trigger leaves this share of the fill line verbatim."""
+
+
 @dataclass(frozen=True, slots=True)
 class FillBudget:
     """The budget a context is asked in, which the fill trigger measures the verbatim part against."""
@@ -121,7 +125,7 @@ def fill_end(
     kept[0], kept[1] = sizes[first]
     while first > 0:
         chars, tokens = sizes[first - 1]
-        if kept[0] + chars > caps[0] / 2 or kept[1] + tokens > caps[1] / 2:
+        if kept[0] + chars > caps[0] * FILL_TARGET or kept[1] + tokens > caps[1] * FILL_TARGET:
             break
         kept[0] += chars
         kept[1] += tokens

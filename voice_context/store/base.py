@@ -2,8 +2,9 @@
 
 A store keeps, per session: the full transcript (append-only, by index), the
 cursor and the summary (which always move together), the live and pending
-screen notes, the session's config overrides and owner, and a compaction
-lease with a fencing token so that only one replica folds a session at a time.
+screen notes, the session's config overrides and owner, its landmarks, and a
+compaction lease with a fencing token so that only one replica folds a
+session at a time.
 
 Backends translate their own exceptions into :class:`StoreError` at the edge.
 """
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from voice_context.core.landmarks import Landmark
 from voice_context.core.turns import Note, Turn
 
 
@@ -90,7 +92,20 @@ class Store(Protocol):
     async def release_lease(self, name: str, holder: str) -> None: ...
 
     async def delete(self, name: str) -> None:
-        """Forget the session entirely."""
+        """Forget the session entirely (its landmarks too)."""
+        ...
+
+    async def save_landmark(self, name: str, landmark: Landmark) -> None:
+        """Keep a landmark (replacing the one at its index): it outlives restarts and is
+        seen by every replica."""
+        ...
+
+    async def delete_landmark(self, name: str, index: int) -> bool:
+        """Unpin the landmark at ``index``; returns whether there was one."""
+        ...
+
+    async def load_landmarks(self, name: str) -> tuple[Landmark, ...]:
+        """The session's landmarks, oldest first (none for a session the store lacks)."""
         ...
 
     async def aclose(self) -> None: ...

@@ -7,6 +7,7 @@ from typing import Any, cast
 
 import orjson
 
+from voice_context.core.landmarks import Landmark
 from voice_context.core.turns import ROLES, Note, Role, Turn
 from voice_context.errors import StoreError, TurnConflict
 
@@ -69,12 +70,28 @@ def decode_config(raw: str | bytes | None) -> dict[str, Any]:
     return value
 
 
+def encode_landmark(landmark: Landmark) -> str:
+    return orjson.dumps(landmark.as_dict()).decode()
+
+
+def decode_landmark(raw: str | bytes) -> Landmark:
+    try:
+        value = orjson.loads(raw)
+        if not isinstance(value, dict):
+            raise ValueError("not an object")
+        return Landmark.from_dict(value)
+    except (orjson.JSONDecodeError, ValueError) as exc:
+        raise StoreError(f"stored landmark is unreadable: {exc}", retryable=False) from exc
+
+
 __all__ = [
     "TurnConflict",
     "decode_config",
+    "decode_landmark",
     "decode_notes",
     "decode_turn",
     "encode_config",
+    "encode_landmark",
     "encode_notes",
     "encode_turn",
     "make_turn",

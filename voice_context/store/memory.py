@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from voice_context.core.landmarks import Landmark
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, TurnConflict
 from voice_context.store.base import SessionRecord
@@ -19,6 +20,7 @@ class _Entry:
     lease_holder: str | None = None
     lease_until: float = 0.0
     fence: int = 0
+    landmarks: dict[int, Landmark] = field(default_factory=dict)
 
 
 class MemoryStore:
@@ -110,6 +112,18 @@ class MemoryStore:
 
     async def delete(self, name: str) -> None:
         self._sessions.pop(name, None)
+
+    async def save_landmark(self, name: str, landmark: Landmark) -> None:
+        self._entry(name).landmarks[landmark.index] = landmark
+
+    async def delete_landmark(self, name: str, index: int) -> bool:
+        return self._entry(name).landmarks.pop(index, None) is not None
+
+    async def load_landmarks(self, name: str) -> tuple[Landmark, ...]:
+        entry = self._sessions.get(name)
+        if entry is None:
+            return ()
+        return tuple(entry.landmarks[i] for i in sorted(entry.landmarks))
 
     async def aclose(self) -> None:
         return None

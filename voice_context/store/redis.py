@@ -8,6 +8,7 @@ Key layout, for a session named ``room-1`` and the default prefix ``vc``::
                                 [speaker, role, text, at, id]; LLEN is the turn count
     vc:{room-1}:notes   hash    live, pending (JSON arrays of notes)
     vc:{room-1}:lease   string  the compaction lease's holder, with a PX expiry
+    vc:{room-1}:landmarks hash  a landmark per turn index (JSON)
 
 The ``{...}`` hash tag is the session's name, percent-encoded (``{``, ``}``,
 ``%``, ``:`` and anything outside ``A-Za-z0-9_.-~`` become ``%XX``; the empty
@@ -52,14 +53,17 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
+from voice_context.core.landmarks import Landmark
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, StoreError, TurnConflict
 from voice_context.store.base import SessionRecord
 from voice_context.store.common import (
     decode_config,
+    decode_landmark,
     decode_notes,
     decode_turn,
     encode_config,
+    encode_landmark,
     encode_notes,
     encode_turn,
 )
@@ -372,7 +376,26 @@ class RedisStore:
 
     async def delete(self, name: str) -> None:
         with self._errors("delete"):
-            await self._redis.delete(*self.keys(name).all)
+            await self._redis.delete(*self.keys(name).all, self.landmarks_key(name))
+
+    def landmarks_key(self, name: str) -> str:
+        return f"{self.prefix}:{{{session_tag(name)}}}:landmarks"
+
+    async def save_landmark(self, name: str, landmark: Landmark) -> None:
+        with self._errors("save_landmark"):
+            if not await self._redis.exists(self.keys(name).meta):
+                raise SessionNotStored(name)
+            await self._redis.hset(self.landmarks_key(name), str(landmark.index), encode_landmark(landmark))
+
+    async def delete_landmark(self, name: str, index: int) -> bool:
+        with self._errors("delete_landmark"):
+            return bool(await self._redis.hdel(self.landmarks_key(name), str(index)))
+
+    async def load_landmarks(self, name: str) -> tuple[Landmark, ...]:
+        with self._errors("load_landmarks"):
+            raw: dict[Any, Any] = await self._redis.hgetall(self.landmarks_key(name))
+        found = sorted((int(k), v) for k, v in raw.items())
+        return tuple(decode_landmark(v) for _, v in found)
 
     async def aclose(self) -> None:
         if not self._closed:

@@ -45,13 +45,16 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
+from voice_context.core.landmarks import Landmark
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, StoreError, TurnConflict
 from voice_context.store.base import SessionRecord
 from voice_context.store.common import (
     decode_config,
+    decode_landmark,
     decode_notes,
     encode_config,
+    encode_landmark,
     encode_notes,
     make_turn,
     turn_fields,
@@ -59,8 +62,17 @@ from voice_context.store.common import (
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT = 5.0
+
+_LANDMARKS = """
+    CREATE TABLE IF NOT EXISTS landmarks (
+        session TEXT    NOT NULL,
+        idx     INTEGER NOT NULL,
+        body    TEXT    NOT NULL,
+        PRIMARY KEY (session, idx)
+    ) WITHOUT ROWID
+    """
 
 _SCHEMA = (
     """
@@ -93,7 +105,10 @@ _SCHEMA = (
         PRIMARY KEY (session, idx)
     ) WITHOUT ROWID
     """,
+    _LANDMARKS,
 )
+#: What each older schema version needs to become the current one.
+_MIGRATIONS = {1: (_LANDMARKS,)}
 
 # SQLite's primary result codes that may clear up on their own: busy/locked,
 # out of memory, I/O error, disk full, cannot open, lock protocol.
@@ -328,9 +343,42 @@ class SQLiteStore:
         def op(conn: sqlite3.Connection) -> None:
             with _write(conn):
                 conn.execute("DELETE FROM turns WHERE session = ?", (name,))
+                conn.execute("DELETE FROM landmarks WHERE session = ?", (name,))
                 conn.execute("DELETE FROM sessions WHERE name = ?", (name,))
 
         await self._run("delete", op)
+
+    async def save_landmark(self, name: str, landmark: Landmark) -> None:
+        body = encode_landmark(landmark)
+
+        def op(conn: sqlite3.Connection) -> None:
+            with _write(conn):
+                if conn.execute("SELECT 1 FROM sessions WHERE name = ?", (name,)).fetchone() is None:
+                    raise SessionNotStored(name)
+                conn.execute(
+                    "INSERT OR REPLACE INTO landmarks (session, idx, body) VALUES (?, ?, ?)",
+                    (name, landmark.index, body),
+                )
+
+        await self._run("save_landmark", op)
+
+    async def delete_landmark(self, name: str, index: int) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            with _write(conn):
+                cursor = conn.execute("DELETE FROM landmarks WHERE session = ? AND idx = ?", (name, index))
+                return cursor.rowcount > 0
+
+        return await self._run("delete_landmark", op)
+
+    async def load_landmarks(self, name: str) -> tuple[Landmark, ...]:
+        def op(conn: sqlite3.Connection) -> tuple[Landmark, ...]:
+            with _read(conn):
+                rows = conn.execute(
+                    "SELECT body FROM landmarks WHERE session = ? ORDER BY idx", (name,)
+                ).fetchall()
+            return tuple(decode_landmark(row[0]) for row in rows)
+
+        return await self._run("load_landmarks", op)
 
     async def aclose(self) -> None:
         if self._closed:
@@ -441,6 +489,14 @@ def _migrate(conn: sqlite3.Connection) -> None:
                     conn.execute(statement)
                 conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
                 version = SCHEMA_VERSION
+    if version < SCHEMA_VERSION:
+        with _write(conn):
+            version = _schema_version(conn) or SCHEMA_VERSION  # another process may have migrated
+            while version < SCHEMA_VERSION:
+                for statement in _MIGRATIONS[version]:
+                    conn.execute(statement)
+                version += 1
+            conn.execute("UPDATE schema_version SET version = ?", (version,))
     if version > SCHEMA_VERSION:
         raise StoreError(
             f"sqlite store: the file has schema version {version}, newer than {SCHEMA_VERSION}",
