@@ -427,9 +427,9 @@ async def test_the_sqlite_file_is_in_wal_mode_with_a_schema_version(tmp_path: Pa
 
     with sqlite3.connect(tmp_path / "vc.db") as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(3,)]
         columns = {row[1] for row in conn.execute("PRAGMA table_info(turns)")}
-    assert columns == {"session", "idx", "speaker", "role", "text", "at", "id"}
+    assert columns == {"session", "idx", "speaker", "role", "text", "at", "id", "tool"}
 
 
 @pytest.mark.asyncio
@@ -745,12 +745,15 @@ async def test_landmarks_survive_opening_the_store_again(durable: Backend) -> No
 
 
 @pytest.mark.asyncio
-async def test_a_version_1_file_gets_its_landmarks_table_and_keeps_its_sessions(tmp_path: Path) -> None:
+async def test_a_version_1_file_gets_its_landmarks_and_tool_columns_and_keeps_its_sessions(
+    tmp_path: Path,
+) -> None:
     store = SQLiteStore(tmp_path / "vc.db")
     await a_session_with_turns(store, "room-1", 2)
     await store.aclose()
     with sqlite3.connect(tmp_path / "vc.db") as conn:  # the file as version 1 wrote it
         conn.execute("DROP TABLE landmarks")
+        conn.execute("ALTER TABLE turns DROP COLUMN tool")
         conn.execute("UPDATE schema_version SET version = 1")
 
     upgraded = SQLiteStore(tmp_path / "vc.db")
@@ -760,4 +763,17 @@ async def test_a_version_1_file_gets_its_landmarks_table_and_keeps_its_sessions(
     assert await upgraded.load_landmarks("room-1") == (landmark(1),)
     await upgraded.aclose()
     with sqlite3.connect(tmp_path / "vc.db") as conn:
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(3,)]
+
+
+@pytest.mark.asyncio
+async def test_tool_calls_and_results_come_back_with_their_ids_names_and_arguments(store: Store) -> None:
+    await store.create(SessionRecord("room-1"))
+    call = Turn("Nova", "assistant", "", 5.0, "t1", "call_1", "find_flight", '{"to": "LIS"}')
+    result = Turn("find_flight", "tool", '{"flight": "TP 1234"}', 6.0, None, "call_1", "find_flight")
+    for i, t in enumerate((turn(0), call, result)):
+        await store.append_turn("room-1", i, t)
+    await store.append_turn("room-1", 1, call)  # a retry of the same tool turn is no conflict
+    assert await store.read_turns("room-1", 0, 3) == [turn(0), call, result]
+    record = await store.load("room-1")
+    assert record is not None and record.turns[1:] == (call, result)

@@ -363,11 +363,42 @@ def _message(obj: dict[str, Any], max_text_chars: int) -> ClientMessage:
         role = r.string(body, "role", "turn.")
         if role not in ROLES:
             raise r.fail(f"turn.role must be one of {', '.join(sorted(ROLES))}")
-        text = r.string(body, "text", "turn.", max_chars=max_text_chars, too_large=True)
+        call, result = body.get("tool_call"), body.get("tool_result")
+        if call is not None and result is not None:
+            raise r.fail("a turn is a tool_call or a tool_result, not both")
+        tool: dict[str, str | None] = {}
+        if call is not None or result is not None:
+            field_name = "tool_call" if call is not None else "tool_result"
+            tool_body = call if call is not None else result
+            if not isinstance(tool_body, dict):
+                raise r.fail(f"turn.{field_name} must be an object")
+            if (role, field_name) not in (("assistant", "tool_call"), ("tool", "tool_result")):
+                raise r.fail("a tool_call is an assistant turn and a tool_result a tool turn")
+            where = f"turn.{field_name}."
+            tool["tool_call_id"] = r.string(tool_body, "id", where, max_chars=MAX_ID_CHARS)
+            tool["tool_name"] = r.string(
+                tool_body, "name", where, required=call is not None, max_chars=MAX_SPEAKER_CHARS
+            )
+            if call is not None:
+                arguments = tool_body.get("arguments", "")
+                if not isinstance(arguments, str):  # OpenAI sends the arguments as JSON text
+                    arguments = orjson.dumps(arguments).decode()
+                if len(arguments) > max_text_chars:
+                    raise r.fail(f"{where}arguments are over the limit of {max_text_chars}", TOO_LARGE)
+                tool["tool_arguments"] = arguments
+        text = r.string(
+            body,
+            "text",
+            "turn.",
+            max_chars=max_text_chars,
+            too_large=True,
+            non_empty=call is None,
+            required=call is None,
+        )
         at = r.time(body, "at", "turn.")
         turn_id = r.string(body, "id", "turn.", required=False, max_chars=MAX_ID_CHARS)
-        assert speaker is not None and text is not None
-        return TurnAppend(session, Turn(speaker, cast(Role, role), text, at, turn_id), msg_id)
+        assert speaker is not None
+        return TurnAppend(session, Turn(speaker, cast(Role, role), text or "", at, turn_id, **tool), msg_id)
     if kind == "note.append":
         body = r.object("note")
         assert body is not None
@@ -447,6 +478,14 @@ def message_dict(message: ClientMessage) -> dict[str, Any]:
         turn: dict[str, Any] = {"speaker": t.speaker, "role": t.role, "text": t.text, "at": t.at}
         if t.id is not None:
             turn["id"] = t.id
+        if t.is_tool_call:
+            turn["tool_call"] = {
+                "id": t.tool_call_id,
+                "name": t.tool_name,
+                "arguments": t.tool_arguments or "",
+            }
+        elif t.is_tool_result:
+            turn["tool_result"] = {"id": t.tool_call_id, **({"name": t.tool_name} if t.tool_name else {})}
         out["turn"] = turn
     elif isinstance(message, NoteAppend):
         n = message.note

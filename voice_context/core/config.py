@@ -70,6 +70,9 @@ class SessionConfig:
       and unpinned ones by hand count either way).
     - ``landmark_share``: the share of a budget the landmarks take, newest first,
       right after the current turn; more of them only take the room left at the end.
+    - ``tool_result_iterations``: tool results of the newest this many tool
+      iterations are shown whole; older ones as a placeholder with the tool's
+      name and the result's size.
     """
 
     recent_window: int = RECENT_WINDOW
@@ -95,6 +98,7 @@ class SessionConfig:
     fill_trigger: float = FILL_TRIGGER
     landmarks: bool = True
     landmark_share: float = LANDMARK_SHARE
+    tool_result_iterations: int = 2
 
     def __post_init__(self) -> None:
         positive = (
@@ -111,7 +115,13 @@ class SessionConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("max_note_chars", "max_pending_notes", "priority_turns", "recall_limit"):
+        for name in (
+            "max_note_chars",
+            "max_pending_notes",
+            "priority_turns",
+            "recall_limit",
+            "tool_result_iterations",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
@@ -177,6 +187,7 @@ CLIENT_MAXIMA: Mapping[str, int | float] = {
     "fill_trigger": 1,
     "landmarks": 1,
     "landmark_share": 1,
+    "tool_result_iterations": 100,
 }
 #: Fields a client may set that are names, not numbers (checked by :class:`SessionConfig`).
 CLIENT_NAMES: frozenset[str] = frozenset({"tokenizer"})

@@ -26,6 +26,7 @@ from typing import NamedTuple
 from voice_context.core.config import SessionConfig
 from voice_context.core.landmarks import Landmark, found_in
 from voice_context.core.text import clamp_sentences, clip, normalize
+from voice_context.core.tools import fold_end, for_summary
 from voice_context.core.turns import Note, Turn
 from voice_context.core.window import (
     Batch,
@@ -379,16 +380,16 @@ class Session:
         """
         decision = self._by_count(now)
         if budget is None or not self.config.fill_trigger:
-            return decision if isinstance(decision, Skip) else self._start(decision, now)
+            return decision if isinstance(decision, Skip) else self._begin(decision, now)
         if isinstance(decision, Skip) and decision.reason is not SkipReason.BELOW_THRESHOLD:
             return decision
         sizes = verbatim_sizes(self._turns, self.config, budget)
         end = fill_end(self._cursor, sizes, self.config.fill_trigger, budget)
         if end is None or (isinstance(decision, Batch) and end <= decision.end):
-            return decision if isinstance(decision, Skip) else self._start(decision, now)
+            return decision if isinstance(decision, Skip) else self._begin(decision, now)
         if self._retry_at is not None and now < self._retry_at:
             return Skip(SkipReason.BACKING_OFF, decision.recent_start, retry_at=self._retry_at)
-        return self._start(Batch(self._cursor, end, decision.recent_start), now, trigger="fill")
+        return self._begin(Batch(self._cursor, end, decision.recent_start), now, trigger="fill")
 
     def _by_count(self, now: float) -> Batch | Skip:
         return choose_batch(
@@ -505,14 +506,26 @@ class Session:
             last_seq = seq
         return tuple(taken), last_seq
 
+    def _begin(self, batch: Batch, now: float, *, trigger: str = "count") -> CompactionPlan | Skip:
+        """Start ``batch``, its end moved back so that no tool call is folded without its
+        result (nor the reverse); nothing starts when the oldest tool chain is still open."""
+        end = self._cursor + fold_end(self._turns, batch.size)
+        if end == self._cursor:
+            return Skip(SkipReason.NO_ELIGIBLE_BATCH, batch.recent_start)
+        return self._start(replace(batch, end=end), now, trigger=trigger)
+
     def _start(self, batch: Batch, now: float, *, trigger: str = "count") -> CompactionPlan:
         # several batches at once only as far as their text stays under MAX_FOLD_CHARS
         count, size = batch.size, self.config.batch_size
         while count > size and sum(len(t.text) for t in self._turns[:count]) > MAX_FOLD_CHARS:
             count -= size
-        batch = replace(batch, end=batch.start + count)
+        batch = replace(batch, end=batch.start + (fold_end(self._turns, count) or batch.size))
         notes, last_seq = self._notes_for_batch()
-        kept = [t for i, t in enumerate(self._turns[: batch.size]) if batch.start + i not in self._landmarks]
+        kept = [
+            for_summary(t)
+            for i, t in enumerate(self._turns[: batch.size])
+            if batch.start + i not in self._landmarks
+        ]
         plan = CompactionPlan(
             plan_id=self._take_plan_id(),
             start=batch.start,

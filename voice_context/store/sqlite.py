@@ -62,7 +62,7 @@ from voice_context.store.common import (
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT = 5.0
 
 _LANDMARKS = """
@@ -102,13 +102,14 @@ _SCHEMA = (
         text    TEXT    NOT NULL,
         at      REAL    NOT NULL,
         id      TEXT,
+        tool    TEXT,
         PRIMARY KEY (session, idx)
     ) WITHOUT ROWID
     """,
     _LANDMARKS,
 )
 #: What each older schema version needs to become the current one.
-_MIGRATIONS = {1: (_LANDMARKS,)}
+_MIGRATIONS = {1: (_LANDMARKS,), 2: ("ALTER TABLE turns ADD COLUMN tool TEXT",)}
 
 # SQLite's primary result codes that may clear up on their own: busy/locked,
 # out of memory, I/O error, disk full, cannot open, lock protocol.
@@ -209,8 +210,8 @@ class SQLiteStore:
                 ).rowcount
                 if moved == 1:
                     conn.execute(
-                        "INSERT INTO turns (session, idx, speaker, role, text, at, id)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        "INSERT INTO turns (session, idx, speaker, role, text, at, id, tool)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                         (name, index, *fields),
                     )
                     return
@@ -219,7 +220,7 @@ class SQLiteStore:
                     raise SessionNotStored(name)
                 if 0 <= index < stored:
                     row = conn.execute(
-                        "SELECT speaker, role, text, at, id FROM turns WHERE session = ? AND idx = ?",
+                        "SELECT speaker, role, text, at, id, tool FROM turns WHERE session = ? AND idx = ?",
                         (name, index),
                     ).fetchone()
                     if row is not None and tuple(row) == fields:
@@ -466,7 +467,7 @@ def _total_turns(conn: sqlite3.Connection, name: str) -> int:
 
 def _select_turns(conn: sqlite3.Connection, name: str, start: int, end: int) -> list[Turn]:
     rows = conn.execute(
-        "SELECT speaker, role, text, at, id FROM turns WHERE session = ? AND idx >= ? AND idx < ?"
+        "SELECT speaker, role, text, at, id, tool FROM turns WHERE session = ? AND idx >= ? AND idx < ?"
         " ORDER BY idx",
         (name, start, end),
     ).fetchall()
