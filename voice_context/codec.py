@@ -131,6 +131,21 @@ class SessionDelete:
 
 
 @dataclass(frozen=True, slots=True)
+class ContextOverflow:
+    """The bot's model refused its context as too long: compact at once, answer a context that fits."""
+
+    session: str
+    limit_tokens: int | None = None
+    format: Format = "messages"
+    budget_chars: int | None = None
+    base_instructions: str = ""
+    facts: tuple[str, ...] = ()
+    query: str | None = None
+    id: MessageId = None
+    type: str = field(default="context.overflow", init=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class LandmarkPin:
     """Pin the turn at ``index`` as a landmark: shown whole in every later context, never folded."""
 
@@ -172,6 +187,7 @@ ClientMessage = (
     | SessionDelete
     | LandmarkPin
     | LandmarkUnpin
+    | ContextOverflow
     | Ping
 )
 SessionMessage = (
@@ -184,6 +200,7 @@ SessionMessage = (
     | SessionDelete
     | LandmarkPin
     | LandmarkUnpin
+    | ContextOverflow
 )
 
 CLIENT_TYPES: Final = (
@@ -196,6 +213,7 @@ CLIENT_TYPES: Final = (
     "session.delete",
     "landmark.pin",
     "landmark.unpin",
+    "context.overflow",
     "ping",
 )
 
@@ -408,6 +426,15 @@ def _message(obj: dict[str, Any], max_text_chars: int) -> ClientMessage:
         source = r.string(body, "source", "note.", required=False, max_chars=MAX_SPEAKER_CHARS)
         assert text is not None
         return NoteAppend(session, Note(text, at, speaker, source), msg_id)
+    if kind == "context.overflow":
+        limit = obj.get("limit_tokens")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise r.fail("limit_tokens must be a non-negative integer")
+        got = _message({**obj, "type": "context.get", "budget_tokens": None}, max_text_chars)
+        assert isinstance(got, ContextGet)
+        return ContextOverflow(
+            session, limit, got.format, got.budget_chars, got.base_instructions, got.facts, got.query, msg_id
+        )
     if kind == "context.get":
         fmt = obj.get("format", "messages")
         if not isinstance(fmt, str) or fmt not in FORMATS:
@@ -507,6 +534,18 @@ def message_dict(message: ClientMessage) -> dict[str, Any]:
             out["facts"] = list(message.facts)
         if message.query is not None:
             out["query"] = message.query
+    elif isinstance(message, ContextOverflow):
+        if message.limit_tokens is not None:
+            out["limit_tokens"] = message.limit_tokens
+        out["format"] = message.format
+        if message.budget_chars is not None:
+            out["budget_chars"] = message.budget_chars
+        if message.base_instructions:
+            out["base_instructions"] = message.base_instructions
+        if message.facts:
+            out["facts"] = list(message.facts)
+        if message.query is not None:
+            out["query"] = message.query
     elif isinstance(message, LandmarkPin):
         out.update(index=message.index, kind=message.kind, source=message.source)
         if message.reason:
@@ -599,7 +638,14 @@ def encode_note_appended(session: str, changed: NotesChanged, msg_id: MessageId 
     )
 
 
-def encode_context(session: str, ctx: Context, *, in_flight: bool, msg_id: MessageId = None) -> str:
+def encode_context(
+    session: str,
+    ctx: Context,
+    *,
+    in_flight: bool,
+    msg_id: MessageId = None,
+    emergency: Mapping[str, Any] | None = None,
+) -> str:
     obj: dict[str, Any] = {
         "type": "context",
         "session": session,
@@ -620,6 +666,8 @@ def encode_context(session: str, ctx: Context, *, in_flight: bool, msg_id: Messa
         "recalled": [r.as_wire() for r in ctx.recalled],
         "landmarks": [{"turn": lm.index, "kind": lm.kind} for lm in ctx.landmarks],
     }
+    if emergency is not None:
+        obj["emergency"] = dict(emergency)
     if ctx.format == "messages":
         obj["messages"] = [dict(m) for m in ctx.messages]
     else:
@@ -723,6 +771,7 @@ __all__ = [
     "UNKNOWN_TYPE",
     "ClientMessage",
     "ContextGet",
+    "ContextOverflow",
     "DecodeError",
     "LandmarkPin",
     "LandmarkUnpin",

@@ -34,11 +34,13 @@ from anyio.abc import TaskGroup
 from voice_context.config import session_defaults
 from voice_context.core.budget import Context, Format, build_context
 from voice_context.core.config import SessionConfig
+from voice_context.core.emergency import safety_start
 from voice_context.core.landmarks import Landmark, LandmarkSource
 from voice_context.core.session import (
     Accepted,
     Applied,
     CompactionPlan,
+    ContextView,
     Failed,
     NotesChanged,
     Session,
@@ -48,12 +50,20 @@ from voice_context.core.session import (
 from voice_context.core.tokens import TokenCounter
 from voice_context.core.turns import Note, Turn
 from voice_context.core.window import FillBudget, Skip, SkipReason
-from voice_context.errors import SessionClosed, StoreError, SummarizerError, TurnConflict, UnknownSession
+from voice_context.errors import (
+    ContextOverflow,
+    SessionClosed,
+    StoreError,
+    SummarizerError,
+    TurnConflict,
+    UnknownSession,
+)
 from voice_context.recall.embedding import Embedder
 from voice_context.recall.index import RecallIndex, default_query, older_turns, recall_candidates
 from voice_context.store.base import SessionRecord, Store
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import Summarizer, SummaryRequest
+from voice_context.summarizers.fallback import emergency_fold
 from voice_context.tokenizers import load_tokenizer
 
 log = structlog.get_logger("voice_context")
@@ -387,6 +397,110 @@ class SessionManager:
 
     def state(self, name: str, *, owner: str | None = None) -> SessionStats:
         return self._get(name, owner).session.stats()
+
+    async def overflow(
+        self,
+        name: str,
+        format: Format = "messages",
+        *,
+        limit_tokens: int | None = None,
+        budget_chars: int | None = None,
+        base_instructions: str = "",
+        facts: Sequence[str] = (),
+        query: str | None = None,
+        owner: str | None = None,
+    ) -> tuple[Context, Applied | None]:
+        """Emergency compaction: the bot's model refused its context as too long.
+
+        Keeps the safety region (the last user turn, the last iteration and any open tool
+        chain) unchanged, folds everything verbatim before it at once (two halves by tokens,
+        each compressed and folded without a model, merged into the summary), commits that,
+        and returns the context rebuilt under ``limit_tokens`` with what moved. Raises
+        :class:`ContextOverflow` at once when the base instructions and the safety region
+        alone exceed the limit. A fold in flight is superseded (its result is dropped).
+        """
+        live = self._get(name, owner)
+        tokenizer = live.session.config.tokenizer
+        counter = self._counters.get(tokenizer)
+        if counter is None:
+            counter = await anyio.to_thread.run_sync(load_tokenizer, tokenizer)
+            self._counters[tokenizer] = counter
+        applied: Applied | None = None
+        async with live.lock:
+            session = live.session
+            keep = session.cursor + safety_start(session.verbatim_turns)
+            if limit_tokens is not None:
+                needed = self._needed(session, keep, format, base_instructions, counter)
+                if needed > limit_tokens:
+                    raise ContextOverflow(
+                        f"the base instructions and the last turns that must stay take {needed} tokens,"
+                        f" over the limit of {limit_tokens}",
+                        needed=needed,
+                        limit=limit_tokens,
+                    )
+            if keep > session.cursor:
+                if live.scope is not None:
+                    live.scope.cancel()  # its plan is superseded: its result would be stale
+                plan = session.emergency(self.clock(), keep)
+                text = emergency_fold(plan, counter, session.config.max_summary_chars)
+                verdict = session.check_result(plan.plan_id, text)
+                committed = isinstance(verdict, Accepted) and await self.store.commit_compaction(
+                    name,
+                    expected_cursor=plan.start,
+                    new_cursor=plan.end,
+                    summary=verdict.summary,
+                    pending_notes=session.pending_after(plan),
+                )
+                if not committed:  # another replica moved the store on: take its copy, and fold again later
+                    session.abandon()
+                    with contextlib.suppress(StoreError):
+                        await self._catch_up_locked(live)
+                else:
+                    outcome = session.compaction_succeeded(plan.plan_id, text, self.clock())
+                    if isinstance(outcome, Applied):
+                        applied = outcome
+                        self.counters["completed"] += 1
+                        log.warning(
+                            "voice_context_emergency_compaction",
+                            session=name,
+                            old_cursor=outcome.old_cursor,
+                            new_cursor=outcome.new_cursor,
+                            folded=plan.end - plan.start,
+                            summary_chars=len(outcome.summary),
+                            limit_tokens=limit_tokens,
+                        )
+                        self._emit(
+                            live,
+                            CompactionEvent(
+                                "completed",
+                                name,
+                                outcome.new_cursor,
+                                outcome.covered_through,
+                                len(outcome.summary),
+                                outcome.latency,
+                                old_cursor=outcome.old_cursor,
+                                trigger="emergency",
+                            ),
+                        )
+        context = await self.context(
+            name,
+            format,
+            budget_chars=budget_chars,
+            budget_tokens=limit_tokens,
+            base_instructions=base_instructions,
+            facts=facts,
+            query=query,
+            owner=owner,
+        )
+        return context, applied
+
+    @staticmethod
+    def _needed(session: Session, keep: int, format: Format, base: str, counter: TokenCounter) -> int:
+        """The tokens the base instructions and the safety region take, as a context shows them."""
+        region = ContextView(keep, "", session.verbatim_turns[keep - session.cursor :], (), session.config)
+        shown = build_context(region, format, base_instructions=base, budget_chars=1 << 30, tokens=counter)
+        assert shown.tokens is not None
+        return shown.tokens
 
     async def pin(
         self,

@@ -79,7 +79,14 @@ from voice_context.config import Settings, make_summarizer
 from voice_context.core.config import check_client_overrides
 from voice_context.core.session import Session
 from voice_context.core.turns import Turn
-from voice_context.errors import ConfigError, RateLimited, SessionClosed, StoreError, UnknownSession
+from voice_context.errors import (
+    ConfigError,
+    ContextOverflow,
+    RateLimited,
+    SessionClosed,
+    StoreError,
+    UnknownSession,
+)
 from voice_context.manager import CompactionEvent, SessionManager
 from voice_context.metrics import CONTENT_TYPE, Metrics
 from voice_context.recall.embedding import load_embedder
@@ -630,6 +637,29 @@ class Server:
             return codec.encode_context(name, ctx, in_flight=in_flight, msg_id=message.id), True
         if isinstance(message, SessionStateGet):
             return codec.encode_state(name, manager.state(name, owner=owner), message.id), True
+        if isinstance(message, codec.ContextOverflow):
+            try:
+                ctx, applied = await manager.overflow(
+                    name,
+                    message.format,
+                    limit_tokens=message.limit_tokens,
+                    budget_chars=message.budget_chars,
+                    base_instructions=message.base_instructions,
+                    facts=message.facts,
+                    query=message.query,
+                    owner=owner,
+                )
+            except ContextOverflow as exc:
+                raise _Reject(codec.TOO_LARGE, str(exc), limit="limit_tokens", needed=exc.needed) from None
+            in_flight = manager.state(name, owner=owner).in_flight is not None
+            folded = {
+                "old_cursor": applied.old_cursor if applied else ctx.cursor,
+                "cursor": ctx.cursor,
+                "folded": (applied.new_cursor - applied.old_cursor) if applied else 0,
+            }
+            return codec.encode_context(
+                name, ctx, in_flight=in_flight, msg_id=message.id, emergency=folded
+            ), True
         if isinstance(message, LandmarkPin):
             try:
                 landmark = await manager.pin(

@@ -72,8 +72,9 @@ class CompactionPlan:
     started_at: float
     recompact: bool = False
     trigger: str = "count"
-    """What made it due: ``count`` (the batch rule) or ``fill`` (the verbatim part passed
-    ``fill_trigger`` of the budget a context was asked in)."""
+    """What made it due: ``count`` (the batch rule), ``fill`` (the verbatim part passed
+    ``fill_trigger`` of the budget a context was asked in) or ``emergency`` (the bot's
+    model reported a context overflow)."""
     landmarks: int = 0
     """How many turns of ``start..end-1`` are landmarks, left out of ``turns``: a
     compaction never paraphrases one."""
@@ -514,10 +515,20 @@ class Session:
             return Skip(SkipReason.NO_ELIGIBLE_BATCH, batch.recent_start)
         return self._start(replace(batch, end=end), now, trigger=trigger)
 
-    def _start(self, batch: Batch, now: float, *, trigger: str = "count") -> CompactionPlan:
+    def emergency(self, now: float, end: int) -> CompactionPlan:
+        """A fold of every verbatim turn before ``end`` (a tool unit boundary), to run at once
+        because the bot's model overflowed: it supersedes a plan in flight, whose result
+        will be stale. Raises ``ValueError`` when there is nothing before ``end`` to fold."""
+        if not self._cursor < end <= self.total_turns:
+            raise ValueError(f"nothing to fold before turn {end} (cursor {self._cursor})")
+        return self._start(Batch(self._cursor, end, end), now, trigger="emergency", whole=True)
+
+    def _start(
+        self, batch: Batch, now: float, *, trigger: str = "count", whole: bool = False
+    ) -> CompactionPlan:
         # several batches at once only as far as their text stays under MAX_FOLD_CHARS
         count, size = batch.size, self.config.batch_size
-        while count > size and sum(len(t.text) for t in self._turns[:count]) > MAX_FOLD_CHARS:
+        while not whole and count > size and sum(len(t.text) for t in self._turns[:count]) > MAX_FOLD_CHARS:
             count -= size
         batch = replace(batch, end=batch.start + (fold_end(self._turns, count) or batch.size))
         notes, last_seq = self._notes_for_batch()

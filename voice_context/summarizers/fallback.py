@@ -18,9 +18,12 @@ from dataclasses import replace
 import anyio
 import structlog
 
+from voice_context.core.emergency import halves
+from voice_context.core.session import CompactionPlan
+from voice_context.core.tokens import TokenCounter
 from voice_context.errors import SummarizerError
 from voice_context.summarizers.base import Summarizer, SummaryRequest
-from voice_context.summarizers.compress import compress
+from voice_context.summarizers.compress import compress, line_of
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 
 _log = structlog.get_logger("voice_context.summarizer")
@@ -85,4 +88,27 @@ class FallbackSummarizer:
             await close()
 
 
-__all__ = ["FallbackSummarizer", "deterministic_fold"]
+def emergency_fold(plan: CompactionPlan, counter: TokenCounter, max_chars: int) -> str:
+    """The summary after an emergency compaction: the plan's turns split in two halves of
+    about the same number of tokens, each compressed and folded without a model, the second
+    into the summary the first made (the merge), within ``max_chars``."""
+    turns = list(plan.turns)
+    cut = halves(turns, lambda t: counter.count(line_of(t)))
+    folder = DeterministicSummarizer()
+    summary = plan.previous_summary
+    for half, notes in ((turns[:cut], plan.notes), (turns[cut:], ())):
+        if not half and not notes:
+            continue
+        request = SummaryRequest(
+            previous_summary=summary,
+            turns=compress(half).turns,
+            notes=notes,
+            max_chars=max_chars,
+            max_note_chars=plan.max_note_chars,
+            first_index=plan.start,
+        )
+        summary = folder.summarize_now(request)
+    return summary
+
+
+__all__ = ["FallbackSummarizer", "deterministic_fold", "emergency_fold"]
