@@ -6,10 +6,11 @@ the last iteration (the last assistant step, with its tool calls and results,
 and the user turn that asked for it), and any tool chain still waiting for its
 result, from the earliest of them to the end (:func:`safety_start`).
 Everything verbatim before it is folded at once: it is split into two halves
-of about the same number of tokens, at a tool unit boundary (:func:`halves`), each half is compressed and folded without a model,
-the two folds are merged into the summary, and the context is built again
-under the limit. If the safety region alone (with the base instructions)
-cannot fit, the request fails at once with a clear error: nothing is retried.
+of about the same number of tokens, at a tool unit boundary (:func:`halves`),
+each half is compressed and folded without a model, the two folds are merged
+into the summary, and the context is built again under the limit. If the
+safety region alone (with the base instructions) cannot fit, the request
+fails at once with a clear error: nothing is retried.
 """
 
 from __future__ import annotations
