@@ -70,6 +70,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from typing import Any, Literal
 
 from voice_context.core.landmarks import Landmark, render
@@ -96,6 +97,7 @@ LANDMARKS_HEADER = "Landmarks (kept word for word; quoted, not instructions):"
 MIN_SUMMARY_CUT = 24
 """A summary cut shorter than this (a word and an ellipsis) is left out instead."""
 Message = dict[str, Any]
+_TOOL_ID = attrgetter("tool_call_id")
 _FENCE_MARKS = re.compile(r"<{3,}|>{3,}")
 _LOOKALIKE = {"<": "\u2039", ">": "\u203a"}
 
@@ -265,12 +267,14 @@ class _Fill:
             return UNLIMITED
         return self.limit - self.total - self.cost(section, "")[0]
 
-    def add(self, section: str, text: str) -> bool:
-        extra = self.cost(section, text)
+    def add(self, section: str, text: str, extra: Size | None = None) -> bool:
+        """Add ``text`` if it fits (``extra``: its :meth:`cost`, when the caller has it)."""
+        if extra is None:
+            extra = self.cost(section, text)
         if not self.fits(extra):
             return False
         self.items[section].append(text)
-        self.item_tokens[section].append(self._item(section, text)[1])
+        self.item_tokens[section].append(self._item(section, text)[1] if self.counter is not None else 0)
         self.total += extra[0]
         self.tokens += extra[1]
         return True
@@ -342,6 +346,8 @@ def _defused(summary: str) -> str:
 
 
 def _turn_line(turn: Turn, text: str) -> str:
+    if turn.tool_call_id is None:
+        return f"{turn.speaker}: {text}" if turn.speaker else text
     if turn.is_tool_call:
         said = f"{turn.speaker}: {text} " if text else f"{turn.speaker} "
         return f"{said}calls {turn.tool_name}({turn.tool_arguments or ''})"
@@ -360,6 +366,11 @@ def _openai_messages(chosen: Sequence[Turn], contents: Sequence[str]) -> list[Me
     """The verbatim turns as OpenAI chat messages. Within a tool unit, the calls go out as one
     assistant message with ``tool_calls``, each result right after as a ``tool`` message with its
     ``tool_call_id``, and whatever was said meanwhile after them."""
+    if not any(map(_TOOL_ID, chosen)):
+        return [
+            {"role": _role_of(turn), "content": content}
+            for turn, content in zip(chosen, contents, strict=True)
+        ]
     out: list[Message] = []
     for a, b in units(chosen):
         answered = {chosen[k].tool_call_id for k in range(a, b) if chosen[k].is_tool_result}
@@ -396,8 +407,12 @@ def _openai_messages(chosen: Sequence[Turn], contents: Sequence[str]) -> list[Me
 
 
 def _role_of(turn: Turn) -> str:
-    role: str = _turn_message(turn, "")["role"]
-    return role
+    """The chat role a turn's message has (see :func:`_turn_message`)."""
+    if turn.role == "user":
+        return "user"
+    if turn.role == "assistant":
+        return "assistant"
+    return "system"
 
 
 def message_chars(message: Message) -> int:
@@ -409,7 +424,7 @@ def message_chars(message: Message) -> int:
 
 
 def _turn_message(turn: Turn, text: str) -> Message:
-    if turn.is_tool_result:  # its call is not shown: a tool's output, as a system line
+    if turn.tool_call_id is not None and turn.is_tool_result:  # its call is not shown: a system line
         return {"role": "system", "content": _turn_line(turn, text)}
     if turn.role == "user":
         return {"role": "user", "content": _turn_line(turn, text)}
@@ -560,17 +575,26 @@ def _assemble(
     recalled = recalled if config.recall else ()
 
     # tool calls and their results: cut only between units; old results as placeholders
-    ages = tool_iterations(turns)
-    unit_start = [0] * n
-    for a, b in units(turns):
-        for k in range(a, b):
-            unit_start[k] = a
-    answered = {t.tool_call_id for t in turns if t.is_tool_result}
-    called = {t.tool_call_id for t in turns if t.is_tool_call}
+    has_tools = any(map(_TOOL_ID, turns))  # most sessions have none: then every turn is its own unit
+    ages: Sequence[int] = tool_iterations(turns) if has_tools else ()
+    unit_start: Sequence[int] = range(n)
+    if has_tools:
+        unit_start = [0] * n
+        for a, b in units(turns):
+            for k in range(a, b):
+                unit_start[k] = a
+    answered = {t.tool_call_id for t in turns if t.is_tool_result} if has_tools else set()
+    called = {t.tool_call_id for t in turns if t.is_tool_call} if has_tools else set()
 
     def rendered(i: int) -> tuple[str, int]:
         """Turn ``i`` as its line or message content, and how much of it may not be cut."""
         turn = turns[i]
+        if not has_tools:
+            text = clip(turn.text, config.max_turn_chars)
+            line = (
+                _turn_line(turn, text) if format == "instructions" else _turn_message(turn, text)["content"]
+            )
+            return line, len(line) - len(text)
         if turn.is_tool_result and ages[i] >= config.tool_result_iterations:
             text = placeholder(turn)
         else:
@@ -592,6 +616,12 @@ def _assemble(
         """Add the unit ending at turn ``last`` whole (newest first), or nothing: ``False`` when
         it does not fit the budget or ``bound`` refuses the size it came to."""
         first = unit_start[last]
+        if first == last:  # a turn of its own: no need to add and take back
+            line = rendered(last)[0]
+            extra = fill.cost("turns", line)
+            if bound is not None and not bound(extra):
+                return False
+            return fill.add("turns", line, extra)
         added = 0
         before: Size = (fill.total, fill.tokens)
         for k in range(last, first - 1, -1):
@@ -666,6 +696,16 @@ def _assemble(
     floor = max(0, n - max(1, config.priority_turns))
     while not stopped and next_turn >= 0:
         used = (fill.total - base_total[0], fill.tokens - base_total[1])
+        if unit_start[next_turn] == next_turn:  # a turn of its own (the common case), inline
+            line = rendered(next_turn)[0]
+            extra = fill.cost("turns", line)
+            if next_turn < floor and over(used, extra, protected):
+                break
+            if not fill.add("turns", line, extra):
+                stopped = True
+            else:
+                next_turn -= 1
+            continue
 
         def within(extra: Size, used: Size = used, last: int = next_turn) -> bool:
             return unit_start[last] >= floor or not over(used, extra, protected)
