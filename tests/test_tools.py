@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -9,12 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from serving import T0, running, wire
 
+from voice_context.codec import TurnAppend, decode, message_dict
 from voice_context.core.budget import Format, build_context
 from voice_context.core.config import SessionConfig
 from voice_context.core.session import CompactionPlan, ContextView, Session, Skip, SkipReason
 from voice_context.core.tokens import CharEstimate
 from voice_context.core.tools import fold_end, placeholder, tool_iterations, units
 from voice_context.core.turns import Turn
+from voice_context.replay import turn_from
 from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 
@@ -276,3 +279,10 @@ async def test_tool_turns_over_a_real_server() -> None:
         ):
             refused = await bot.request("turn.append", session="room-1", turn=bad)
             assert (refused["type"], refused["code"]) == ("error", "bad_request"), refused
+
+
+def test_a_recorded_tool_turn_replays_as_it_was_sent() -> None:
+    for turn in (call("c1"), result("c1"), user("plain")):
+        recorded = message_dict(TurnAppend("room-1", turn))["turn"]
+        assert decode(json.dumps({"type": "turn.append", "session": "s", "turn": recorded})).turn == turn  # type: ignore[union-attr]
+        assert turn_from(recorded, 0.0) == turn

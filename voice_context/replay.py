@@ -135,12 +135,20 @@ def turn_from(obj: Mapping[str, Any], now: float) -> Turn:
     role = obj.get("role", "user")
     text = obj.get("text")
     turn_id = obj.get("id")
+    tool = obj.get("tool_call") or obj.get("tool_result")
+    tool = tool if isinstance(tool, dict) and tool.get("id") is not None else {}
+    arguments = tool.get("arguments")
+    if arguments is not None and not isinstance(arguments, str):
+        arguments = json.dumps(arguments, separators=(",", ":"))
     return Turn(
         speaker=str(obj.get("speaker") or ""),
         role=cast(Role, role if role in ROLES else "user"),
         text=text if isinstance(text, str) else "",
         at=_number(obj.get("at"), now),
         id=None if turn_id is None else str(turn_id),
+        tool_call_id=str(tool["id"]) if tool else None,
+        tool_name=str(tool["name"]) if tool.get("name") else None,
+        tool_arguments=arguments if "tool_call" in obj and tool else None,
     )
 
 
