@@ -16,6 +16,13 @@
    ``SessionManager.context`` over the index a SQLite store keeps beside the
    turns (what a server runs); what indexing one turn costs; and what the
    served session holds in the process.
+6. Token budgets: ``build_context`` under a token budget in ``o200k_base`` (a
+   warm count cache, as on a live session), against the same context under the
+   char budget of the same size (4 chars a token).
+7. Deterministic compression: ``compress`` of 100 fresh messages (conversation
+   with repeats, rephrasings and filler), without and with a budget that
+   forces convergence, against reading each message once (normalizing its
+   words: the floor of any de-duplication).
 """
 
 from __future__ import annotations
@@ -35,7 +42,9 @@ from voice_context import DeterministicSummarizer, SessionConfig, SessionManager
 from voice_context.core.budget import build_context
 from voice_context.core.session import Session
 from voice_context.recall.index import RecallIndex, recall_candidates
+from voice_context.summarizers.compress import _key, compress
 from voice_context.summarizers.fakes import SlowSummarizer
+from voice_context.tokenizers import load_tokenizer
 
 WORDS = "we should try the new team comp tonight because Bob keeps dying as Hulk on Tokyo".split()
 
@@ -255,6 +264,53 @@ async def bench_recall_served(n: int, size: int, texts: list[tuple[str, str]], q
         print(row("served: context with a query (SQLite index)", asked, plain))
 
 
+def bench_tokens(n: int) -> None:
+    print("== token budgets (o200k_base) against char budgets of the same size")
+    counter = load_tokenizer("o200k_base")
+    for size in (60, 1000):
+        session = Session("bench", SessionConfig(recent_window=size))
+        for i in range(size):
+            session.append_turn(turn(i))
+        view = session.view()
+        for fmt, tokens in (("instructions", 1300), ("messages", 2000)):
+            by_chars = timed(
+                lambda view=view, fmt=fmt, tokens=tokens: build_context(view, fmt, budget_chars=tokens * 4), n
+            )
+            by_tokens = timed(
+                lambda view=view, fmt=fmt, tokens=tokens: build_context(
+                    view, fmt, budget_chars=100_000, budget_tokens=tokens, tokens=counter
+                ),
+                n,
+            )
+            print(row(f"{size:>5} turns  {fmt:<12} {tokens} tokens", by_tokens, by_chars))
+
+
+def bench_compress(n: int) -> None:
+    print("== deterministic compression of 100 messages")
+    fillers = ("yeah", "ok lol", "right", "haha", "sure")
+
+    def messages(seed: int) -> list[Turn]:
+        out = []
+        for i in range(100):
+            k = seed * 100 + i
+            if i % 10 == 3:
+                text = fillers[k % len(fillers)]
+            elif i % 10 == 6:  # a rephrasing of the message before
+                text = out[-1].text.rstrip(".") + " then"
+            else:
+                text = turn(k).text
+            out.append(Turn(("Alice", "Bob")[i % 2], "user", text, 1_700_000_000.0 + i))
+        return out
+
+    batches = [messages(seed) for seed in range(n)]  # fresh texts each time: no cache helps
+    floor = timed(lambda it=iter(batches): [_key(t.text) for t in next(it)], n)  # noqa: B008 - one pass
+    plain = timed(lambda it=iter(batches): compress(next(it)), n)  # noqa: B008
+    forced = timed(lambda it=iter(batches): compress(next(it), budget_chars=2000), n)  # noqa: B008
+    print(row("reading each message once (the floor)", floor))
+    print(row("compress: filler, exact and fuzzy duplicates", plain, floor))
+    print(row("compress + force-converge to 2,000 chars", forced, floor))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -265,6 +321,8 @@ def main() -> None:
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     bench_core(args.n)
+    bench_tokens(args.n)
+    bench_compress(min(args.n, 1000))
     bench_recall(args.n)
     anyio.run(bench_manager, args.n, args.delay, args.sessions)
     anyio.run(bench_wire, args.n, args.delay)

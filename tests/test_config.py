@@ -3,6 +3,7 @@ each summarizer gets when nobody sets one."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from voice_context.errors import ConfigError
 from voice_context.manager import SessionManager
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 from voice_context.summarizers.fakes import ScriptedSummarizer
+from voice_context.summarizers.fallback import FallbackSummarizer
 
 
 def test_a_file_then_the_environment_override_the_defaults(tmp_path: Path) -> None:
@@ -81,4 +83,8 @@ def test_each_attempt_gets_the_compaction_timeout_shared_among_the_attempts() ->
     )
     assert chosen.summarizer.attempt_timeout == 15.0
     summarizer = make_summarizer(chosen.summarizer)
-    assert repr(summarizer) == "<OpenAISummarizer model='gpt-4o-mini' timeout=15 max_retries=2>"
+    assert isinstance(summarizer, FallbackSummarizer), "a failed fold is folded deterministically"
+    assert summarizer.deadline == 59.0, "the compaction timeout less a second for the fallback"
+    assert repr(summarizer.primary) == "<OpenAISummarizer model='gpt-4o-mini' timeout=15 max_retries=2>"
+    bare = make_summarizer(replace(chosen.summarizer, fallback=False))
+    assert repr(bare) == "<OpenAISummarizer model='gpt-4o-mini' timeout=15 max_retries=2>"

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
+from voice_context.core.landmarks import Landmark
 from voice_context.core.recalled import IndexedDoc
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import ConfigError, SessionNotStored, StoreError
@@ -619,7 +620,7 @@ async def test_the_sqlite_file_is_in_wal_mode_with_a_schema_version(tmp_path: Pa
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
         columns = {row[1] for row in conn.execute("PRAGMA table_info(turns)")}
-    assert columns == {"session", "idx", "speaker", "role", "text", "at", "id"}
+    assert columns == {"session", "idx", "speaker", "role", "text", "at", "id", "tool"}
 
 
 @pytest.mark.asyncio
@@ -627,10 +628,10 @@ async def test_a_file_from_before_the_recall_index_gains_it_and_keeps_its_sessio
     store = SQLiteStore(tmp_path / "vc.db")
     await a_session_with_turns(store, "room-1", 3)
     await store.aclose()
-    with sqlite3.connect(tmp_path / "vc.db") as conn:  # what version 1 wrote
+    with sqlite3.connect(tmp_path / "vc.db") as conn:  # what version 3 wrote
         for table in ("recall_terms", "recall_df", "recall_notes", "recall_vectors", "recall_state"):
             conn.execute(f"DROP TABLE {table}")
-        conn.execute("UPDATE schema_version SET version = 1")
+        conn.execute("UPDATE schema_version SET version = 3")
 
     upgraded = SQLiteStore(tmp_path / "vc.db")
     record = await upgraded.load("room-1")
@@ -915,3 +916,74 @@ def test_any_sequence_of_operations_agrees_with_the_model(kind: str, request: py
         anyio.run(main)
 
     run()
+
+
+# -- landmarks ---------------------------------------------------------------------
+
+
+def landmark(i: int, kind: str = "decision", source: str = "heuristic") -> Landmark:
+    return Landmark(i, turn(i), kind, f"reason {i}", source, 1000.0 + i)  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_landmarks_are_kept_replaced_and_unpinned(store: Store) -> None:
+    await a_session_with_turns(store, "room-1", 5)
+    assert await store.load_landmarks("room-1") == ()
+    await store.save_landmark("room-1", landmark(3))
+    await store.save_landmark("room-1", landmark(1, "spec", "manual"))
+    await store.save_landmark("room-1", landmark(3, "code", "llm"))  # replaces the first
+    assert await store.load_landmarks("room-1") == (landmark(1, "spec", "manual"), landmark(3, "code", "llm"))
+    assert await store.delete_landmark("room-1", 1) is True
+    assert await store.delete_landmark("room-1", 1) is False
+    assert await store.load_landmarks("room-1") == (landmark(3, "code", "llm"),)
+    assert await store.load_landmarks("never-seen") == ()
+    with pytest.raises(SessionNotStored):
+        await store.save_landmark("never-seen", landmark(0))
+    await store.delete("room-1")
+    await store.create(SessionRecord("room-1"))
+    assert await store.load_landmarks("room-1") == (), "a deleted session's landmarks go with it"
+
+
+@pytest.mark.asyncio
+async def test_landmarks_survive_opening_the_store_again(durable: Backend) -> None:
+    first = durable.open()
+    await a_session_with_turns(first, "room-1", 3)
+    await first.save_landmark("room-1", landmark(2))
+    await first.aclose()
+    again = durable.open()
+    assert await again.load_landmarks("room-1") == (landmark(2),)
+
+
+@pytest.mark.asyncio
+async def test_a_version_1_file_gets_its_landmarks_and_tool_columns_and_keeps_its_sessions(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore(tmp_path / "vc.db")
+    await a_session_with_turns(store, "room-1", 2)
+    await store.aclose()
+    with sqlite3.connect(tmp_path / "vc.db") as conn:  # the file as version 1 wrote it
+        conn.execute("DROP TABLE landmarks")
+        conn.execute("ALTER TABLE turns DROP COLUMN tool")
+        conn.execute("UPDATE schema_version SET version = 1")
+
+    upgraded = SQLiteStore(tmp_path / "vc.db")
+    record = await upgraded.load("room-1")
+    assert record is not None and record.total_turns == 2
+    await upgraded.save_landmark("room-1", landmark(1))
+    assert await upgraded.load_landmarks("room-1") == (landmark(1),)
+    await upgraded.aclose()
+    with sqlite3.connect(tmp_path / "vc.db") as conn:
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+
+
+@pytest.mark.asyncio
+async def test_tool_calls_and_results_come_back_with_their_ids_names_and_arguments(store: Store) -> None:
+    await store.create(SessionRecord("room-1"))
+    call = Turn("Nova", "assistant", "", 5.0, "t1", "call_1", "find_flight", '{"to": "LIS"}')
+    result = Turn("find_flight", "tool", '{"flight": "TP 1234"}', 6.0, None, "call_1", "find_flight")
+    for i, t in enumerate((turn(0), call, result)):
+        await store.append_turn("room-1", i, t)
+    await store.append_turn("room-1", 1, call)  # a retry of the same tool turn is no conflict
+    assert await store.read_turns("room-1", 0, 3) == [turn(0), call, result]
+    record = await store.load("room-1")
+    assert record is not None and record.turns[1:] == (call, result)

@@ -46,6 +46,8 @@ from voice_context.codec import (
     ClientMessage,
     ContextGet,
     DecodeError,
+    LandmarkPin,
+    LandmarkUnpin,
     NoteAppend,
     Ping,
     SessionClose,
@@ -393,16 +395,33 @@ class SessionHandle:
         base_instructions: str | None = None,
         facts: Sequence[str] | None = None,
         query: str | None = None,
+        *,
+        budget_tokens: int | None = None,
     ) -> Event:
         """The context for the next reply: ``messages`` or ``instructions``, plus the summary and cursor.
-        ``query`` is what recall looks for (by default the newest user turn)."""
+        ``query`` is what recall looks for (by default the newest user turn); ``budget_tokens``
+        bounds it in the session's tokenizer's count, beside or instead of ``budget_chars``."""
         message = ContextGet(
-            self.name, format, budget_chars, base_instructions or "", tuple(facts or ()), query=query
+            self.name,
+            format,
+            budget_chars,
+            base_instructions or "",
+            tuple(facts or ()),
+            query=query,
+            budget_tokens=budget_tokens,
         )
         return await self.client.request(message)
 
     async def state(self) -> Event:
         return await self.client.request(SessionStateGet(self.name))
+
+    async def pin(self, index: int, kind: str = "other", reason: str = "", source: str = "manual") -> Event:
+        """Pin the turn at ``index`` as a landmark: never paraphrased, shown whole in later contexts."""
+        return await self.client.request(LandmarkPin(self.name, index, kind, reason, source))
+
+    async def unpin(self, index: int) -> Event:
+        """Unpin the landmark at ``index``; the reply's ``removed`` says whether there was one."""
+        return await self.client.request(LandmarkUnpin(self.name, index))
 
     async def close(self) -> None:
         """Stop using the session on this client (its state stays on the server's store)."""

@@ -34,6 +34,7 @@ from voice_context.errors import DecodeError
 
 if TYPE_CHECKING:
     from voice_context.core.budget import Context
+    from voice_context.core.landmarks import Landmark
     from voice_context.core.session import NotesChanged, SessionStats
     from voice_context.manager import CompactionEvent, Opened
 
@@ -41,6 +42,8 @@ PROTOCOL_VERSION: Final = 1
 MAX_SESSION_CHARS: Final = 200
 MAX_ID_CHARS: Final = 200
 MAX_SPEAKER_CHARS: Final = 200
+MAX_KIND_CHARS: Final = 40
+MAX_REASON_CHARS: Final = 200
 DEFAULT_MAX_TEXT_CHARS: Final = 8000
 #: Times are unix seconds from 0 up to (not including) 1e11, the year 5138: a larger
 #: value is a mistake, most often milliseconds (JavaScript's ``Date.now()``, about 1.7e12).
@@ -100,6 +103,7 @@ class ContextGet:
     facts: tuple[str, ...] = ()
     id: MessageId = None
     query: str | None = None
+    budget_tokens: int | None = None
     type: str = field(default="context.get", init=False, repr=False)
 
 
@@ -127,6 +131,44 @@ class SessionDelete:
 
 
 @dataclass(frozen=True, slots=True)
+class ContextOverflow:
+    """The bot's model refused its context as too long: compact at once, answer a context that fits."""
+
+    session: str
+    limit_tokens: int | None = None
+    format: Format = "messages"
+    budget_chars: int | None = None
+    base_instructions: str = ""
+    facts: tuple[str, ...] = ()
+    query: str | None = None
+    id: MessageId = None
+    type: str = field(default="context.overflow", init=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class LandmarkPin:
+    """Pin the turn at ``index`` as a landmark: shown whole in every later context, never folded."""
+
+    session: str
+    index: int
+    kind: str = "other"
+    reason: str = ""
+    source: str = "manual"
+    id: MessageId = None
+    type: str = field(default="landmark.pin", init=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class LandmarkUnpin:
+    """Unpin the landmark at ``index``."""
+
+    session: str
+    index: int
+    id: MessageId = None
+    type: str = field(default="landmark.unpin", init=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class Ping:
     """Answered with ``pong``; needs no session. Not recorded."""
 
@@ -136,10 +178,29 @@ class Ping:
 
 
 ClientMessage = (
-    SessionOpen | TurnAppend | NoteAppend | ContextGet | SessionStateGet | SessionClose | SessionDelete | Ping
+    SessionOpen
+    | TurnAppend
+    | NoteAppend
+    | ContextGet
+    | SessionStateGet
+    | SessionClose
+    | SessionDelete
+    | LandmarkPin
+    | LandmarkUnpin
+    | ContextOverflow
+    | Ping
 )
 SessionMessage = (
-    SessionOpen | TurnAppend | NoteAppend | ContextGet | SessionStateGet | SessionClose | SessionDelete
+    SessionOpen
+    | TurnAppend
+    | NoteAppend
+    | ContextGet
+    | SessionStateGet
+    | SessionClose
+    | SessionDelete
+    | LandmarkPin
+    | LandmarkUnpin
+    | ContextOverflow
 )
 
 CLIENT_TYPES: Final = (
@@ -150,6 +211,9 @@ CLIENT_TYPES: Final = (
     "session.state",
     "session.close",
     "session.delete",
+    "landmark.pin",
+    "landmark.unpin",
+    "context.overflow",
     "ping",
 )
 
@@ -317,11 +381,42 @@ def _message(obj: dict[str, Any], max_text_chars: int) -> ClientMessage:
         role = r.string(body, "role", "turn.")
         if role not in ROLES:
             raise r.fail(f"turn.role must be one of {', '.join(sorted(ROLES))}")
-        text = r.string(body, "text", "turn.", max_chars=max_text_chars, too_large=True)
+        call, result = body.get("tool_call"), body.get("tool_result")
+        if call is not None and result is not None:
+            raise r.fail("a turn is a tool_call or a tool_result, not both")
+        tool: dict[str, str | None] = {}
+        if call is not None or result is not None:
+            field_name = "tool_call" if call is not None else "tool_result"
+            tool_body = call if call is not None else result
+            if not isinstance(tool_body, dict):
+                raise r.fail(f"turn.{field_name} must be an object")
+            if (role, field_name) not in (("assistant", "tool_call"), ("tool", "tool_result")):
+                raise r.fail("a tool_call is an assistant turn and a tool_result a tool turn")
+            where = f"turn.{field_name}."
+            tool["tool_call_id"] = r.string(tool_body, "id", where, max_chars=MAX_ID_CHARS)
+            tool["tool_name"] = r.string(
+                tool_body, "name", where, required=call is not None, max_chars=MAX_SPEAKER_CHARS
+            )
+            if call is not None:
+                arguments = tool_body.get("arguments", "")
+                if not isinstance(arguments, str):  # OpenAI sends the arguments as JSON text
+                    arguments = orjson.dumps(arguments).decode()
+                if len(arguments) > max_text_chars:
+                    raise r.fail(f"{where}arguments are over the limit of {max_text_chars}", TOO_LARGE)
+                tool["tool_arguments"] = arguments
+        text = r.string(
+            body,
+            "text",
+            "turn.",
+            max_chars=max_text_chars,
+            too_large=True,
+            non_empty=call is None,
+            required=call is None,
+        )
         at = r.time(body, "at", "turn.")
         turn_id = r.string(body, "id", "turn.", required=False, max_chars=MAX_ID_CHARS)
-        assert speaker is not None and text is not None
-        return TurnAppend(session, Turn(speaker, cast(Role, role), text, at, turn_id), msg_id)
+        assert speaker is not None
+        return TurnAppend(session, Turn(speaker, cast(Role, role), text or "", at, turn_id, **tool), msg_id)
     if kind == "note.append":
         body = r.object("note")
         assert body is not None
@@ -331,6 +426,15 @@ def _message(obj: dict[str, Any], max_text_chars: int) -> ClientMessage:
         source = r.string(body, "source", "note.", required=False, max_chars=MAX_SPEAKER_CHARS)
         assert text is not None
         return NoteAppend(session, Note(text, at, speaker, source), msg_id)
+    if kind == "context.overflow":
+        limit = obj.get("limit_tokens")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise r.fail("limit_tokens must be a non-negative integer")
+        got = _message({**obj, "type": "context.get", "budget_tokens": None}, max_text_chars)
+        assert isinstance(got, ContextGet)
+        return ContextOverflow(
+            session, limit, got.format, got.budget_chars, got.base_instructions, got.facts, got.query, msg_id
+        )
     if kind == "context.get":
         fmt = obj.get("format", "messages")
         if not isinstance(fmt, str) or fmt not in FORMATS:
@@ -338,6 +442,9 @@ def _message(obj: dict[str, Any], max_text_chars: int) -> ClientMessage:
         budget = obj.get("budget_chars")
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
             raise r.fail("budget_chars must be a non-negative integer")
+        tokens = obj.get("budget_tokens")
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0):
+            raise r.fail("budget_tokens must be a non-negative integer")
         base = r.string(obj, "base_instructions", "", required=False, non_empty=False)
         raw_facts = obj.get("facts")
         if raw_facts is None:
@@ -347,7 +454,19 @@ def _message(obj: dict[str, Any], max_text_chars: int) -> ClientMessage:
         else:
             raise r.fail("facts must be a list of strings")
         query = r.string(obj, "query", "", required=False, non_empty=False, max_chars=max_text_chars)
-        return ContextGet(session, cast(Format, fmt), budget, base or "", facts, msg_id, query)
+        return ContextGet(session, cast(Format, fmt), budget, base or "", facts, msg_id, query, tokens)
+    if kind in ("landmark.pin", "landmark.unpin"):
+        index = obj.get("index")
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise r.fail("index must be a non-negative integer (a turn's index)")
+        if kind == "landmark.unpin":
+            return LandmarkUnpin(session, index, msg_id)
+        pin_kind = r.string(obj, "kind", "", required=False, max_chars=MAX_KIND_CHARS) or "other"
+        reason = r.string(obj, "reason", "", required=False, non_empty=False, max_chars=MAX_REASON_CHARS)
+        source = r.string(obj, "source", "", required=False) or "manual"
+        if source not in ("manual", "llm"):
+            raise r.fail("source must be manual or llm (heuristic landmarks are found by the server)")
+        return LandmarkPin(session, index, pin_kind, reason or "", source, msg_id)
     if kind == "session.state":
         return SessionStateGet(session, msg_id)
     if kind == "session.delete":
@@ -386,6 +505,14 @@ def message_dict(message: ClientMessage) -> dict[str, Any]:
         turn: dict[str, Any] = {"speaker": t.speaker, "role": t.role, "text": t.text, "at": t.at}
         if t.id is not None:
             turn["id"] = t.id
+        if t.is_tool_call:
+            turn["tool_call"] = {
+                "id": t.tool_call_id,
+                "name": t.tool_name,
+                "arguments": t.tool_arguments or "",
+            }
+        elif t.is_tool_result:
+            turn["tool_result"] = {"id": t.tool_call_id, **({"name": t.tool_name} if t.tool_name else {})}
         out["turn"] = turn
     elif isinstance(message, NoteAppend):
         n = message.note
@@ -399,12 +526,32 @@ def message_dict(message: ClientMessage) -> dict[str, Any]:
         out["format"] = message.format
         if message.budget_chars is not None:
             out["budget_chars"] = message.budget_chars
+        if message.budget_tokens is not None:
+            out["budget_tokens"] = message.budget_tokens
         if message.base_instructions:
             out["base_instructions"] = message.base_instructions
         if message.facts:
             out["facts"] = list(message.facts)
         if message.query is not None:
             out["query"] = message.query
+    elif isinstance(message, ContextOverflow):
+        if message.limit_tokens is not None:
+            out["limit_tokens"] = message.limit_tokens
+        out["format"] = message.format
+        if message.budget_chars is not None:
+            out["budget_chars"] = message.budget_chars
+        if message.base_instructions:
+            out["base_instructions"] = message.base_instructions
+        if message.facts:
+            out["facts"] = list(message.facts)
+        if message.query is not None:
+            out["query"] = message.query
+    elif isinstance(message, LandmarkPin):
+        out.update(index=message.index, kind=message.kind, source=message.source)
+        if message.reason:
+            out["reason"] = message.reason
+    elif isinstance(message, LandmarkUnpin):
+        out["index"] = message.index
     return out
 
 
@@ -435,11 +582,43 @@ def encode_opened(session: str, opened: Opened, msg_id: MessageId = None) -> str
 
 
 def encode_turn_appended(
-    session: str, index: int, msg_id: MessageId = None, *, duplicate: bool = False
+    session: str,
+    index: int,
+    msg_id: MessageId = None,
+    *,
+    duplicate: bool = False,
+    landmark: Landmark | None = None,
 ) -> str:
     obj: dict[str, Any] = {"type": "turn.appended", "session": session, "index": index}
     if duplicate:
         obj["duplicate"] = True
+    if landmark is not None:
+        obj["landmark"] = {"kind": landmark.kind, "reason": landmark.reason, "source": landmark.source}
+    return _dumps(_with_id(obj, msg_id))
+
+
+def landmark_wire(landmark: Landmark) -> dict[str, Any]:
+    """A landmark as replies carry it."""
+    t = landmark.turn
+    return {
+        "index": landmark.index,
+        "kind": landmark.kind,
+        "reason": landmark.reason,
+        "source": landmark.source,
+        "pinned_at": landmark.pinned_at,
+        "speaker": t.speaker,
+        "text": t.text,
+        "at": t.at,
+    }
+
+
+def encode_pinned(session: str, landmark: Landmark, msg_id: MessageId = None) -> str:
+    obj = {"type": "landmark.pinned", "session": session, "landmark": landmark_wire(landmark)}
+    return _dumps(_with_id(obj, msg_id))
+
+
+def encode_unpinned(session: str, index: int, removed: bool, msg_id: MessageId = None) -> str:
+    obj = {"type": "landmark.unpinned", "session": session, "index": index, "removed": removed}
     return _dumps(_with_id(obj, msg_id))
 
 
@@ -459,7 +638,14 @@ def encode_note_appended(session: str, changed: NotesChanged, msg_id: MessageId 
     )
 
 
-def encode_context(session: str, ctx: Context, *, in_flight: bool, msg_id: MessageId = None) -> str:
+def encode_context(
+    session: str,
+    ctx: Context,
+    *,
+    in_flight: bool,
+    msg_id: MessageId = None,
+    emergency: Mapping[str, Any] | None = None,
+) -> str:
     obj: dict[str, Any] = {
         "type": "context",
         "session": session,
@@ -472,10 +658,16 @@ def encode_context(session: str, ctx: Context, *, in_flight: bool, msg_id: Messa
         "first_turn": ctx.first_turn,
         "turns_shown": ctx.turns_shown,
         "budget_chars": ctx.budget_chars,
+        "budget_tokens": ctx.budget_tokens,
+        "tokens": ctx.tokens,
+        "tokenizer": ctx.tokenizer,
         "dropped": list(ctx.dropped),
         "query": ctx.query,
         "recalled": [r.as_wire() for r in ctx.recalled],
+        "landmarks": [{"turn": lm.index, "kind": lm.kind} for lm in ctx.landmarks],
     }
+    if emergency is not None:
+        obj["emergency"] = dict(emergency)
     if ctx.format == "messages":
         obj["messages"] = [dict(m) for m in ctx.messages]
     else:
@@ -498,6 +690,7 @@ def encode_state(session: str, stats: SessionStats, msg_id: MessageId = None) ->
                 "failures": stats.failures,
                 "compactions": stats.compactions,
                 "notes_dropped": stats.notes_dropped,
+                "landmarks": stats.landmarks,
             },
             msg_id,
         )
@@ -528,6 +721,8 @@ def encode_event(event: CompactionEvent) -> str:
     }
     if event.kind == "completed":
         obj["old_cursor"] = event.old_cursor
+        if event.trigger is not None:
+            obj["trigger"] = event.trigger
     else:
         obj.update(
             error=event.error, retryable=event.retryable, failures=event.failures, retry_at=event.retry_at
@@ -576,7 +771,10 @@ __all__ = [
     "UNKNOWN_TYPE",
     "ClientMessage",
     "ContextGet",
+    "ContextOverflow",
     "DecodeError",
+    "LandmarkPin",
+    "LandmarkUnpin",
     "NoteAppend",
     "Ping",
     "SessionClose",
@@ -595,9 +793,12 @@ __all__ = [
     "encode_event",
     "encode_note_appended",
     "encode_opened",
+    "encode_pinned",
     "encode_pong",
     "encode_state",
     "encode_turn_appended",
+    "encode_unpinned",
+    "landmark_wire",
     "message_dict",
     "parse",
     "valid_session_name",

@@ -106,7 +106,9 @@ class SummarizerSettings:
     The two are checked together: attempts that could outlast the compaction
     would be abandoned while the client still retries, and a model server that
     keeps computing for a client that gave up queues the retries behind that
-    abandoned work. Raises :class:`ConfigError`.
+    abandoned work. ``fallback`` (on by default) folds a batch deterministically
+    when the model fails or answers nothing usable, instead of retrying it
+    forever (:mod:`voice_context.summarizers.fallback`). Raises :class:`ConfigError`.
     """
 
     kind: str = "deterministic"
@@ -116,6 +118,7 @@ class SummarizerSettings:
     timeout: float | None = None
     max_retries: int = 2
     compaction_timeout: float = 60.0
+    fallback: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in ("deterministic", "openai"):
@@ -319,18 +322,29 @@ def load_settings(
     return settings
 
 
+FALLBACK_ALLOWANCE = 1.0
+"""Seconds of a compaction kept for the deterministic fold when the model did not answer in time."""
+
+
 def make_summarizer(settings: SummarizerSettings) -> Summarizer:
     """The summarizer the settings name (the deterministic one by default)."""
     if settings.kind == "openai":
         from voice_context.summarizers.openai_compat import OpenAISummarizer
 
-        return OpenAISummarizer(
+        model = OpenAISummarizer(
             base_url=settings.base_url,
             api_key=settings.api_key,
             model=settings.model,
             timeout=settings.attempt_timeout,
             max_retries=settings.max_retries,
         )
+        if not settings.fallback:
+            return model
+        from voice_context.summarizers.fallback import FallbackSummarizer
+
+        # the model's answer must come in time for the deterministic fold to land instead
+        deadline = settings.compaction_timeout - FALLBACK_ALLOWANCE
+        return FallbackSummarizer(model, deadline=deadline if deadline > 0 else None)
     from voice_context.summarizers.deterministic import DeterministicSummarizer
 
     return DeterministicSummarizer()

@@ -9,6 +9,7 @@
     ├── UnknownSession         no open session by that name (a ``KeyError``)
     ├── SessionClosed          the session is ending; nothing more is accepted
     ├── RateLimited            too many turns per second for one session
+    ├── ContextOverflow        not even what must stay fits the model's limit (carries ``needed``, ``limit``)
     ├── SummarizerError        a summarizer call failed (carries ``retryable``, ``kind``)
     ├── StoreError             the store could not read or write (carries ``retryable``)
     │   ├── TurnConflict       another turn is stored at that index, or it would leave a gap
@@ -65,6 +66,16 @@ class SessionClosed(VoiceContextError):
 
 class RateLimited(VoiceContextError):
     """Too many turns per second were appended to one session."""
+
+
+class ContextOverflow(VoiceContextError):
+    """Emergency compaction cannot fit the context under the model's limit: what must stay
+    (the base instructions and the safety region) already takes ``needed`` tokens."""
+
+    def __init__(self, message: str, *, needed: int, limit: int) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.limit = limit
 
 
 class SummarizerError(VoiceContextError):

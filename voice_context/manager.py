@@ -34,14 +34,18 @@ from anyio.abc import TaskGroup
 from voice_context.config import session_defaults
 from voice_context.core.budget import Context, Format, build_context
 from voice_context.core.config import SessionConfig
+from voice_context.core.emergency import safety_start
+from voice_context.core.landmarks import Landmark, LandmarkSource
 from voice_context.core.recalled import Recalled
 from voice_context.core.session import (
+    Accepted,
     Applied,
     CommitCompaction,
     CompactionFailed,
     CompactionPlan,
     CompactionStored,
     ContextRequested,
+    ContextView,
     Effect,
     Failed,
     NoteReceived,
@@ -54,9 +58,17 @@ from voice_context.core.session import (
     StartCompaction,
     SummaryReturned,
 )
+from voice_context.core.tokens import TokenCounter
 from voice_context.core.turns import Note, Turn
-from voice_context.core.window import Skip, SkipReason
-from voice_context.errors import SessionClosed, StoreError, SummarizerError, TurnConflict, UnknownSession
+from voice_context.core.window import FillBudget, Skip, SkipReason
+from voice_context.errors import (
+    ContextOverflow,
+    SessionClosed,
+    StoreError,
+    SummarizerError,
+    TurnConflict,
+    UnknownSession,
+)
 from voice_context.recall.embedding import Embedder
 from voice_context.recall.index import (
     MAX_OLDER_TURNS,
@@ -70,6 +82,8 @@ from voice_context.recall.stored import search_store
 from voice_context.store.base import SessionRecord, Store
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import Summarizer, SummaryRequest
+from voice_context.summarizers.fallback import emergency_fold
+from voice_context.tokenizers import load_tokenizer
 
 log = structlog.get_logger("voice_context")
 
@@ -133,6 +147,8 @@ class CompactionEvent:
     retryable: bool | None = None
     failures: int = 0
     retry_at: float | None = None
+    trigger: str | None = None
+    """For a completed fold: ``count`` (the batch rule) or ``fill`` (the fill trigger)."""
 
 
 Listener = Callable[[CompactionEvent], None]
@@ -198,6 +214,7 @@ class SessionManager:
         self._idle.set()
         self.counters: dict[str, int] = {"started": 0, "completed": 0, "failed": 0, "stale": 0}
         self._listeners: list[Listener] = []
+        self._counters: dict[str, TokenCounter] = {}
 
     def __repr__(self) -> str:
         return (
@@ -208,6 +225,9 @@ class SessionManager:
     # -- lifetime --------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
+        # the default tokenizer's file is read once per process, before the first reply needs it
+        tokenizer = self.config.tokenizer
+        self._counters[tokenizer] = await anyio.to_thread.run_sync(load_tokenizer, tokenizer)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         return self
@@ -320,7 +340,8 @@ class SessionManager:
             if record.owner != owner:
                 raise UnknownSession(name)
             merged = {**record.config, **(overrides or {})}
-            session = _restore(record, self.config.with_overrides(merged))
+            landmarks = await self.store.load_landmarks(name)
+            session = _restore(record, self.config.with_overrides(merged), landmarks)
             if overrides:
                 await self.store.save_config(name, merged)
             await self._save_notes_if_changed(session, (record.live_notes, record.pending_notes))
@@ -367,9 +388,12 @@ class SessionManager:
                     await self._catch_up_locked(live)
                     text = f"session {name!r} is being appended to elsewhere at the same time: try again"
                     raise StoreError(text, retryable=True) from conflict
-            appended = live.session.append_turn(turn)
+            index = live.session.append_turn(turn)
             self._maybe_index(live)
-            return appended
+            found = live.session.landmark(index)
+            if found is not None:
+                await self._save_landmark(name, found)
+            return index
 
     async def append_note(self, name: str, note: Note, *, owner: str | None = None) -> NotesChanged:
         """Add a screen-watch note; evicted notes queue for the next compaction."""
@@ -390,6 +414,7 @@ class SessionManager:
         format: Format = "messages",
         *,
         budget_chars: int | None = None,
+        budget_tokens: int | None = None,
         base_instructions: str = "",
         facts: Sequence[str] = (),
         query: str | None = None,
@@ -400,26 +425,33 @@ class SessionManager:
 
         ``query`` is what recall looks for in the session's older history; by
         default the newest user turn. The context says what it recalled.
+        ``budget_tokens`` is counted with the session's ``tokenizer``, and then
+        the context reports its size in that count (``tokens``).
         """
         live = self._get(name, owner)
-        self._maybe_compact(live)
+        tokenizer = live.session.config.tokenizer
+        counter = self._counters.get(tokenizer)
+        if counter is None:  # the first use of a tokenizer reads its file: off the event loop
+            counter = await anyio.to_thread.run_sync(load_tokenizer, tokenizer)
+            self._counters[tokenizer] = counter
+            live = self._get(name, owner)  # decide again after the await
+        if budget_chars is None and format == "instructions":
+            budget_chars = live.session.config.instructions_budget_chars
+        self._maybe_compact(live, FillBudget(budget_chars, budget_tokens, counter))
         session = live.session
         if session.total_turns - live.recall.indexed > INDEX_SLACK and live.recall.running:
             with anyio.move_on_after(INDEX_WAIT):  # a burst of appends: let recall see it
                 await live.recall.done.wait()
         text = default_query(session.verbatim_turns) if query is None else query
         recalled = await self._recall(live, text) if session.config.recall and text.strip() else []
-        budget = (
-            budget_chars
-            if budget_chars is not None
-            else (session.config.instructions_budget_chars if format == "instructions" else None)
-        )
-        older = await self._older(live, budget)
+        older = await self._older(live, older_chars(budget_chars, budget_tokens))
         live = self._get(name, owner)  # decide again after the awaits
         return build_context(
             live.session.view(),
             format,
             budget_chars=budget_chars,
+            budget_tokens=budget_tokens,
+            tokens=counter if budget_tokens is not None else None,  # a whole count costs ~45 us/kchar
             base_instructions=base_instructions,
             facts=facts,
             recalled=recalled,
@@ -452,6 +484,167 @@ class SessionManager:
 
     def state(self, name: str, *, owner: str | None = None) -> SessionStats:
         return self._get(name, owner).session.stats()
+
+    async def overflow(
+        self,
+        name: str,
+        format: Format = "messages",
+        *,
+        limit_tokens: int | None = None,
+        budget_chars: int | None = None,
+        base_instructions: str = "",
+        facts: Sequence[str] = (),
+        query: str | None = None,
+        owner: str | None = None,
+    ) -> tuple[Context, Applied | None]:
+        """Emergency compaction: the bot's model refused its context as too long.
+
+        Keeps the safety region (the last user turn, the last iteration and any open tool
+        chain) unchanged, folds everything verbatim before it at once (two halves by tokens,
+        each compressed and folded without a model, merged into the summary), commits that,
+        and returns the context rebuilt under ``limit_tokens`` with what moved. Raises
+        :class:`ContextOverflow` at once when the base instructions and the safety region
+        alone exceed the limit. A fold in flight is superseded (its result is dropped).
+        """
+        live = self._get(name, owner)
+        tokenizer = live.session.config.tokenizer
+        counter = self._counters.get(tokenizer)
+        if counter is None:
+            counter = await anyio.to_thread.run_sync(load_tokenizer, tokenizer)
+            self._counters[tokenizer] = counter
+        applied: Applied | None = None
+        async with live.lock:
+            session = live.session
+            keep = session.cursor + safety_start(session.verbatim_turns)
+            if limit_tokens is not None:
+                needed = self._needed(session, keep, format, base_instructions, counter)
+                if needed > limit_tokens:
+                    raise ContextOverflow(
+                        f"the base instructions and the last turns that must stay take {needed} tokens,"
+                        f" over the limit of {limit_tokens}",
+                        needed=needed,
+                        limit=limit_tokens,
+                    )
+            if keep > session.cursor:
+                if live.scope is not None:
+                    live.scope.cancel()  # its plan is superseded: its result would be stale
+                plan = session.emergency(self.clock(), keep)
+                text = emergency_fold(plan, counter, session.config.max_summary_chars)
+                verdict = session.check_result(plan.plan_id, text)
+                committed = isinstance(verdict, Accepted) and await self.store.commit_compaction(
+                    name,
+                    expected_cursor=plan.start,
+                    new_cursor=plan.end,
+                    summary=verdict.summary,
+                    pending_notes=session.pending_after(plan),
+                )
+                if not committed:  # another replica moved the store on: take its copy, and fold again later
+                    session.abandon()
+                    with contextlib.suppress(StoreError):
+                        await self._catch_up_locked(live)
+                else:
+                    outcome = session.compaction_succeeded(plan.plan_id, text, self.clock())
+                    if isinstance(outcome, Applied):
+                        applied = outcome
+                        self.counters["completed"] += 1
+                        log.warning(
+                            "voice_context_emergency_compaction",
+                            session=name,
+                            old_cursor=outcome.old_cursor,
+                            new_cursor=outcome.new_cursor,
+                            folded=plan.end - plan.start,
+                            summary_chars=len(outcome.summary),
+                            limit_tokens=limit_tokens,
+                        )
+                        self._emit(
+                            live,
+                            CompactionEvent(
+                                "completed",
+                                name,
+                                outcome.new_cursor,
+                                outcome.covered_through,
+                                len(outcome.summary),
+                                outcome.latency,
+                                old_cursor=outcome.old_cursor,
+                                trigger="emergency",
+                            ),
+                        )
+        context = await self.context(
+            name,
+            format,
+            budget_chars=budget_chars,
+            budget_tokens=limit_tokens,
+            base_instructions=base_instructions,
+            facts=facts,
+            query=query,
+            owner=owner,
+        )
+        return context, applied
+
+    @staticmethod
+    def _needed(session: Session, keep: int, format: Format, base: str, counter: TokenCounter) -> int:
+        """The tokens the base instructions and the safety region take, as a context shows them."""
+        region = ContextView(keep, "", session.verbatim_turns[keep - session.cursor :], (), session.config)
+        shown = build_context(region, format, base_instructions=base, budget_chars=1 << 30, tokens=counter)
+        assert shown.tokens is not None
+        return shown.tokens
+
+    async def pin(
+        self,
+        name: str,
+        index: int,
+        *,
+        kind: str = "other",
+        reason: str = "",
+        source: LandmarkSource = "manual",
+        owner: str | None = None,
+    ) -> Landmark:
+        """Pin the turn at ``index`` as a landmark (replacing one already there) and store it.
+
+        Raises ``IndexError`` when the session has no such turn.
+        """
+        live = self._get(name, owner)
+        async with live.lock:
+            session = live.session
+            if not 0 <= index < session.total_turns:
+                raise IndexError(f"session {name!r} has no turn {index} (it has {session.total_turns})")
+            if index >= session.cursor:
+                turn = session.turn(index)
+            else:
+                [turn] = await self.store.read_turns(name, index, index + 1)
+            landmark = Landmark(index, turn, kind, reason, source, self.clock())
+            await self.store.save_landmark(name, landmark)
+            live.session.pin(landmark)
+            log.info("voice_context_landmark_pinned", session=name, index=index, kind=kind, source=source)
+            return landmark
+
+    async def unpin(self, name: str, index: int, *, owner: str | None = None) -> bool:
+        """Unpin the landmark at ``index``; returns whether there was one."""
+        live = self._get(name, owner)
+        async with live.lock:
+            removed = await self.store.delete_landmark(name, index)
+            removed = live.session.unpin(index) is not None or removed
+            log.info("voice_context_landmark_unpinned", session=name, index=index, removed=removed)
+            return removed
+
+    async def _save_landmark(self, name: str, landmark: Landmark) -> None:
+        """Store a landmark the heuristics found. The turn is stored already: a landmark
+        that cannot be stored is logged; it stays pinned here, and a session restored
+        elsewhere does without it (an unpin must last, so restored turns are not read again)."""
+        try:
+            await self.store.save_landmark(name, landmark)
+        except StoreError as exc:
+            log.warning(
+                "voice_context_landmark_not_stored", session=name, index=landmark.index, error=str(exc)
+            )
+        else:
+            log.info(
+                "voice_context_landmark_pinned",
+                session=name,
+                index=landmark.index,
+                kind=landmark.kind,
+                source=landmark.source,
+            )
 
     def session(self, name: str, *, owner: str | None = None) -> Session:
         """The live session object (for inspection; mutate it only through the manager)."""
@@ -529,7 +722,7 @@ class SessionManager:
         if session.in_flight is not None and live.scope is not None:
             live.scope.cancel()
         session.begin_ending()
-        live.session = _restore(record, session.config)
+        live.session = _restore(record, session.config, await self.store.load_landmarks(session.name))
         live.recall.older = None
         log.info(
             "voice_context_session_caught_up",
@@ -688,9 +881,9 @@ class SessionManager:
             raise UnknownSession(name)
         return live
 
-    def _maybe_compact(self, live: _Live) -> None:
+    def _maybe_compact(self, live: _Live, budget: FillBudget | None = None) -> None:
         session = live.session
-        [decision] = session.receive(ContextRequested(self.clock()))
+        [decision] = session.receive(ContextRequested(self.clock(), budget))
         if isinstance(decision, Skip):
             # a skip worth telling is told once: per plan in flight, per backoff
             repeat = {
@@ -851,6 +1044,7 @@ class SessionManager:
             recent_start=plan.recent_start,
             pending_note_count=len(plan.notes),
             recompact=plan.recompact,
+            trigger=plan.trigger,
         )
         request = SummaryRequest.for_plan(plan, session.name)
         text: str | None = None
@@ -991,6 +1185,7 @@ class SessionManager:
                 len(outcome.summary),
                 outcome.latency,
                 old_cursor=outcome.old_cursor,
+                trigger=outcome.plan.trigger,
             ),
         )
 
@@ -1031,8 +1226,18 @@ class SessionManager:
                 log.exception("voice_context_listener_failed", session=event.session)
 
 
-def _restore(record: SessionRecord, config: SessionConfig) -> Session:
-    """A live session from the store's record (which holds the turns from its cursor on)."""
+def older_chars(budget_chars: int | None, budget_tokens: int | None) -> int | None:
+    """The char budget that bounds how many turns before the cursor a context may show:
+    a token budget holds at most about four chars a token of them."""
+    if budget_tokens is None:
+        return budget_chars
+    from_tokens = budget_tokens * 4
+    return from_tokens if budget_chars is None else min(budget_chars, from_tokens)
+
+
+def _restore(record: SessionRecord, config: SessionConfig, landmarks: Sequence[Landmark] = ()) -> Session:
+    """A live session from the store's record (which holds the turns from its cursor on)
+    and its landmarks."""
     return Session(
         record.name,
         config,
@@ -1042,4 +1247,5 @@ def _restore(record: SessionRecord, config: SessionConfig) -> Session:
         live_notes=record.live_notes,
         pending_notes=record.pending_notes,
         compactions=record.compactions,
+        landmarks=landmarks,
     )

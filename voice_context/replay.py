@@ -93,11 +93,13 @@ from voice_context.core.session import (
     SummaryReturned,
 )
 from voice_context.core.turns import Note, Turn
+from voice_context.core.window import FillBudget
 from voice_context.errors import ConfigError, DecodeError, SummarizerError
 from voice_context.manager import CompactionEvent, SessionManager
 from voice_context.recall.embedding import load_embedder
 from voice_context.recall.index import RecallIndex, older_turns, recall_candidates
 from voice_context.summarizers.base import Summarizer, SummaryRequest
+from voice_context.tokenizers import load_tokenizer
 
 
 @dataclass(slots=True)
@@ -298,10 +300,20 @@ class OfflineReplay:
         started: CompactionPlan | None = None
         if probe is None:
             state.last_request = (sent, message)
-            [decision] = session.receive(ContextRequested(now))
+        budget = self.budget_chars if self.budget_chars is not None else message.budget_chars
+        budget_tokens = message.budget_tokens
+        counter = load_tokenizer(session.config.tokenizer) if budget_tokens is not None else None
+        if probe is None:
+            fill = FillBudget(
+                budget
+                if budget is not None or message.format != "instructions"
+                else session.config.instructions_budget_chars,
+                budget_tokens,
+                counter,
+            )
+            [decision] = session.receive(ContextRequested(now, fill))
             if isinstance(decision, StartCompaction):
                 started = decision.plan
-        budget = self.budget_chars if self.budget_chars is not None else message.budget_chars
         config_budget = session.config.instructions_budget_chars
         tick = time.perf_counter()
         query, recalled = recall_candidates(state.recall, session, message.query, embed=True)
@@ -309,6 +321,8 @@ class OfflineReplay:
             session.view(),
             message.format,
             budget_chars=budget,
+            budget_tokens=budget_tokens,
+            tokens=counter,
             base_instructions=message.base_instructions,
             facts=list(message.facts),
             recalled=recalled,

@@ -73,6 +73,8 @@ from voice_context.codec import (
     ClientMessage,
     ContextGet,
     DecodeError,
+    LandmarkPin,
+    LandmarkUnpin,
     MessageId,
     NoteAppend,
     Ping,
@@ -87,7 +89,14 @@ from voice_context.core.config import check_client_overrides
 from voice_context.core.session import Session
 from voice_context.core.turns import Turn
 from voice_context.descriptors import DescriptorGuard, refusal_body
-from voice_context.errors import ConfigError, RateLimited, SessionClosed, StoreError, UnknownSession
+from voice_context.errors import (
+    ConfigError,
+    ContextOverflow,
+    RateLimited,
+    SessionClosed,
+    StoreError,
+    UnknownSession,
+)
 from voice_context.manager import CompactionEvent, SessionManager
 from voice_context.metrics import CONTENT_TYPE, Metrics
 from voice_context.recall.embedding import load_embedder
@@ -793,6 +802,7 @@ class Server:
                 name,
                 message.format,
                 budget_chars=message.budget_chars,
+                budget_tokens=message.budget_tokens,
                 base_instructions=message.base_instructions,
                 facts=message.facts,
                 query=message.query,
@@ -803,6 +813,45 @@ class Server:
             return codec.encode_context(name, ctx, in_flight=in_flight, msg_id=message.id), True
         if isinstance(message, SessionStateGet):
             return codec.encode_state(name, manager.state(name, owner=owner), message.id), True
+        if isinstance(message, codec.ContextOverflow):
+            try:
+                ctx, applied = await manager.overflow(
+                    name,
+                    message.format,
+                    limit_tokens=message.limit_tokens,
+                    budget_chars=message.budget_chars,
+                    base_instructions=message.base_instructions,
+                    facts=message.facts,
+                    query=message.query,
+                    owner=owner,
+                )
+            except ContextOverflow as exc:
+                raise _Reject(codec.TOO_LARGE, str(exc), limit="limit_tokens", needed=exc.needed) from None
+            in_flight = manager.state(name, owner=owner).in_flight is not None
+            folded = {
+                "old_cursor": applied.old_cursor if applied else ctx.cursor,
+                "cursor": ctx.cursor,
+                "folded": (applied.new_cursor - applied.old_cursor) if applied else 0,
+            }
+            return codec.encode_context(
+                name, ctx, in_flight=in_flight, msg_id=message.id, emergency=folded
+            ), True
+        if isinstance(message, LandmarkPin):
+            try:
+                landmark = await manager.pin(
+                    name,
+                    message.index,
+                    kind=message.kind,
+                    reason=message.reason,
+                    source="llm" if message.source == "llm" else "manual",
+                    owner=owner,
+                )
+            except IndexError as exc:
+                raise _Reject(BAD_REQUEST, str(exc)) from None
+            return codec.encode_pinned(name, landmark, message.id), True
+        if isinstance(message, LandmarkUnpin):
+            removed = await manager.unpin(name, message.index, owner=owner)
+            return codec.encode_unpinned(name, message.index, removed, message.id), True
         if isinstance(message, SessionDelete):
             await self._delete(conn, name)
             return codec.encode_deleted(name, message.id), False
@@ -861,8 +910,11 @@ class Server:
                 return codec.encode_turn_appended(name, duplicate, message.id, duplicate=True), False
             self._take(conn, limits)
             index = await self.manager.append_turn(name, message.turn, owner=conn.owner)
+            found = (
+                session.landmark(index) if self.manager.session(name, owner=conn.owner) is session else None
+            )
         self.metrics.turns.inc()
-        return codec.encode_turn_appended(name, index, message.id), True
+        return codec.encode_turn_appended(name, index, message.id, landmark=found), True
 
     def _forget_idle_limits(self) -> None:
         """Drop the rate limits of sessions nobody holds whose buckets have refilled anyway

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from voice_context.core.tokens import DEFAULT_TOKENIZER, TOKENIZERS
 from voice_context.errors import ConfigError
 
 RECENT_WINDOW = 50
@@ -20,6 +21,8 @@ MAX_TURN_CHARS = 1200
 RECENT_SHARE = 0.85
 RECALL_SHARE = 0.1
 SUMMARY_SHARE = 0.05
+FILL_TRIGGER = 0.7
+LANDMARK_SHARE = 0.25
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +60,19 @@ class SessionConfig:
       this old at the time of the request (0 keeps the design's pure count rule).
     - ``retry_base_seconds`` / ``retry_max_seconds``: after a failed compaction the
       next attempt waits ``base * 2**(failures-1)``, at most ``max``.
+    - ``tokenizer``: what a token budget is counted in: ``o200k_base`` (GPT-4o and
+      later), ``cl100k_base`` (GPT-4, GPT-3.5), or ``chars`` (the ``chars/3.5``
+      estimate, which is also what counts when no tokenizer is installed).
+    - ``fill_trigger``: a context asked for under a budget also starts a
+      compaction when the verbatim turns from the cursor on pass this share of
+      that budget (chars or tokens), whatever their count; 0 turns it off.
+    - ``landmarks``: whether turns are read for landmarks as they arrive (pinned
+      and unpinned ones by hand count either way).
+    - ``landmark_share``: the share of a budget the landmarks take, newest first,
+      right after the current turn; more of them only take the room left at the end.
+    - ``tool_result_iterations``: tool results of the newest this many tool
+      iterations are shown whole; older ones as a placeholder with the tool's
+      name and the result's size.
     """
 
     recent_window: int = RECENT_WINDOW
@@ -78,6 +94,11 @@ class SessionConfig:
     min_age_seconds: float = 0.0
     retry_base_seconds: float = 2.0
     retry_max_seconds: float = 60.0
+    tokenizer: str = DEFAULT_TOKENIZER
+    fill_trigger: float = FILL_TRIGGER
+    landmarks: bool = True
+    landmark_share: float = LANDMARK_SHARE
+    tool_result_iterations: int = 2
 
     def __post_init__(self) -> None:
         positive = (
@@ -94,7 +115,13 @@ class SessionConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("max_note_chars", "max_pending_notes", "priority_turns", "recall_limit"):
+        for name in (
+            "max_note_chars",
+            "max_pending_notes",
+            "priority_turns",
+            "recall_limit",
+            "tool_result_iterations",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
@@ -102,14 +129,18 @@ class SessionConfig:
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
-        for name in ("recent_share", "recall_share", "summary_share"):
+        for name in ("recent_share", "recall_share", "summary_share", "fill_trigger", "landmark_share"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= 1:
                 raise ConfigError(f"{name} must be a number between 0 and 1, got {value!r}")
         if self.recent_share + self.recall_share + self.summary_share > 1 + 1e-9:
             raise ConfigError("recent_share + recall_share + summary_share must not exceed 1")
-        if not isinstance(self.recall, bool):
-            raise ConfigError(f"recall must be true or false, got {self.recall!r}")
+        for name in ("recall", "landmarks"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.tokenizer not in TOKENIZERS:
+            known = ", ".join(sorted(TOKENIZERS))
+            raise ConfigError(f"tokenizer must be one of {known}, got {self.tokenizer!r}")
         if self.max_summary_chars < 40:
             raise ConfigError("max_summary_chars must be at least 40")
         if self.summary_priority_chars < 40:
@@ -153,17 +184,25 @@ CLIENT_MAXIMA: Mapping[str, int | float] = {
     "recall_share": 1,
     "summary_share": 1,
     "recall_limit": 32,
+    "fill_trigger": 1,
+    "landmarks": 1,
+    "landmark_share": 1,
+    "tool_result_iterations": 100,
 }
+#: Fields a client may set that are names, not numbers (checked by :class:`SessionConfig`).
+CLIENT_NAMES: frozenset[str] = frozenset({"tokenizer"})
 
 
 def check_client_overrides(overrides: Mapping[str, Any], defaults: SessionConfig) -> None:
     """Refuse what a client may not ask of a session (``ConfigError``): a field outside
-    :data:`CLIENT_MAXIMA`, or a number above its maximum."""
-    refused = sorted(set(overrides) - set(CLIENT_MAXIMA))
+    :data:`CLIENT_MAXIMA` and :data:`CLIENT_NAMES`, or a number above its maximum."""
+    refused = sorted(set(overrides) - set(CLIENT_MAXIMA) - CLIENT_NAMES)
     if refused:
-        allowed = ", ".join(CLIENT_MAXIMA)
+        allowed = ", ".join([*CLIENT_MAXIMA, *sorted(CLIENT_NAMES)])
         raise ConfigError(f"session config cannot set {', '.join(refused)} (a client may set: {allowed})")
     for name, value in overrides.items():
+        if name in CLIENT_NAMES:
+            continue
         limit = max(CLIENT_MAXIMA[name], getattr(defaults, name))
         if isinstance(value, int | float) and not isinstance(value, bool) and value > limit:
             raise ConfigError(f"{name} may be at most {limit:g} (asked for {value:g})")

@@ -25,7 +25,8 @@ shell before it is handed to :meth:`Session.append_turn`: it needs no preview.)
 Invariants, checked by the property tests:
 
 - the cursor only moves forward, and only to the end of the plan that landed;
-- a plan never contains a turn inside the recent window at the time it starts;
+- a plan never contains a turn inside the recent window at the time it starts,
+  unless the fill trigger made it due (the budget would cut those turns anyway);
 - every turn is either before the cursor (covered by the summary) or kept
   verbatim: there is no gap, whatever order results arrive in;
 - the summary never exceeds ``max_summary_chars``.
@@ -39,9 +40,19 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from voice_context.core.config import SessionConfig
+from voice_context.core.landmarks import Landmark, found_in
 from voice_context.core.text import clamp_sentences, clip, normalize
+from voice_context.core.tools import fold_end, for_summary
 from voice_context.core.turns import Note, Turn
-from voice_context.core.window import Batch, Skip, SkipReason, choose_batch
+from voice_context.core.window import (
+    Batch,
+    FillBudget,
+    Skip,
+    SkipReason,
+    choose_batch,
+    fill_end,
+    verbatim_sizes,
+)
 
 #: Past this many failures in a row the backoff stops doubling (it is long at its ceiling by then).
 MAX_BACKOFF_DOUBLINGS = 32
@@ -76,6 +87,13 @@ class CompactionPlan:
     max_note_chars: int
     started_at: float
     recompact: bool = False
+    trigger: str = "count"
+    """What made it due: ``count`` (the batch rule), ``fill`` (the verbatim part passed
+    ``fill_trigger`` of the budget a context was asked in) or ``emergency`` (the bot's
+    model reported a context overflow)."""
+    landmarks: int = 0
+    """How many turns of ``start..end-1`` are landmarks, left out of ``turns``: a
+    compaction never paraphrases one."""
 
     def __repr__(self) -> str:
         kind = "recompact" if self.recompact else "fold"
@@ -170,9 +188,11 @@ class StagedNotes:
 
 @dataclass(frozen=True, slots=True)
 class ContextRequested:
-    """A reply needs a context at ``at``: the compaction trigger is evaluated."""
+    """A reply needs a context at ``at`` (under ``budget``, when it has one): the compaction
+    triggers are evaluated."""
 
     at: float
+    budget: FillBudget | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +298,7 @@ class SessionStats(NamedTuple):
     failures: int
     compactions: int
     notes_dropped: int
+    landmarks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +310,7 @@ class ContextView:
     turns: tuple[Turn, ...]
     live_notes: tuple[Note, ...]
     config: SessionConfig
+    landmarks: tuple[Landmark, ...] = ()
 
     @property
     def covered_through(self) -> int:
@@ -310,6 +332,7 @@ class Session:
         pending_notes: Iterable[Note] = (),
         failures: int = 0,
         compactions: int = 0,
+        landmarks: Iterable[Landmark] = (),
     ) -> None:
         """Create a session, or restore one: ``turns`` are those from ``cursor`` on."""
         if cursor < 0:
@@ -339,6 +362,7 @@ class Session:
         self._ending = False
         #: the accepted result of the plan in flight, while the store commits it
         self._committing: Accepted | None = None
+        self._landmarks: dict[int, Landmark] = {lm.index: lm for lm in landmarks}
 
     # -- reading ---------------------------------------------------------------
 
@@ -396,10 +420,21 @@ class Session:
             failures=self._failures,
             compactions=self._compactions,
             notes_dropped=self._notes_dropped,
+            landmarks=len(self._landmarks),
         )
 
+    @property
+    def landmarks(self) -> tuple[Landmark, ...]:
+        """The session's landmarks, oldest first."""
+        return tuple(self._landmarks[i] for i in sorted(self._landmarks))
+
+    def landmark(self, index: int) -> Landmark | None:
+        return self._landmarks.get(index)
+
     def view(self) -> ContextView:
-        return ContextView(self._cursor, self._summary, tuple(self._turns), tuple(self._live), self.config)
+        return ContextView(
+            self._cursor, self._summary, tuple(self._turns), tuple(self._live), self.config, self.landmarks
+        )
 
     def __repr__(self) -> str:
         flight = f"plan#{self._in_flight.plan_id}" if self._in_flight else "none"
@@ -412,15 +447,33 @@ class Session:
     # -- events ----------------------------------------------------------------
 
     def append_turn(self, turn: Turn) -> int:
-        """Append a finalized turn; returns its transcript index."""
+        """Append a finalized turn; returns its transcript index. A turn the landmark
+        heuristics recognise is pinned as it arrives (see :meth:`landmark`)."""
         self._turns.append(turn)
-        return self.total_turns - 1
+        index = self.total_turns - 1
+        if self.config.landmarks:
+            found = found_in(index, turn)
+            if found is not None:
+                self._landmarks[index] = found
+        return index
+
+    def pin(self, landmark: Landmark) -> None:
+        """Pin a landmark (or replace the one at its index): from now on it is shown whole,
+        and no compaction folds it."""
+        if not 0 <= landmark.index < self.total_turns:
+            raise IndexError(f"no turn {landmark.index} (turns {self.total_turns})")
+        self._landmarks[landmark.index] = landmark
+
+    def unpin(self, index: int) -> Landmark | None:
+        """Unpin the landmark at ``index``; returns it (``None`` if there was none). A turn
+        already folded stays out of the summary; one still verbatim is folded as usual."""
+        return self._landmarks.pop(index, None)
 
     def receive(self, event: Event) -> list[Effect]:
         """Feed one event; returns the effects for the shell to perform or tell, in order."""
         match event:
-            case ContextRequested(at=at):
-                decision = self.plan_compaction(at)
+            case ContextRequested(at=at, budget=budget):
+                decision = self.plan_compaction(at, budget)
                 return [decision if isinstance(decision, Skip) else StartCompaction(decision)]
             case NoteReceived(note=note):
                 return [PersistNotes(self._stage_note(note))]
@@ -453,12 +506,29 @@ class Session:
         while len(self._live) > config.live_note_entries:
             self._queue_pending(self._live.popleft())
 
-    def plan_compaction(self, now: float) -> CompactionPlan | Skip:
+    def plan_compaction(self, now: float, budget: FillBudget | None = None) -> CompactionPlan | Skip:
         """Evaluate the trigger for a context request at time ``now``.
 
-        Returns the plan to run (and marks it in flight) or why nothing starts.
+        ``budget`` is the budget the context is asked in: with one, the fill
+        trigger is evaluated too (see :mod:`voice_context.core.window`), and a
+        fold it makes due may reach into the recent window by count. Returns the
+        plan to run (and marks it in flight) or why nothing starts.
         """
-        decision = choose_batch(
+        decision = self._by_count(now)
+        if budget is None or not self.config.fill_trigger:
+            return decision if isinstance(decision, Skip) else self._begin(decision, now)
+        if isinstance(decision, Skip) and decision.reason is not SkipReason.BELOW_THRESHOLD:
+            return decision
+        sizes = verbatim_sizes(self._turns, self.config, budget)
+        end = fill_end(self._cursor, sizes, self.config.fill_trigger, budget)
+        if end is None or (isinstance(decision, Batch) and end <= decision.end):
+            return decision if isinstance(decision, Skip) else self._begin(decision, now)
+        if self._retry_at is not None and now < self._retry_at:
+            return Skip(SkipReason.BACKING_OFF, decision.recent_start, retry_at=self._retry_at)
+        return self._begin(Batch(self._cursor, end, decision.recent_start), now, trigger="fill")
+
+    def _by_count(self, now: float) -> Batch | Skip:
+        return choose_batch(
             total_turns=self.total_turns,
             cursor=self._cursor,
             config=self.config,
@@ -468,9 +538,6 @@ class Session:
             retry_at=self._retry_at,
             turn_times=[t.at for t in self._turns] if self.config.min_age_seconds else (),
         )
-        if isinstance(decision, Skip):
-            return decision
-        return self._start(decision, now)
 
     def check_result(self, plan_id: int, text: str) -> Accepted | CompactionPlan | Rejected | Stale:
         """What ``compaction_succeeded`` would do with ``text``, without doing it.
@@ -487,6 +554,9 @@ class Session:
         text = normalize(text[: readable + 1])
         if len(text) > readable:
             text = clamp_sentences(text, readable)
+        if not text and not plan.turns and not plan.notes and plan.landmarks and not plan.recompact:
+            # a batch of landmarks alone adds nothing to the summary, and needs nothing from it
+            return Accepted(plan, normalize(plan.previous_summary), False)
         if not text:
             return Rejected(plan, "empty")
         if len(text) <= limit:
@@ -620,25 +690,50 @@ class Session:
             last_seq = seq
         return tuple(taken), last_seq
 
-    def _start(self, batch: Batch, now: float) -> CompactionPlan:
+    def _begin(self, batch: Batch, now: float, *, trigger: str = "count") -> CompactionPlan | Skip:
+        """Start ``batch``, its end moved back so that no tool call is folded without its
+        result (nor the reverse); nothing starts when the oldest tool chain is still open."""
+        end = self._cursor + fold_end(self._turns, batch.size)
+        if end == self._cursor:
+            return Skip(SkipReason.NO_ELIGIBLE_BATCH, batch.recent_start)
+        return self._start(replace(batch, end=end), now, trigger=trigger)
+
+    def emergency(self, now: float, end: int) -> CompactionPlan:
+        """A fold of every verbatim turn before ``end`` (a tool unit boundary), to run at once
+        because the bot's model overflowed: it supersedes a plan in flight, whose result
+        will be stale. Raises ``ValueError`` when there is nothing before ``end`` to fold."""
+        if not self._cursor < end <= self.total_turns:
+            raise ValueError(f"nothing to fold before turn {end} (cursor {self._cursor})")
+        return self._start(Batch(self._cursor, end, end), now, trigger="emergency", whole=True)
+
+    def _start(
+        self, batch: Batch, now: float, *, trigger: str = "count", whole: bool = False
+    ) -> CompactionPlan:
         # several batches at once only as far as their text stays under MAX_FOLD_CHARS
         count, size = batch.size, self.config.batch_size
-        while count > size and sum(len(t.text) for t in self._turns[:count]) > MAX_FOLD_CHARS:
+        while not whole and count > size and sum(len(t.text) for t in self._turns[:count]) > MAX_FOLD_CHARS:
             count -= size
-        batch = replace(batch, end=batch.start + count)
+        batch = replace(batch, end=batch.start + (fold_end(self._turns, count) or batch.size))
         notes, last_seq = self._notes_for_batch()
+        kept = [
+            for_summary(t)
+            for i, t in enumerate(self._turns[: batch.size])
+            if batch.start + i not in self._landmarks
+        ]
         plan = CompactionPlan(
             plan_id=self._take_plan_id(),
             start=batch.start,
             end=batch.end,
             recent_start=batch.recent_start,
-            turns=tuple(self._turns[: batch.size]),
+            turns=tuple(kept),
+            landmarks=batch.size - len(kept),
             notes=notes,
             last_note_seq=last_seq,
             previous_summary=self._summary,
             max_chars=self.config.max_summary_chars,
             max_note_chars=self.config.max_note_chars,
             started_at=now,
+            trigger=trigger,
         )
         self._in_flight = plan
         return plan

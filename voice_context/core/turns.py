@@ -20,6 +20,13 @@ class Turn:
     ``at`` is the time the turn was spoken, in unix seconds. ``id`` is the
     bot's own identifier for the turn, if it has one (echoed back, never
     interpreted).
+
+    A bot that calls tools sends them as turns too: a **tool call** is an
+    ``assistant`` turn with ``tool_call_id``, ``tool_name`` and
+    ``tool_arguments`` (JSON text; ``text`` is what the assistant said with
+    it, often nothing); a **tool result** is a ``tool`` turn with the
+    ``tool_call_id`` it answers (and ``tool_name``), the result in ``text``.
+    A call and its result are never separated (see :mod:`voice_context.core.tools`).
     """
 
     speaker: str
@@ -27,6 +34,17 @@ class Turn:
     text: str
     at: float
     id: str | None = None
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+    tool_arguments: str | None = None
+
+    @property
+    def is_tool_call(self) -> bool:
+        return self.role == "assistant" and self.tool_call_id is not None
+
+    @property
+    def is_tool_result(self) -> bool:
+        return self.role == "tool" and self.tool_call_id is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,16 @@ that have fully left the protected recent window::
 With the defaults (50 recent, batch 10): at cursor 0 and 61 turns it folds
 0..9 and the cursor moves to 10; at cursor 10 nothing fires until 71 turns,
 then 10..19.
+
+The fill trigger is the second rule, for sessions of long turns: a context
+asked for under a budget (chars, tokens or both) also fires a compaction when
+the verbatim part, the turns from the cursor on as the context would show
+them, passes ``fill_trigger`` (0.7) of that budget, whatever the count. It
+folds the oldest turns until what stays verbatim is at most half that (so the
+next turn does not fire again), always keeping the newest turn. The budget
+would cut those turns from the context anyway: folded, they are in the
+summary instead of nowhere (and a context with room still shows them
+verbatim, from the store). See :func:`fill_end`.
 """
 
 from __future__ import annotations
@@ -20,6 +30,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from voice_context.core.config import SessionConfig
+from voice_context.core.text import clip
+from voice_context.core.tokens import TokenCounter
+from voice_context.core.turns import Turn
 
 
 class SkipReason(StrEnum):
@@ -59,6 +72,65 @@ class Skip:
 BACKLOG_BATCHES = 4
 #: ...at most this many in one compaction (the session also bounds their characters).
 MAX_FOLD_BATCHES = 8
+
+
+FILL_TARGET = 0.5
+"""A fold made due by the fill trigger leaves this share of the fill line verbatim."""
+
+
+@dataclass(frozen=True, slots=True)
+class FillBudget:
+    """The budget a context is asked in, which the fill trigger measures the verbatim part against."""
+
+    chars: int | None = None
+    tokens: int | None = None
+    counter: TokenCounter | None = None
+
+    @property
+    def bounded(self) -> bool:
+        return self.chars is not None or (self.tokens is not None and self.counter is not None)
+
+
+def verbatim_sizes(turns: Sequence[Turn], config: SessionConfig, budget: FillBudget) -> list[tuple[int, int]]:
+    """Each turn's size in (chars, tokens) as a context shows it: its line, clipped, and a line break."""
+    sizes = []
+    counter = budget.counter if budget.tokens is not None else None
+    for turn in turns:
+        line = f"{turn.speaker}: {clip(turn.text, config.max_turn_chars)}"
+        sizes.append((len(line) + 1, counter.count(line) + 1 if counter is not None else 0))
+    return sizes
+
+
+def fill_end(
+    cursor: int, sizes: Sequence[tuple[int, int]], fraction: float, budget: FillBudget
+) -> int | None:
+    """Where a fold due to the fill trigger ends (exclusive), or ``None`` when none is due.
+
+    ``sizes`` are those of the turns from ``cursor`` on (:func:`verbatim_sizes`).
+    Due when their total passes ``fraction`` of the budget in chars or in tokens;
+    the fold then takes the oldest turns until the rest is at most half that,
+    and never the newest turn.
+    """
+    if fraction <= 0 or len(sizes) < 2 or not budget.bounded:
+        return None
+    caps = (
+        fraction * budget.chars if budget.chars is not None else float("inf"),
+        fraction * budget.tokens if budget.tokens is not None else float("inf"),
+    )
+    total = (sum(s[0] for s in sizes), sum(s[1] for s in sizes))
+    if total[0] <= caps[0] and total[1] <= caps[1]:
+        return None
+    kept = [0, 0]
+    first = len(sizes) - 1  # the newest turn always stays
+    kept[0], kept[1] = sizes[first]
+    while first > 0:
+        chars, tokens = sizes[first - 1]
+        if kept[0] + chars > caps[0] * FILL_TARGET or kept[1] + tokens > caps[1] * FILL_TARGET:
+            break
+        kept[0] += chars
+        kept[1] += tokens
+        first -= 1
+    return cursor + first if first > 0 else None
 
 
 def recent_start(total_turns: int, cursor: int, recent_window: int) -> int:

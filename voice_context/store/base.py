@@ -2,9 +2,9 @@
 
 A store keeps, per session: the full transcript (append-only, by index), the
 cursor and the summary (which always move together), the live and pending
-screen notes, the session's config overrides and owner, and a compaction
-lease with a fencing token so that only one replica folds a session at a time;
-with a ``session_ttl``, only until the session has been idle that long.
+screen notes, the session's config overrides and owner, its landmarks, and a
+compaction lease with a fencing token so that only one replica folds a session
+at a time; with a ``session_ttl``, only until the session has been idle that long.
 Beside them it keeps the session's recall index: the words of every turn and note
 with their counts (BM25's postings), the notes' text, and the turns' vectors when an
 embedder made them; so a process serving a session holds none of its history, and
@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from voice_context.core.landmarks import Landmark
 from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStats
 from voice_context.core.turns import Note, Turn
 
@@ -123,7 +124,7 @@ class Store(Protocol):
         ...
 
     async def delete(self, name: str) -> None:
-        """Forget the session entirely (its recall index too)."""
+        """Forget the session entirely (its landmarks and its recall index too)."""
         ...
 
     # -- the recall index ------------------------------------------------------
@@ -158,6 +159,19 @@ class Store(Protocol):
 
     async def load_vectors(self, name: str) -> dict[int, bytes]:
         """Every vector kept for the session, by doc key."""
+        ...
+
+    async def save_landmark(self, name: str, landmark: Landmark) -> None:
+        """Keep a landmark (replacing the one at its index): it outlives restarts and is
+        seen by every replica."""
+        ...
+
+    async def delete_landmark(self, name: str, index: int) -> bool:
+        """Unpin the landmark at ``index``; returns whether there was one."""
+        ...
+
+    async def load_landmarks(self, name: str) -> tuple[Landmark, ...]:
+        """The session's landmarks, oldest first (none for a session the store lacks)."""
         ...
 
     async def aclose(self) -> None: ...

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from voice_context.core.landmarks import Landmark
 from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStats
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, TurnConflict
@@ -24,6 +25,7 @@ class _Entry:
     postings: dict[str, list[Posting]] = field(default_factory=dict)
     notes: dict[int, Passage] = field(default_factory=dict)
     vectors: dict[int, bytes] = field(default_factory=dict)
+    landmarks: dict[int, Landmark] = field(default_factory=dict)
 
 
 class MemoryStore:
@@ -184,6 +186,18 @@ class MemoryStore:
 
     async def load_vectors(self, name: str) -> dict[int, bytes]:
         return dict(self._entry(name).vectors)
+
+    async def save_landmark(self, name: str, landmark: Landmark) -> None:
+        self._entry(name).landmarks[landmark.index] = landmark
+
+    async def delete_landmark(self, name: str, index: int) -> bool:
+        return self._entry(name).landmarks.pop(index, None) is not None
+
+    async def load_landmarks(self, name: str) -> tuple[Landmark, ...]:
+        entry = self._sessions.get(name)
+        if entry is None:
+            return ()
+        return tuple(entry.landmarks[i] for i in sorted(entry.landmarks))
 
     async def aclose(self) -> None:
         return None

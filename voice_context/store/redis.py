@@ -13,6 +13,7 @@ Key layout, for a session named ``room-1`` and the default prefix ``vc``::
     vc:{room-1}:rdf     hash    word -> how many docs hold it
     vc:{room-1}:rnotes  hash    note key -> the note as recall shows it (JSON)
     vc:{room-1}:rvec    hash    doc key -> its vector (base64), when an embedder ran
+    vc:{room-1}:landmarks hash  a landmark per turn index (JSON)
 
 The ``{...}`` hash tag is the session's name, percent-encoded (``{``, ``}``,
 ``%``, ``:`` and anything outside ``A-Za-z0-9_.-~`` become ``%XX``; the empty
@@ -77,15 +78,18 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
+from voice_context.core.landmarks import Landmark
 from voice_context.core.recalled import MAX_TERM_DOCS, IndexedDoc, Passage, Posting, RecallStats
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, StoreError, TurnConflict
 from voice_context.store.base import ChooseTerms, SessionRecord
 from voice_context.store.common import (
     decode_config,
+    decode_landmark,
     decode_notes,
     decode_turn,
     encode_config,
+    encode_landmark,
     encode_notes,
     encode_turn,
 )
@@ -339,10 +343,19 @@ class SessionKeys:
         return tuple(self._sibling(s) for s in ("rstate", "rpost", "rdf", "rnotes", "rvec"))  # type: ignore[return-value]
 
     @property
+    def landmarks(self) -> str:
+        return self._sibling("landmarks")
+
+    @property
     def kept(self) -> tuple[str, ...]:
         """Every key that lives as long as the session (the lease has its own expiry): what a
         write script lists, so that they all expire together."""
-        return (self.meta, self.turns, self.notes, *self.recall)
+        return (self.meta, self.turns, self.notes, *self.rest)
+
+    @property
+    def rest(self) -> tuple[str, ...]:
+        """The keys beside meta, turns and notes that expire with them: recall's and landmarks."""
+        return (*self.recall, self.landmarks)
 
 
 class RedisStore:
@@ -472,19 +485,19 @@ class RedisStore:
         owner = orjson.dumps(record.owner).decode()
         with self._errors("create"):
             await self._create(
-                keys=[k.meta, k.turns, k.notes, *k.recall],
+                keys=[k.meta, k.turns, k.notes, *k.rest],
                 args=[record.name, config, owner, repr(time.time()), self._ttl],
             )
 
     async def append_turn(self, name: str, index: int, turn: Turn) -> None:
         k = self.keys(name)
-        keys = (k.meta, k.turns, k.notes, *k.recall)
+        keys = (k.meta, k.turns, k.notes, *k.rest)
         args = (index, encode_turn(turn), self._ttl)
         await self.group.submit(_Write(_APPEND_KEPT, name, keys, args, index))
 
     async def save_notes(self, name: str, live: Sequence[Note], pending: Sequence[Note]) -> None:
         k = self.keys(name)
-        keys = (k.meta, k.notes, k.turns, *k.recall)
+        keys = (k.meta, k.notes, k.turns, *k.rest)
         args = (encode_notes(live), encode_notes(pending), self._ttl)
         await self.group.submit(_Write(_SAVE_NOTES_KEPT, name, keys, args, None))
 
@@ -492,7 +505,7 @@ class RedisStore:
         k = self.keys(name)
         with self._errors("save_config"):
             saved = await self._save_config(
-                keys=[k.meta, k.turns, k.notes, *k.recall], args=[encode_config(config), self._ttl]
+                keys=[k.meta, k.turns, k.notes, *k.rest], args=[encode_config(config), self._ttl]
             )
         if not saved:
             raise SessionNotStored(name)
@@ -514,7 +527,7 @@ class RedisStore:
         token: str | int = "" if fence is None else fence
         args: list[str | int] = [expected_cursor, new_cursor, summary, pending, token, self._ttl]
         with self._errors("commit_compaction"):
-            status = await self._commit(keys=[k.meta, k.notes, k.turns, *k.recall], args=args)
+            status = await self._commit(keys=[k.meta, k.notes, k.turns, *k.rest], args=args)
         if status == -1:
             raise SessionNotStored(name)
         return bool(status > 0)
@@ -558,7 +571,7 @@ class RedisStore:
         with self._errors("touch"):
             for name in names:  # one script a session: each touches one Cluster slot
                 k = self.keys(name)
-                await self._touch(keys=[k.meta, k.turns, k.notes, *k.recall], args=[self._ttl])
+                await self._touch(keys=[k.meta, k.turns, k.notes, *k.rest], args=[self._ttl])
 
     async def expire(self) -> list[str]:
         return []  # Redis forgets an idle session's keys by itself
@@ -566,7 +579,7 @@ class RedisStore:
     async def delete(self, name: str) -> None:
         k = self.keys(name)
         with self._errors("delete"):
-            await self._redis.delete(*k.all, *k.recall)
+            await self._redis.delete(*k.all, *k.rest)
 
     # -- the recall index ------------------------------------------------------
 
@@ -652,6 +665,26 @@ class RedisStore:
         with self._errors("load_vectors"):
             raw = await self._redis.hgetall(self.keys(name).recall[4])
         return {int(key): base64.b64decode(value) for key, value in raw.items()}
+
+    def landmarks_key(self, name: str) -> str:
+        return self.keys(name).landmarks
+
+    async def save_landmark(self, name: str, landmark: Landmark) -> None:
+        with self._errors("save_landmark"):
+            if not await self._redis.exists(self.keys(name).meta):
+                raise SessionNotStored(name)
+            await self._redis.hset(self.landmarks_key(name), str(landmark.index), encode_landmark(landmark))
+        await self.touch([name])  # with a session_ttl, the landmarks expire with the session
+
+    async def delete_landmark(self, name: str, index: int) -> bool:
+        with self._errors("delete_landmark"):
+            return bool(await self._redis.hdel(self.landmarks_key(name), str(index)))
+
+    async def load_landmarks(self, name: str) -> tuple[Landmark, ...]:
+        with self._errors("load_landmarks"):
+            raw: dict[Any, Any] = await self._redis.hgetall(self.landmarks_key(name))
+        found = sorted((int(k), v) for k, v in raw.items())
+        return tuple(decode_landmark(v) for _, v in found)
 
     async def aclose(self) -> None:
         if not self._closed:

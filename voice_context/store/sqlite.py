@@ -61,14 +61,17 @@ import anyio
 import anyio.to_thread
 import structlog
 
+from voice_context.core.landmarks import Landmark
 from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStats
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, StoreError, TurnConflict
 from voice_context.store.base import ChooseTerms, SessionRecord
 from voice_context.store.common import (
     decode_config,
+    decode_landmark,
     decode_notes,
     encode_config,
+    encode_landmark,
     encode_notes,
     make_turn,
     turn_fields,
@@ -83,11 +86,20 @@ PAUSE_ENV = "VOICE_CONTEXT_TEST_COMMIT_PAUSE"
 """Seconds each group waits, its statements run, before its COMMIT: a window for durability
 tests to kill the process in. Never set outside tests."""
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT = 5.0
 #: Sessions deleted per transaction by ``expire`` (each with all its turns): 25 sessions of 200
 #: turns hold the write lock for about 8 ms (100 held it for 36 ms), so a turn append waits little.
 EXPIRE_BATCH = 25
+
+_LANDMARKS = """
+    CREATE TABLE IF NOT EXISTS landmarks (
+        session TEXT    NOT NULL,
+        idx     INTEGER NOT NULL,
+        body    TEXT    NOT NULL,
+        PRIMARY KEY (session, idx)
+    ) WITHOUT ROWID
+    """
 
 _SCHEMA = (
     """
@@ -117,16 +129,20 @@ _SCHEMA = (
         text    TEXT    NOT NULL,
         at      REAL    NOT NULL,
         id      TEXT,
+        tool    TEXT,
         PRIMARY KEY (session, idx)
     ) WITHOUT ROWID
     """,
+    _LANDMARKS,
 )
+#: What each older schema version needs to become the current one.
+_MIGRATIONS: dict[int, tuple[str, ...]] = {}  # filled in below, once the recall schema is defined
 
-# version 2: the recall index, by a small session number (``sid``) so that a posting
+# version 4: the recall index, by a small session number (``sid``) so that a posting
 # row holds no session name
 _RECALL_SCHEMA = (
     """
-    CREATE TABLE recall_state (
+    CREATE TABLE IF NOT EXISTS recall_state (
         sid     INTEGER PRIMARY KEY,
         session TEXT    NOT NULL UNIQUE,
         docs    INTEGER NOT NULL DEFAULT 0,
@@ -136,7 +152,7 @@ _RECALL_SCHEMA = (
     )
     """,
     """
-    CREATE TABLE recall_terms (
+    CREATE TABLE IF NOT EXISTS recall_terms (
         sid    INTEGER NOT NULL,
         term   TEXT    NOT NULL,
         key    INTEGER NOT NULL,
@@ -146,7 +162,7 @@ _RECALL_SCHEMA = (
     ) WITHOUT ROWID
     """,
     """
-    CREATE TABLE recall_df (
+    CREATE TABLE IF NOT EXISTS recall_df (
         sid    INTEGER NOT NULL,
         term   TEXT    NOT NULL,
         df     INTEGER NOT NULL,
@@ -154,7 +170,7 @@ _RECALL_SCHEMA = (
     ) WITHOUT ROWID
     """,
     """
-    CREATE TABLE recall_notes (
+    CREATE TABLE IF NOT EXISTS recall_notes (
         sid     INTEGER NOT NULL,
         key     INTEGER NOT NULL,
         at      REAL    NOT NULL,
@@ -164,7 +180,7 @@ _RECALL_SCHEMA = (
     ) WITHOUT ROWID
     """,
     """
-    CREATE TABLE recall_vectors (
+    CREATE TABLE IF NOT EXISTS recall_vectors (
         sid    INTEGER NOT NULL,
         key    INTEGER NOT NULL,
         vector BLOB    NOT NULL,
@@ -172,6 +188,9 @@ _RECALL_SCHEMA = (
     ) WITHOUT ROWID
     """,
 )
+
+#: What each older schema version needs to become the next: 2 landmarks, 3 tool turns, 4 recall.
+_MIGRATIONS.update({1: (_LANDMARKS,), 2: ("ALTER TABLE turns ADD COLUMN tool TEXT",), 3: _RECALL_SCHEMA})
 
 # SQLite's primary result codes that may clear up on their own: busy/locked,
 # out of memory, I/O error, disk full, cannot open, lock protocol.
@@ -574,6 +593,38 @@ class SQLiteStore:
 
         return await self._run("load_vectors", op)
 
+    async def save_landmark(self, name: str, landmark: Landmark) -> None:
+        body = encode_landmark(landmark)
+
+        def op(conn: sqlite3.Connection) -> None:
+            with _write(conn):
+                if conn.execute("SELECT 1 FROM sessions WHERE name = ?", (name,)).fetchone() is None:
+                    raise SessionNotStored(name)
+                conn.execute(
+                    "INSERT OR REPLACE INTO landmarks (session, idx, body) VALUES (?, ?, ?)",
+                    (name, landmark.index, body),
+                )
+
+        await self._run("save_landmark", op)
+
+    async def delete_landmark(self, name: str, index: int) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            with _write(conn):
+                cursor = conn.execute("DELETE FROM landmarks WHERE session = ? AND idx = ?", (name, index))
+                return cursor.rowcount > 0
+
+        return await self._run("delete_landmark", op)
+
+    async def load_landmarks(self, name: str) -> tuple[Landmark, ...]:
+        def op(conn: sqlite3.Connection) -> tuple[Landmark, ...]:
+            with _read(conn):
+                rows = conn.execute(
+                    "SELECT body FROM landmarks WHERE session = ? ORDER BY idx", (name,)
+                ).fetchall()
+            return tuple(decode_landmark(row[0]) for row in rows)
+
+        return await self._run("load_landmarks", op)
+
     async def aclose(self) -> None:
         if self._closed:
             return
@@ -611,7 +662,7 @@ class SQLiteStore:
         with _write(conn):
             totals = _turn_counts(conn, {item.op.name for item in batch})
             inserts: list[tuple[object, ...]] = []
-            written: dict[tuple[str, int], tuple[str, str, str, float, str | None]] = {}
+            written: dict[tuple[str, int], tuple[str, str, str, float, str | None, str | None]] = {}
             notes: list[tuple[str, str, float, str]] = []
             for item in batch:
                 op = item.op
@@ -632,7 +683,8 @@ class SQLiteStore:
                 else:
                     item.error = TurnConflict(op.name, op.index, total)
             conn.executemany(
-                "INSERT INTO turns (session, idx, speaker, role, text, at, id) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO turns (session, idx, speaker, role, text, at, id, tool)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 inserts,
             )
             moved = {name for name, _ in written}
@@ -731,7 +783,7 @@ def _read(conn: sqlite3.Connection) -> Iterator[None]:
 class _AppendTurn:
     name: str
     index: int
-    fields: tuple[str, str, str, float, str | None]
+    fields: tuple[str, str, str, float, str | None, str | None]
 
     @property
     def where(self) -> list[object]:
@@ -766,11 +818,11 @@ def _turn_counts(conn: sqlite3.Connection, names: set[str]) -> dict[str, int]:
 
 def _stored_turn(
     conn: sqlite3.Connection, name: str, index: int
-) -> tuple[str, str, str, float, str | None] | None:
+) -> tuple[str, str, str, float, str | None, str | None] | None:
     row = conn.execute(
-        "SELECT speaker, role, text, at, id FROM turns WHERE session = ? AND idx = ?", (name, index)
+        "SELECT speaker, role, text, at, id, tool FROM turns WHERE session = ? AND idx = ?", (name, index)
     ).fetchone()
-    return None if row is None else (row[0], row[1], row[2], row[3], row[4])
+    return None if row is None else (row[0], row[1], row[2], row[3], row[4], row[5])
 
 
 def _total_turns(conn: sqlite3.Connection, name: str) -> int:
@@ -782,6 +834,7 @@ def _total_turns(conn: sqlite3.Connection, name: str) -> int:
 def _forget(conn: sqlite3.Connection, name: str) -> None:
     """Delete everything kept of a session: its row, its turns, its recall index."""
     conn.execute("DELETE FROM turns WHERE session = ?", (name,))
+    conn.execute("DELETE FROM landmarks WHERE session = ?", (name,))
     conn.execute("DELETE FROM sessions WHERE name = ?", (name,))
     row = conn.execute("SELECT sid FROM recall_state WHERE session = ?", (name,)).fetchone()
     if row is not None:
@@ -810,7 +863,7 @@ def _add_postings(conn: sqlite3.Connection, rows: Sequence[tuple[int, str, int, 
 
 def _select_turns(conn: sqlite3.Connection, name: str, start: int, end: int) -> list[Turn]:
     rows = conn.execute(
-        "SELECT speaker, role, text, at, id FROM turns WHERE session = ? AND idx >= ? AND idx < ?"
+        "SELECT speaker, role, text, at, id, tool FROM turns WHERE session = ? AND idx >= ? AND idx < ?"
         " ORDER BY idx",
         (name, start, end),
     ).fetchall()
@@ -833,13 +886,14 @@ def _migrate(conn: sqlite3.Connection) -> None:
                     conn.execute(statement)
                 conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
                 version = SCHEMA_VERSION
-    if version == 1:  # a file from before the recall index: add its tables (filled as sessions open)
+    if version < SCHEMA_VERSION:
         with _write(conn):
-            if _schema_version(conn) == 1:
-                for statement in _RECALL_SCHEMA:
+            version = _schema_version(conn) or SCHEMA_VERSION  # another process may have migrated
+            while version < SCHEMA_VERSION:
+                for statement in _MIGRATIONS[version]:
                     conn.execute(statement)
-                conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
-            version = SCHEMA_VERSION
+                version += 1
+            conn.execute("UPDATE schema_version SET version = ?", (version,))
     if version > SCHEMA_VERSION:
         raise StoreError(
             f"sqlite store: the file has schema version {version}, newer than {SCHEMA_VERSION}",

@@ -23,6 +23,7 @@ import math
 import re
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from types import TracebackType
 from typing import Literal, Self
 
@@ -37,6 +38,7 @@ from openai.types.chat import (
 from voice_context.errors import SummarizerError
 from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.check import missing_batch
+from voice_context.summarizers.compress import compress
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 from voice_context.summarizers.prompt import build_messages
 
@@ -205,6 +207,9 @@ class OpenAISummarizer:
     ``token_cap_param="max_completion_tokens"`` for OpenAI models that reject
     ``max_tokens``.
 
+    The batch is compressed first (filler and repeated turns left out, see
+    :mod:`voice_context.summarizers.compress`) unless ``compress_input`` is false.
+
     A pre-built ``client`` can be shared between summarizers: it is used with
     this summarizer's ``timeout`` and ``max_retries``, ``base_url`` and
     ``api_key`` are ignored, and :meth:`aclose` leaves it open for its owner.
@@ -221,6 +226,7 @@ class OpenAISummarizer:
         temperature: float = 0.0,
         token_cap_param: TokenCapParam = "max_tokens",
         client: openai.AsyncOpenAI | None = None,
+        compress_input: bool = True,
     ) -> None:
         if not model:
             raise ValueError("model must not be empty")
@@ -234,6 +240,7 @@ class OpenAISummarizer:
         self._max_retries = max_retries
         self._temperature = temperature
         self._token_cap_param: TokenCapParam = token_cap_param
+        self._compress = compress_input
         self._owns_client = client is None
         if client is None:
             self._client = openai.AsyncOpenAI(
@@ -275,6 +282,7 @@ class OpenAISummarizer:
         A summary that does not carry the batch is replaced by the deterministic
         fold of the batch into the previous summary (see the module docstring).
         """
+        request = self._compressed(request)
         digest = self.digest(request)
         summary = await self._complete(request, digest)
         reason = missing_batch(request, summary, digest)
@@ -289,6 +297,27 @@ class OpenAISummarizer:
             notes=len(request.notes),
         )
         return self._deterministic.summarize_now(request)
+
+    def _compressed(self, request: SummaryRequest) -> SummaryRequest:
+        """The request with its filler and repeated turns left out: fewer tokens sent."""
+        if not self._compress or not request.turns:
+            return request
+        done = compress(request.turns)
+        if not done.dropped and done.chars_after == done.chars_before:
+            return request
+        _log.info(
+            "summary_input_compressed",
+            model=self._model,
+            first_index=request.first_index,
+            turns=len(request.turns),
+            kept=len(done.turns),
+            filler=done.filler,
+            exact=done.exact,
+            fuzzy=done.fuzzy,
+            chars_before=done.chars_before,
+            chars_after=done.chars_after,
+        )
+        return replace(request, turns=done.turns)
 
     async def _complete(self, request: SummaryRequest, digest: str) -> str:
         messages = _chat_messages(build_messages(request, digest))

@@ -1,0 +1,232 @@
+"""Deterministic compression: fewer turns, the same conversation, within a budget. No model.
+
+:func:`compress` takes a run of turns and returns the ones worth keeping, in
+their order, in four steps:
+
+1. **filler**: a short turn (80 chars and 8 words at most) that only greets, laughs, agrees or
+   says goodbye (``is_filler``) goes, and disfluencies (``um``, ``uh``, ``erm``) leave the
+   turns that stay;
+2. **exact duplicates**: a turn whose words (case, spacing and punctuation
+   aside) repeat an earlier turn's goes;
+3. **fuzzy duplicates**: a turn within ``fuzzy`` (90 of 100, rapidfuzz's
+   ``fuzz.ratio``) of one of the ``window`` turns kept before it goes, unless
+   the two differ in a number ("at 9" and "at 10" are not the same plan);
+4. **force-converge**, only when a budget is given and still exceeded: the
+   protected turns are kept first, then the others newest first, whole while
+   they fit and cut to their first sentence once they do not; what does not
+   fit even cut goes. Protected turns that alone exceed the budget are treated
+   like the others (newest first). The result always fits (no turns at all fit
+   any budget).
+
+Turns in ``keep`` (by position) are never dropped as filler or duplicates and
+are the last to be cut. A budget is in chars (each turn as its ``speaker:
+text`` line and a line break) and/or in tokens of a counter.
+
+It runs before a model summarizer (fewer tokens sent), as the fold when a model
+fails or answers something unusable (see :mod:`voice_context.summarizers.fallback`),
+and inside emergency compaction. 100 turns take about seven times as long as
+normalizing each of them once (``scripts/bench``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
+
+from rapidfuzz import fuzz, process
+from rapidfuzz.utils import default_process
+
+from voice_context.core.text import ELLIPSIS, sentences
+from voice_context.core.tokens import TokenCounter
+from voice_context.core.turns import Turn
+from voice_context.summarizers.deterministic import is_filler
+
+FUZZY = 90.0
+"""Two turns at least this similar (``fuzz.ratio``, 0..100) are the same turn said twice."""
+WINDOW = 16
+"""A turn is compared with at most this many turns kept just before it."""
+MAX_FILLER_CHARS = 80
+MAX_FILLER_WORDS = 8
+"""Only turns this short (in chars and words) are read for filler: longer ones always say
+something, and reading every long turn for greetings would cost more than the rest."""
+MIN_FUZZY_CHARS = 12
+"""Shorter turns are only ever exact duplicates: a few letters apart is a different word."""
+_DISFLUENCY = re.compile(r"(?<![\w'])(?:u+m+|u+h+|e+r+m+|e+r+|h+m+)(?![\w'])[,.]?\s*", re.IGNORECASE)
+_DIGITS = re.compile(r"\d+")
+
+
+@dataclass(frozen=True, slots=True)
+class Compression:
+    """What :func:`compress` kept, and why the rest went.
+
+    ``kept`` are the positions (in the input) of ``turns``; ``clipped`` counts
+    turns cut to fit, ``converged`` turns dropped to fit.
+    """
+
+    turns: tuple[Turn, ...]
+    kept: tuple[int, ...]
+    filler: int = 0
+    exact: int = 0
+    fuzzy: int = 0
+    clipped: int = 0
+    converged: int = 0
+    chars_before: int = 0
+    chars_after: int = 0
+
+    @property
+    def dropped(self) -> int:
+        return self.filler + self.exact + self.fuzzy + self.converged
+
+
+def line_of(turn: Turn) -> str:
+    """A turn as a summarizer or a context reads it: ``speaker: text``."""
+    return f"{turn.speaker}: {turn.text}"
+
+
+def _key(text: str) -> str:
+    """What two turns must share to be the same turn: their words, lowercased, punctuation aside."""
+    return " ".join(default_process(text).split())
+
+
+def _maybe_disfluent(key: str) -> bool:
+    return "um" in key or "uh" in key or "hm" in key or "erm" in key
+
+
+def _near_duplicate(key: str, recent: Sequence[str], cutoff: float) -> bool:
+    """Whether a recent key is within ``cutoff`` of ``key`` and has the same numbers
+    (one call into rapidfuzz compares them all)."""
+    matches = process.extract(key, recent, scorer=fuzz.ratio, score_cutoff=cutoff, limit=None, processor=None)
+    if not matches:
+        return False
+    numbers = _DIGITS.findall(key)
+    return any(_DIGITS.findall(match[0]) == numbers for match in matches)
+
+
+def _size(turn: Turn, counter: TokenCounter | None) -> tuple[int, int]:
+    line = line_of(turn)
+    return len(line) + 1, (counter.count(line) + 1 if counter is not None else 0)
+
+
+def compress(
+    turns: Sequence[Turn],
+    *,
+    budget_chars: int | None = None,
+    budget_tokens: int | None = None,
+    counter: TokenCounter | None = None,
+    keep: Collection[int] = (),
+    fuzzy: float = FUZZY,
+    window: int = WINDOW,
+) -> Compression:
+    """The turns worth keeping, within the budget when one is given; see the module docstring.
+
+    Raises ``ValueError`` for a negative budget, or a token budget without a counter.
+    """
+    if (budget_chars is not None and budget_chars < 0) or (budget_tokens is not None and budget_tokens < 0):
+        raise ValueError("a budget must be >= 0")
+    if budget_tokens is not None and counter is None:
+        raise ValueError("a token budget needs a counter")
+    protected = set(keep)
+    before = sum(len(t.speaker) + len(t.text) + 3 for t in turns)
+    chosen: list[tuple[int, Turn]] = []
+    keys: list[str] = []
+    seen: set[str] = set()
+    filler = exact = near = 0
+    for i, turn in enumerate(turns):
+        text = turn.text
+        key = _key(text)
+        if i not in protected:
+            if key in seen:  # the cheapest test first
+                exact += 1
+                continue
+            if len(text) <= MAX_FILLER_CHARS and key.count(" ") < MAX_FILLER_WORDS and is_filler(text):
+                filler += 1
+                continue
+            if _maybe_disfluent(key):
+                text = _DISFLUENCY.sub("", text).strip()
+                if not text:
+                    filler += 1
+                    continue
+                key = _key(text)
+            if key in seen:
+                exact += 1
+                continue
+            if len(key) >= MIN_FUZZY_CHARS and _near_duplicate(key, keys[-window:], fuzzy):
+                near += 1
+                continue
+        chosen.append((i, turn if text == turn.text else replace(turn, text=text)))
+        keys.append(key)
+        seen.add(key)
+    clipped, converged = 0, 0
+    if budget_chars is not None or budget_tokens is not None:
+        token_counter = counter if budget_tokens is not None else None
+        chosen, clipped, converged = _converge(chosen, protected, budget_chars, budget_tokens, token_counter)
+    out = tuple(t for _, t in chosen)
+    return Compression(
+        turns=out,
+        kept=tuple(i for i, _ in chosen),
+        filler=filler,
+        exact=exact,
+        fuzzy=near,
+        clipped=clipped,
+        converged=converged,
+        chars_before=before,
+        chars_after=sum(len(t.speaker) + len(t.text) + 3 for t in out),
+    )
+
+
+def _first_sentence(text: str) -> str:
+    parts = sentences(text)
+    if len(parts) < 2:
+        return text
+    return parts[0] + " " + ELLIPSIS
+
+
+def _converge(
+    chosen: list[tuple[int, Turn]],
+    protected: set[int],
+    budget_chars: int | None,
+    budget_tokens: int | None,
+    counter: TokenCounter | None,
+) -> tuple[list[tuple[int, Turn]], int, int]:
+    """The turns that fit: the protected ones first, then the others newest first, whole while
+    they fit and cut to their first sentence once they do not. Protected turns that alone
+    exceed the budget are cut, then dropped, oldest first."""
+    caps = (
+        budget_chars if budget_chars is not None else 1 << 62,
+        budget_tokens if budget_tokens is not None else 1 << 62,
+    )
+    used = [0, 0]
+
+    def take(turn: Turn) -> bool:
+        size = _size(turn, counter)
+        if used[0] + size[0] > caps[0] or used[1] + size[1] > caps[1]:
+            return False
+        used[0] += size[0]
+        used[1] += size[1]
+        return True
+
+    kept: dict[int, Turn] = {}
+    clipped = converged = 0
+    guarded = [k for k in range(len(chosen)) if chosen[k][0] in protected]
+    sizes = [_size(chosen[k][1], counter) for k in guarded]
+    if sum(s[0] for s in sizes) <= caps[0] and sum(s[1] for s in sizes) <= caps[1]:
+        for k in guarded:
+            take(chosen[k][1])
+            kept[k] = chosen[k][1]
+    rest = [k for k in range(len(chosen)) if k not in kept]
+    for k in reversed(rest):  # newest first
+        turn = chosen[k][1]
+        if take(turn):
+            kept[k] = turn
+            continue
+        short = _first_sentence(turn.text)
+        if short != turn.text and take(replace(turn, text=short)):
+            kept[k] = replace(turn, text=short)
+            clipped += 1
+        else:
+            converged += 1
+    return [(chosen[k][0], kept[k]) for k in sorted(kept)], clipped, converged
+
+
+__all__ = ["FUZZY", "WINDOW", "Compression", "compress", "line_of"]
