@@ -32,5 +32,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         reason="slow tier: needs a real local model; run scripts/models smollm2, then VOICE_CONTEXT_SLOW=1"
     )
     for item in items:
-        if "slow" in item.keywords:
+        if item.get_closest_marker("slow") is not None:
             item.add_marker(skip)

@@ -508,6 +508,33 @@ async def test_a_rewrite_that_keeps_nothing_of_the_batch_failed_too(
     assert rejected["reason"] == "none of the batch's names, numbers, dates or words"
 
 
+@pytest.mark.asyncio
+async def test_a_model_that_copies_its_prompt_failed_too(
+    server: OpenAIServer, logs: list[MutableMapping[str, Any]]
+) -> None:
+    echo = (  # what SmolLM2-135M did: the fences and transcript lines of its prompt, handed back
+        "<<<PREVIOUS_SUMMARY\n[#40 2024-05-01 14:03:07] Alice (user): Let's do the dragon raid tonight, "
+        "I'll bring potions.\nDIGEST>>>"
+    )
+    server.script(Reply(echo))
+    async with summarizer_for(server) as summarizer:
+        summary = await summarizer.summarize(request())
+    assert "<<<" not in summary and "[#40" not in summary
+    assert "[1 May 2024, 14:03] Alice: Let's do the dragon raid tonight" in summary
+    [rejected] = [e for e in logs if e["event"] == "summary_fold_rejected"]
+    assert rejected["reason"] == "echoes the prompt"
+
+
+def test_an_echo_is_told_by_the_prompts_fences_and_line_heads_alone() -> None:
+    def check(summary: str) -> str | None:
+        return missing_batch(request(), summary, "[1 May 2024, 14:03] Alice: The dragon raid.")
+
+    assert check("Alice: the dragon raid. TRANSCRIPT>>>") == "echoes the prompt"
+    assert check("[#41 2024-05-01 14:03] Bob: the dragon raid") == "echoes the prompt"
+    assert check("At 14:03 on 1 May 2024 Alice planned the dragon raid.") is None
+    assert check("Alice wants <<more>> potions for the dragon raid.") is None
+
+
 def test_a_recompaction_or_a_batch_that_adds_nothing_new_is_not_checked() -> None:
     assert missing_batch(request(turns=(), notes=(), recompact=True), "Shorter.", "") is None
     quiet = request(previous_summary="Alice plans the dragon raid.", notes=())
