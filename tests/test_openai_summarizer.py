@@ -208,6 +208,14 @@ async def test_persistent_500s_are_a_retryable_server_error(server: OpenAIServer
 
 
 @pytest.mark.asyncio
+async def test_a_retry_after_past_a_minute_ends_the_attempts_and_is_passed_on(server: OpenAIServer) -> None:
+    server.script(Status(503, headers={"retry-after": "120"}))
+    error = await failure(server, max_retries=2)
+    assert (error.kind, error.retryable, error.retry_after) == ("server_error", True, 120)
+    assert len(server.completions) == 1
+
+
+@pytest.mark.asyncio
 async def test_429_after_the_retries_is_retryable_rate_limited(server: OpenAIServer) -> None:
     # ``Retry-After: 0`` makes the client fall back to its own ~0.5 s backoff;
     # ``retry-after-ms`` keeps the test fast.
