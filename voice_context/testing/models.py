@@ -115,7 +115,9 @@ def models_dir() -> Path:
     return Path(sys.prefix) / "share" / "voice-context" / "models"
 
 
-def _model(name: str) -> PackagedModel:
+def _model(name: str | PackagedModel) -> PackagedModel:
+    if isinstance(name, PackagedModel):
+        return name
     try:
         return MODELS[name]
     except KeyError:
@@ -135,7 +137,7 @@ def _part(model: PackagedModel, package: str, inner: str) -> Path:
     return path
 
 
-def locate(name: str) -> Path | None:
+def locate(name: str | PackagedModel) -> Path | None:
     """The model's file if it is there (installed, or assembled), unverified; else ``None``."""
     model = _model(name)
     if model.split:
@@ -155,8 +157,9 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def assemble(name: str) -> Path:
-    """The model's file, assembled from its parts if need be, its sha256 verified.
+def assemble(name: str | PackagedModel) -> Path:
+    """The model's file (``name`` from :data:`MODELS`, or a model of your own), assembled
+    from its parts if need be, its sha256 verified.
 
     Raises :class:`ModelError` when a package is missing or the file is not
     the one pinned (a file that fails the check is not left behind).
