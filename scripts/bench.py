@@ -309,7 +309,7 @@ async def bench_llm_wire(n: int, base_url: str, alias: str, fold_seconds: float)
         print(f"the fold landed: cursor {state['cursor']}, failures {state['failures']}")
 
 
-def bench_llm(n: int, name: str, folds: int, timeout: float) -> None:
+def bench_llm(n: int, name: str, folds: int, timeout: float, threads: int) -> None:
     import tempfile
 
     from voice_context.testing.llama_server import LlamaServer
@@ -321,7 +321,7 @@ def bench_llm(n: int, name: str, folds: int, timeout: float) -> None:
         model, alias = assemble(name), MODELS[name].alias
     log = Path(tempfile.mkdtemp(prefix="vc-llama-")) / "llama.log"
     print(f"starting llama_cpp.server with {model.name} (its log: {log})", flush=True)
-    with LlamaServer(model, alias=alias, n_ctx=16384, log=log) as llama:
+    with LlamaServer(model, alias=alias, n_ctx=16384, threads=threads, log=log) as llama:
         anyio.run(bench_llm_folds, llama.base_url, alias, folds, timeout)
         anyio.run(bench_llm_wire, n, llama.base_url, alias, timeout)
 
@@ -338,10 +338,13 @@ def main() -> None:
     )
     parser.add_argument("--folds", type=int, default=5, help="folds timed with --llm")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one fold may take with --llm")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="the model server's threads (1 is best on a busy machine)"
+    )
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     if args.llm:
-        bench_llm(min(args.n, 200), args.llm, args.folds, args.timeout)
+        bench_llm(min(args.n, 200), args.llm, args.folds, args.timeout, args.threads)
         return
     bench_core(args.n)
     bench_recall(args.n)
