@@ -235,6 +235,8 @@ async def bench_llm_folds(base_url: str, alias: str, folds: int, fold_seconds: f
     from voice_context.summarizers.openai_compat import OpenAISummarizer
 
     print(f"== seconds per fold: {alias}, batches of 10 turns of the project's recordings")
+    # the fold check's rejections are warnings: let them through to be counted
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
     turns = recorded_turns()
     seconds: list[float] = []
     failed: list[str] = []
@@ -253,6 +255,7 @@ async def bench_llm_folds(base_url: str, alias: str, folds: int, fold_seconds: f
                     failed.append(exc.kind)
                 seconds.append(time.perf_counter() - t0)
                 print(f"fold {k + 1}: {seconds[-1]:6.1f} s, summary {len(summary):5,} chars", flush=True)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     rejected = sum(1 for e in logs if e["event"] == "summary_fold_rejected")
     print(
         f"{folds} folds: p50 {statistics.median(seconds):.1f} s, max {max(seconds):.1f} s, "
