@@ -23,6 +23,17 @@
    with repeats, rephrasings and filler), without and with a budget that
    forces convergence, against reading each message once (normalizing its
    words: the floor of any de-duplication).
+
+``--llm [MODEL]`` measures a real local model instead (a name from
+``scripts/models``, smollm2 by default, or a GGUF file): it starts
+``llama_cpp.server`` on 127.0.0.1, waits for it, and stops it at the end.
+
+8. Seconds per fold: the project's own recordings folded batch by batch
+   (10 turns, the summary carried from fold to fold) by the model, each fold
+   timed, with the folds the fold check rejected (the deterministic lines
+   stood in).
+9. Over the wire with the model as the server's summarizer: ``context.get``
+   while idle against ``context.get`` while the model folds a batch.
 """
 
 from __future__ import annotations
@@ -311,6 +322,122 @@ def bench_compress(n: int) -> None:
     print(row("compress + force-converge to 2,000 chars", forced, floor))
 
 
+def recorded_turns() -> list[Turn]:
+    """Every turn of the project's own recordings, as recorded (times included)."""
+    out: list[Turn] = []
+    for path in sorted((Path(__file__).resolve().parent.parent / "fixtures").glob("*.jsonl")):
+        if path.name.endswith(".probes.jsonl"):
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            message = json.loads(line)
+            if message.get("type") == "turn.append":
+                t = message["turn"]
+                out.append(Turn(t["speaker"], t["role"], t["text"], at=t["at"]))
+    return out
+
+
+async def bench_llm_folds(base_url: str, alias: str, folds: int, fold_seconds: float) -> None:
+    from structlog.testing import capture_logs
+
+    from voice_context.errors import SummarizerError
+    from voice_context.summarizers.base import SummaryRequest
+    from voice_context.summarizers.openai_compat import OpenAISummarizer
+
+    print(f"== seconds per fold: {alias}, batches of 10 turns of the project's recordings")
+    # the fold check's rejections are warnings: let them through to be counted
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
+    turns = recorded_turns()
+    seconds: list[float] = []
+    failed: list[str] = []
+    summary = ""
+    async with OpenAISummarizer(model=alias, base_url=base_url, timeout=fold_seconds, max_retries=0) as model:
+        with capture_logs() as logs:
+            for k in range(folds):
+                batch = tuple(turns[(10 * k + i) % len(turns)] for i in range(10))
+                request = SummaryRequest(
+                    previous_summary=summary, turns=batch, max_chars=1200, first_index=10 * k
+                )
+                t0 = time.perf_counter()
+                try:
+                    summary = await model.summarize(request)
+                except SummarizerError as exc:
+                    failed.append(exc.kind)
+                seconds.append(time.perf_counter() - t0)
+                print(f"fold {k + 1}: {seconds[-1]:6.1f} s, summary {len(summary):5,} chars", flush=True)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    rejected = sum(1 for e in logs if e["event"] == "summary_fold_rejected")
+    print(
+        f"{folds} folds: p50 {statistics.median(seconds):.1f} s, max {max(seconds):.1f} s, "
+        f"mean {statistics.fmean(seconds):.1f} s; rejected by the fold check {rejected}, "
+        f"failed {len(failed)} {sorted(set(failed)) or ''}"
+    )
+    print(f"the last summary:\n{summary}")
+
+
+async def bench_llm_wire(n: int, base_url: str, alias: str, fold_seconds: float) -> None:
+    from voice_context.client import Client
+    from voice_context.config import Settings
+    from voice_context.server import Server
+
+    print(f"== over the wire, {alias} as the summarizer: context.get idle vs. while it folds")
+    settings = Settings().with_values("server", {"port": 0, "turns_per_second": 1e6, "turn_burst": 1_000_000})
+    settings = settings.with_values("store", {"url": "memory"})
+    settings = settings.with_values(
+        "summarizer",
+        {
+            "kind": "openai",
+            "base_url": base_url,
+            "model": alias,
+            "compaction_timeout": fold_seconds,
+            "max_retries": 0,
+        },
+    )
+    turns = recorded_turns()
+    async with Server(settings) as server, Client(server.url) as client:
+        room = await client.open("room")
+        for t in turns[:60]:
+            await room.append_turn(t.speaker, t.role, t.text, at=t.at)
+        idle: list[float] = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await room.context(format="instructions", budget_chars=5200)
+            idle.append(time.perf_counter() - t0)
+        print(row("context.get, 60 turns, nothing to fold", idle))
+        t = turns[60]
+        await room.append_turn(t.speaker, t.role, t.text, at=t.at)
+        first = await room.context(format="instructions", budget_chars=5200)
+        assert first["in_flight"], "the first request starts a fold"
+        busy: list[float] = []
+        started = time.perf_counter()
+        while True:
+            t0 = time.perf_counter()
+            reply = await room.context(format="instructions", budget_chars=5200)
+            if not reply["in_flight"]:
+                break
+            busy.append(time.perf_counter() - t0)
+        landed = time.perf_counter() - started
+        state = await room.state()
+        print(row(f"context.get, the model's fold in flight ({landed:.1f} s)", busy, idle))
+        print(f"the fold landed: cursor {state['cursor']}, failures {state['failures']}")
+
+
+def bench_llm(n: int, name: str, folds: int, timeout: float, threads: int) -> None:
+    import tempfile
+
+    from voice_context.testing.llama_server import LlamaServer
+    from voice_context.testing.models import MODELS, assemble
+
+    if name.endswith(".gguf"):
+        model, alias = Path(name), "local-model"
+    else:
+        model, alias = assemble(name), MODELS[name].alias
+    log = Path(tempfile.mkdtemp(prefix="vc-llama-")) / "llama.log"
+    print(f"starting llama_cpp.server with {model.name} (its log: {log})", flush=True)
+    with LlamaServer(model, alias=alias, n_ctx=16384, threads=threads, log=log) as llama:
+        anyio.run(bench_llm_folds, llama.base_url, alias, folds, timeout)
+        anyio.run(bench_llm_wire, n, llama.base_url, alias, timeout)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -318,8 +445,19 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=2000, help="samples per figure")
     parser.add_argument("--delay", type=float, default=3.0, help="seconds the slow summarizer takes")
     parser.add_argument("--sessions", type=int, default=50)
+    parser.add_argument(
+        "--llm", nargs="?", const="smollm2", metavar="MODEL", help="a local model instead (see above)"
+    )
+    parser.add_argument("--folds", type=int, default=5, help="folds timed with --llm")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds one fold may take with --llm")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="the model server's threads (1 is best on a busy machine)"
+    )
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    if args.llm:
+        bench_llm(min(args.n, 200), args.llm, args.folds, args.timeout, args.threads)
+        return
     bench_core(args.n)
     bench_tokens(args.n)
     bench_compress(min(args.n, 1000))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
@@ -21,3 +22,15 @@ def logs() -> Iterator[list[MutableMapping[str, Any]]]:
     """Every structlog event emitted during the test, as dicts."""
     with capture_logs() as captured:
         yield captured
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The ``slow`` tier runs a real local model: only with ``VOICE_CONTEXT_SLOW=1``."""
+    if os.environ.get("VOICE_CONTEXT_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(
+        reason="slow tier: needs a real local model; run scripts/models smollm2, then VOICE_CONTEXT_SLOW=1"
+    )
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(skip)

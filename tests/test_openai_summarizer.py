@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import anyio
 import openai
 import pytest
 import pytest_asyncio
@@ -27,12 +28,14 @@ from voice_context.summarizers.prompt import (
     select_notes,
 )
 from voice_context.testing.openai_server import (
+    Cut,
     Empty,
     Garbage,
     OpenAIServer,
     Reply,
     ReplyWith,
     Stall,
+    StallMidStream,
     Status,
 )
 
@@ -116,6 +119,7 @@ async def test_the_request_carries_model_temperature_cap_fences_and_instructions
     assert sent.headers["authorization"] == "Bearer not-needed"
     body = sent.json
     assert body["model"] == "tiny-summarizer"
+    assert body["stream"] is True
     assert body["temperature"] == 0
     assert 0 < body["max_tokens"] < 900 / 3
     assert [m["role"] for m in body["messages"]] == ["system", "user"]
@@ -187,7 +191,7 @@ async def test_a_recompaction_sends_the_summary_and_no_turns(server: OpenAIServe
 
 
 @pytest.mark.asyncio
-async def test_a_500_then_success_is_absorbed_by_the_client_retry(server: OpenAIServer) -> None:
+async def test_a_500_then_success_is_absorbed_by_a_retry(server: OpenAIServer) -> None:
     server.script(Status(500), Reply("Recovered: the dragon raid."))
     async with summarizer_for(server, max_retries=1) as summarizer:
         assert await summarizer.summarize(request()) == "Recovered: the dragon raid."
@@ -201,6 +205,14 @@ async def test_persistent_500s_are_a_retryable_server_error(server: OpenAIServer
     error = await failure(server, max_retries=1)
     assert (error.kind, error.retryable) == ("server_error", True)
     assert len(server.completions) == 2
+
+
+@pytest.mark.asyncio
+async def test_a_retry_after_past_a_minute_ends_the_attempts_and_is_passed_on(server: OpenAIServer) -> None:
+    server.script(Status(503, headers={"retry-after": "120"}))
+    error = await failure(server, max_retries=2)
+    assert (error.kind, error.retryable, error.retry_after) == ("server_error", True, 120)
+    assert len(server.completions) == 1
 
 
 @pytest.mark.asyncio
@@ -233,6 +245,55 @@ async def test_a_short_stall_inside_the_timeout_still_answers(server: OpenAIServ
 
 
 @pytest.mark.asyncio
+async def test_a_timeout_in_the_middle_of_the_answer_hangs_up_so_the_server_stops_generating(
+    server: OpenAIServer,
+) -> None:
+    server.script(StallMidStream("Alice plans the dragon raid and"))
+    started = time.monotonic()
+    error = await failure(server, timeout=0.3)
+    assert (error.kind, error.retryable) == ("timeout", True)
+    assert time.monotonic() - started < 2
+    with anyio.fail_after(2):
+        assert await server.wait_abandoned() == server.completions
+
+
+@pytest.mark.asyncio
+async def test_a_retry_after_a_timeout_does_not_queue_behind_the_abandoned_answer(
+    server: OpenAIServer,
+) -> None:
+    server.script(StallMidStream("Alice plans"), Reply("Alice plans the dragon raid tonight."))
+    async with summarizer_for(server, timeout=0.3, max_retries=1) as summarizer:
+        assert await summarizer.summarize(request()) == "Alice plans the dragon raid tonight."
+    first, _ = server.completions
+    with anyio.fail_after(2):
+        assert await server.wait_abandoned() == [first]
+
+
+@pytest.mark.asyncio
+async def test_a_compaction_cancelled_from_outside_hangs_up_too(server: OpenAIServer) -> None:
+    server.script(StallMidStream("Alice plans"))
+    async with summarizer_for(server, timeout=30) as summarizer:
+        with anyio.move_on_after(0.3) as scope:
+            await summarizer.summarize(request())
+    assert scope.cancelled_caught
+    with anyio.fail_after(2):
+        assert await server.wait_abandoned() == server.completions
+
+
+@pytest.mark.asyncio
+async def test_a_stream_cut_off_before_its_finish_reason_is_interrupted_and_retried(
+    server: OpenAIServer,
+) -> None:
+    server.script(Cut("Alice plans the"))
+    error = await failure(server)
+    assert (error.kind, error.retryable) == ("interrupted", True)
+    server.script(Cut("Alice plans the"), Reply("Alice plans the dragon raid tonight."))
+    async with summarizer_for(server, max_retries=1) as summarizer:
+        assert await summarizer.summarize(request()) == "Alice plans the dragon raid tonight."
+    assert len(server.completions) == 3
+
+
+@pytest.mark.asyncio
 async def test_a_400_is_a_bad_request_not_worth_retrying(server: OpenAIServer) -> None:
     server.script(
         Status(400, {"error": {"message": "context length exceeded", "type": "invalid_request_error"}})
@@ -253,6 +314,8 @@ async def test_a_400_is_a_bad_request_not_worth_retrying(server: OpenAIServer) -
         pytest.param(Garbage(b'{"object": "chat.completion", "choices": []}'), id="no-choices"),
         pytest.param(Garbage(b'{"choices": [{"message": {"content": 42}}]}'), id="non-string"),
         pytest.param(Garbage(b'{"choices": [{"message": {"content": null}}]}'), id="null-content"),
+        pytest.param(Garbage(b"data: {not json\n\n"), id="an-event-not-json"),
+        pytest.param(Garbage(b'data: {"choices": [{"delta": {"content": 42}}]}\n\n'), id="a-chunk-not-text"),
         pytest.param(Empty(), id="empty"),
         pytest.param(Reply(" \n\t "), id="whitespace"),
         pytest.param(Reply("```\n```"), id="empty-fence"),
@@ -303,6 +366,25 @@ async def test_the_test_server_answers_404_off_the_chat_route_and_keeps_the_conn
         ("POST", "/v1/chat/completions"),
     ]
     assert server.pending == 0
+
+
+@pytest.mark.asyncio
+async def test_the_test_server_streams_a_word_a_chunk_as_the_real_api_does(server: OpenAIServer) -> None:
+    server.script(Reply("Alice plans the raid."))
+    async with openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0) as client:
+        stream = await client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "summarize this"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+    deltas = [c.choices[0].delta.content for c in chunks if c.choices]
+    assert deltas == ["", "Alice ", "plans ", "the ", "raid.", None]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+    assert {c.id for c in chunks} == {chunks[0].id}
+    assert server.abandoned == []
 
 
 # -- the prompt, pure ------------------------------------------------------------
@@ -432,6 +514,33 @@ async def test_a_rewrite_that_keeps_nothing_of_the_batch_failed_too(
     assert "[1 May 2024, 14:03] Alice: Let's do the dragon raid tonight" in summary
     [rejected] = [e for e in logs if e["event"] == "summary_fold_rejected"]
     assert rejected["reason"] == "none of the batch's names, numbers, dates or words"
+
+
+@pytest.mark.asyncio
+async def test_a_model_that_copies_its_prompt_failed_too(
+    server: OpenAIServer, logs: list[MutableMapping[str, Any]]
+) -> None:
+    echo = (  # what SmolLM2-135M did: the fences and transcript lines of its prompt, handed back
+        "<<<PREVIOUS_SUMMARY\n[#40 2024-05-01 14:03:07] Alice (user): Let's do the dragon raid tonight, "
+        "I'll bring potions.\nDIGEST>>>"
+    )
+    server.script(Reply(echo))
+    async with summarizer_for(server) as summarizer:
+        summary = await summarizer.summarize(request())
+    assert "<<<" not in summary and "[#40" not in summary
+    assert "[1 May 2024, 14:03] Alice: Let's do the dragon raid tonight" in summary
+    [rejected] = [e for e in logs if e["event"] == "summary_fold_rejected"]
+    assert rejected["reason"] == "echoes the prompt"
+
+
+def test_an_echo_is_told_by_the_prompts_fences_and_line_heads_alone() -> None:
+    def check(summary: str) -> str | None:
+        return missing_batch(request(), summary, "[1 May 2024, 14:03] Alice: The dragon raid.")
+
+    assert check("Alice: the dragon raid. TRANSCRIPT>>>") == "echoes the prompt"
+    assert check("[#41 2024-05-01 14:03] Bob: the dragon raid") == "echoes the prompt"
+    assert check("At 14:03 on 1 May 2024 Alice planned the dragon raid.") is None
+    assert check("Alice wants <<more>> potions for the dragon raid.") is None
 
 
 def test_a_recompaction_or_a_batch_that_adds_nothing_new_is_not_checked() -> None:

@@ -92,7 +92,7 @@ MAX_SWEEP_INTERVAL = 60.0
 """The longest wait between two retention sweeps when ``store.sweep_interval`` is unset."""
 
 RETRY_ALLOWANCE = 2.0
-"""Seconds the client's backoff may wait before each retry, set aside from the compaction timeout."""
+"""Seconds the backoff may wait before each retry, set aside from the compaction timeout."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,11 +104,10 @@ class SummarizerSettings:
     it is the compaction timeout shared among the ``max_retries + 1`` attempts,
     after :data:`RETRY_ALLOWANCE` per retry (60 s and 2 retries: 18.7 s each).
     The two are checked together: attempts that could outlast the compaction
-    would be abandoned while the client still retries, and a model server that
-    keeps computing for a client that gave up queues the retries behind that
-    abandoned work. ``fallback`` (on by default) folds a batch deterministically
-    when the model fails or answers nothing usable, instead of retrying it
-    forever (:mod:`voice_context.summarizers.fallback`). Raises :class:`ConfigError`.
+    would be abandoned while the summarizer still retries. ``fallback`` (on by
+    default) folds a batch deterministically when the model fails or answers
+    nothing usable, instead of retrying it forever
+    (:mod:`voice_context.summarizers.fallback`). Raises :class:`ConfigError`.
     """
 
     kind: str = "deterministic"

@@ -7,7 +7,9 @@ happened, by what the batch adds: the names, numbers and dates (its *anchors*)
 and the other content words of its dated digest (the deterministic
 summarizer's lines for it, their heads set aside) that the previous summary did not already hold. A
 summary that holds none of them, or is the previous one, has not folded the
-batch.
+batch. Nor has one that copies its prompt (a tiny model may hand back the
+prompt's fences, ``<<<TRANSCRIPT``, or its transcript lines, ``[#12 2024-05-01
+14:03:07]``): it holds the batch's words, but as an echo, not a summary.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from voice_context.summarizers.deterministic import content_words
 __all__ = ["anchors", "missing_batch"]
 
 _TIME = re.compile(r"\b\d{1,2}:\d{2}\b")
+_ECHO = re.compile(r"<<<[A-Z_]+\b|\b[A-Z_]+>>>|\[#\d+ \d{4}-\d{2}-\d{2} \d{2}:\d{2}(?::\d{2})?\]")
 _HEAD = re.compile(r"^\[[^\]\n]*\]\s*", re.MULTILINE)
 _TOKEN = re.compile(r"[A-Za-z][A-Za-z'’-]*|\d[\d,.]*")
 _MONTHS_AND_DAYS = frozenset(
@@ -45,9 +48,12 @@ def anchors(text: str) -> set[str]:
 def missing_batch(request: SummaryRequest, summary: str, digest: str) -> str | None:
     """Why ``summary`` does not carry ``request``'s batch, or ``None`` when it does.
 
-    ``digest`` is the batch's dated digest. A re-compaction has no batch, and a
-    batch whose anchors the previous summary already holds adds nothing to check.
+    ``digest`` is the batch's dated digest. A summary that echoes its prompt
+    never does. A re-compaction has no batch, and a batch whose anchors the
+    previous summary already holds adds nothing to check.
     """
+    if _ECHO.search(summary) and not _ECHO.search(request.previous_summary):
+        return "echoes the prompt"
     if request.recompact or not (request.turns or request.notes):
         return None
     if normalize(summary) == normalize(request.previous_summary):

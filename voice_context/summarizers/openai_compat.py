@@ -9,9 +9,19 @@ dates: see :mod:`voice_context.summarizers.check`) is a failed fold: it is
 logged (``summary_fold_rejected``) and the deterministic lines stand in for
 that batch, folded into the previous summary, so that no turn is lost.
 
-Retries with backoff for 429 and 5xx answers, and for timeouts and dropped
-connections, are left to the ``openai`` client
-(``max_retries``). Whatever still fails is translated into
+The completion is streamed (``stream=True``), and one attempt is the request
+and the whole stream, bounded by ``timeout``. A server like llama.cpp keeps
+computing an answer nobody waits for unless the connection drops, so an
+attempt that times out, or a compaction that is cancelled, closes its
+connection: the server stops generating, and a retry does not queue behind
+the abandoned work. A stream that ends without a finish reason (llama.cpp's
+Python server cuts one off when another request arrives) is ``interrupted``.
+
+Retries, up to ``max_retries`` after the first attempt, follow the ``openai``
+client's rules: after a timeout, a dropped connection, an interrupted stream,
+a 408, 409, 429 or 5xx, waiting what the answer's ``Retry-After`` asks (up to
+a minute) or 0.5 s, 1 s, 2 s, ... (at most 8 s, less a random quarter).
+Whatever still fails is translated into
 :class:`~voice_context.errors.SummarizerError` once, here, so nothing from
 ``openai`` leaks past this module.
 """
@@ -20,13 +30,15 @@ from __future__ import annotations
 
 import email.utils
 import math
+import random
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from types import TracebackType
 from typing import Literal, Self
 
+import anyio
 import openai
 import structlog
 from openai.types.chat import (
@@ -61,6 +73,18 @@ CHARS_PER_TOKEN = 4
 
 MIN_OUTPUT_TOKENS = 16
 """The smallest output cap ever sent, so a tiny budget still leaves room for a sentence."""
+
+INITIAL_RETRY_DELAY = 0.5
+"""Seconds before the first retry when the answer asked for no wait; doubled for each next one."""
+
+MAX_RETRY_DELAY = 8.0
+"""The longest backoff between two attempts when the answer asked for no wait."""
+
+MAX_RETRY_AFTER = 60.0
+"""The longest ``Retry-After`` honoured between two attempts; a longer one ends the attempts."""
+
+RETRY_STATUSES = frozenset({408, 409, 429})
+"""HTTP statuses worth another attempt, besides every 5xx."""
 
 TokenCapParam = Literal["max_tokens", "max_completion_tokens"]
 
@@ -114,26 +138,45 @@ def _malformed(detail: str) -> SummarizerError:
     return SummarizerError(f"malformed chat completion: {detail}", retryable=True, kind="malformed")
 
 
-def _content(completion: object) -> str:
-    """The text of the first choice, or ``SummarizerError(kind="malformed")``.
-
-    The client does not validate responses, so every step is checked: a
-    non-JSON body comes back as a plain string, and JSON of the wrong shape
-    as a model with missing or odd attributes.
-    """
-    choices = getattr(completion, "choices", None)
-    if not isinstance(choices, list) or not choices:
-        raise _malformed("no choices")
-    message = getattr(choices[0], "message", None)
-    content = getattr(message, "content", None)
-    if not isinstance(content, str):
-        raise _malformed(f"content is {type(content).__name__}, not text")
+def _summary_of(content: str) -> str:
+    """The summary in a finished answer, or ``SummarizerError(kind="malformed")``."""
     if content.lstrip().lower().startswith("<think>") and "</think>" not in content.lower():
         raise _malformed("the answer stopped inside a <think> block")
     summary = clean_summary(content)
     if not summary:
         raise _malformed("empty content")
     return summary
+
+
+async def _read_stream(stream: AsyncIterator[object]) -> str:
+    """The text of the first choice of a streamed completion, once it has finished.
+
+    The client does not validate chunks, so every step is checked: JSON of
+    the wrong shape comes back as a model with missing or odd attributes.
+    Raises ``SummarizerError`` (``malformed``, or ``interrupted`` when the
+    stream ends before a chunk gives a finish reason).
+    """
+    parts: list[str] = []
+    finished = False
+    async for chunk in stream:
+        choices = getattr(chunk, "choices", None)
+        if not isinstance(choices, list):
+            raise _malformed("a chunk without choices")
+        if not choices:
+            continue  # the usage chunk some servers send last
+        delta = getattr(choices[0], "delta", None)
+        content = getattr(delta, "content", None)
+        if content is not None and not isinstance(content, str):
+            raise _malformed(f"content is {type(content).__name__}, not text")
+        if content:
+            parts.append(content)
+        if getattr(choices[0], "finish_reason", None):
+            finished = True
+    if not finished:
+        if not parts:
+            raise _malformed("no choices")
+        raise SummarizerError("the stream ended before the answer did", retryable=True, kind="interrupted")
+    return "".join(parts)
 
 
 def retry_after(headers: Mapping[str, str] | None, now: float) -> float | None:
@@ -158,6 +201,10 @@ def retry_after(headers: Mapping[str, str] | None, now: float) -> float | None:
     return seconds if math.isfinite(seconds) and seconds > 0 else None
 
 
+_RETRIED = frozenset({"timeout", "connection", "interrupted", "rate_limited", "server_error", "conflict"})
+"""The kinds of failure another attempt may get past."""
+
+
 def _translate(exc: openai.OpenAIError) -> SummarizerError:
     """One ``openai`` failure as a :class:`SummarizerError` (kind and retryable set)."""
     if isinstance(exc, openai.APIStatusError):
@@ -173,6 +220,8 @@ def _translate_status(exc: openai.APIStatusError) -> SummarizerError:
     status = exc.status_code
     if status == 408:  # the server gave up waiting: a timeout, whoever noticed it
         return SummarizerError(f"summarizer timed out (408): {exc}", retryable=True, kind="timeout")
+    if status == 409:  # a lock timeout, by the API's own account
+        return SummarizerError(f"summarizer busy (409): {exc}", retryable=True, kind="conflict")
     if status >= 500:
         return SummarizerError(
             f"summarizer server error {status}: {exc}", retryable=True, kind="server_error"
@@ -198,9 +247,10 @@ class OpenAISummarizer:
     ``base_url`` is the API root (``http://127.0.0.1:8080/v1``); ``None`` means
     the ``openai`` client's default. ``api_key`` defaults to ``"not-needed"``:
     local servers ignore it, and the client insists on having one.
-    ``timeout`` (seconds) bounds each attempt and ``max_retries`` is how many
-    more attempts the client makes, with backoff, after a timeout, a dropped
-    connection, a 429 or a 5xx.
+    ``timeout`` (seconds) bounds each attempt, from the request to the end of
+    the streamed answer, and ``max_retries`` is how many more attempts are
+    made, with backoff, after a timeout, a dropped connection, an interrupted
+    stream, a 408, 409, 429 or a 5xx (see the module docstring).
 
     The output cap is sent as ``max_tokens`` by default, which every
     OpenAI-compatible server understands; pass
@@ -211,8 +261,9 @@ class OpenAISummarizer:
     :mod:`voice_context.summarizers.compress`) unless ``compress_input`` is false.
 
     A pre-built ``client`` can be shared between summarizers: it is used with
-    this summarizer's ``timeout`` and ``max_retries``, ``base_url`` and
-    ``api_key`` are ignored, and :meth:`aclose` leaves it open for its owner.
+    this summarizer's ``timeout`` (and its own retries off, since the attempts
+    are made here), ``base_url`` and ``api_key`` are ignored, and
+    :meth:`aclose` leaves it open for its owner.
     """
 
     def __init__(
@@ -247,10 +298,10 @@ class OpenAISummarizer:
                 base_url=base_url,
                 api_key=api_key if api_key is not None else "not-needed",
                 timeout=timeout,
-                max_retries=max_retries,
+                max_retries=0,
             )
         else:
-            self._client = client.with_options(timeout=timeout, max_retries=max_retries)
+            self._client = client.with_options(timeout=timeout, max_retries=0)
 
     @property
     def model(self) -> str:
@@ -322,26 +373,62 @@ class OpenAISummarizer:
     async def _complete(self, request: SummaryRequest, digest: str) -> str:
         messages = _chat_messages(build_messages(request, digest))
         cap = output_token_cap(request.max_chars)
+        retries = 0
+        while True:
+            try:
+                return await self._attempt(messages, cap)
+            except SummarizerError as error:
+                wait = self._backoff(error, retries)
+                if wait is None:
+                    raise
+            retries += 1
+            await anyio.sleep(wait)
+
+    def _backoff(self, error: SummarizerError, retries: int) -> float | None:
+        """Seconds to wait before the next attempt after ``error``, or ``None``: no more."""
+        if retries >= self._max_retries or error.kind not in _RETRIED:
+            return None
+        if error.retry_after is not None:
+            return error.retry_after if error.retry_after <= MAX_RETRY_AFTER else None
+        delay = min(INITIAL_RETRY_DELAY * 2.0**retries, MAX_RETRY_DELAY)
+        return delay * (1 - 0.25 * random.random())
+
+    async def _attempt(self, messages: list[ChatCompletionMessageParam], cap: int) -> str:
+        """One request and its whole streamed answer, within ``timeout``.
+
+        Leaving the ``async with`` early (the timeout, or a cancellation from
+        outside) closes the response, hence the connection, which is what
+        tells a local server to stop generating.
+        """
         try:
-            if self._token_cap_param == "max_completion_tokens":
-                completion: object = await self._client.chat.completions.create(
-                    model=self._model,
-                    messages=messages,
-                    temperature=self._temperature,
-                    max_completion_tokens=cap,
-                )
-            else:
-                completion = await self._client.chat.completions.create(
-                    model=self._model,
-                    messages=messages,
-                    temperature=self._temperature,
-                    max_tokens=cap,
-                )
+            with anyio.fail_after(self._timeout):
+                if self._token_cap_param == "max_completion_tokens":
+                    stream = await self._client.chat.completions.create(
+                        model=self._model,
+                        messages=messages,
+                        temperature=self._temperature,
+                        max_completion_tokens=cap,
+                        stream=True,
+                    )
+                else:
+                    stream = await self._client.chat.completions.create(
+                        model=self._model,
+                        messages=messages,
+                        temperature=self._temperature,
+                        max_tokens=cap,
+                        stream=True,
+                    )
+                async with stream:
+                    content = await _read_stream(stream)
+        except TimeoutError as exc:
+            raise SummarizerError(
+                f"summarizer timed out: no whole answer in {self._timeout:g}s", retryable=True, kind="timeout"
+            ) from exc
         except openai.OpenAIError as exc:
             raise _translate(exc) from exc
-        except ValueError as exc:  # a 200 whose body is not JSON, or not the expected shape
+        except ValueError as exc:  # a body or an event that is not JSON, or not the expected shape
             raise _malformed(str(exc)) from exc
-        return _content(completion)
+        return _summary_of(content)
 
     async def aclose(self) -> None:
         """Close the HTTP client, unless it was handed in pre-built."""

@@ -10,6 +10,15 @@ OpenAI client at :attr:`OpenAIServer.base_url`::
         ...  # call the client with base_url=server.base_url
         assert server.requests[-1].json["model"] == "some-model"
 
+A request with ``"stream": true`` gets its answer as the real API streams
+it: ``text/event-stream`` in chunked transfer encoding, one
+``chat.completion.chunk`` event per word, the finish reason in the last
+chunk (and a usage chunk when ``stream_options.include_usage`` asks), then
+``data: [DONE]``. Any other request gets one ``chat.completion`` JSON body.
+A streamed or stalled answer whose client hangs up before it is complete is
+listed in :attr:`OpenAIServer.abandoned`, which is how a test sees that a
+server like llama.cpp would have stopped generating.
+
 Behaviours:
 
 * ``Reply(text)``: a valid ``chat.completion`` whose first choice says ``text``.
@@ -20,6 +29,12 @@ Behaviours:
   body (or ``body``, JSON-encoded unless it is ``str`` or ``bytes``).
 * ``Garbage(data)``: a 200 with ``data`` as its JSON body, which it is not.
 * ``Empty()``: a valid completion whose content is the empty string.
+* ``Cut(text)``: streamed, the words of ``text`` then ``[DONE]`` without a
+  finish reason (what llama.cpp's Python server sends to a stream it
+  interrupts for another request); not streamed, a 200 with ``text`` as half
+  a JSON body.
+* ``StallMidStream(text)``: streamed, the words of ``text``, then nothing
+  until the client hangs up; not streamed, a plain ``Stall()``.
 
 When the script runs out, ``default`` applies to every further request.
 """
@@ -31,6 +46,7 @@ import contextlib
 import itertools
 import json
 import math
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -41,6 +57,7 @@ from typing import Any, Self
 
 __all__ = [
     "Behaviour",
+    "Cut",
     "Empty",
     "Garbage",
     "OpenAIServer",
@@ -48,6 +65,7 @@ __all__ = [
     "Reply",
     "ReplyWith",
     "Stall",
+    "StallMidStream",
     "Status",
 ]
 
@@ -97,7 +115,21 @@ class Empty:
     """Answer with a valid completion whose content is empty."""
 
 
-Behaviour = Reply | ReplyWith | Stall | Status | Garbage | Empty
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """Stream the words of ``text``, then end the stream without a finish reason."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class StallMidStream:
+    """Stream the words of ``text``, then send nothing more until the client hangs up."""
+
+    text: str
+
+
+Behaviour = Reply | ReplyWith | Stall | Status | Garbage | Empty | Cut | StallMidStream
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,13 +151,17 @@ class OpenAIServer:
     """A scripted OpenAI-compatible server; use it with ``async with``.
 
     ``requests`` lists every request received, in order, including those
-    answered with a 404.
+    answered with a 404; ``abandoned`` those whose client hung up before
+    their answer was complete (while it stalled, or in the middle of a
+    stream).
     """
 
     def __init__(self, *, default: Behaviour = Reply("ok"), model: str = "scripted") -> None:
         self.default: Behaviour = default
         self.model = model
         self.requests: list[RecordedRequest] = []
+        self.abandoned: list[RecordedRequest] = []
+        self._hung_up = asyncio.Event()
         self._script: deque[Behaviour] = deque()
         self._server: asyncio.Server | None = None
         self._port = 0
@@ -187,6 +223,13 @@ class OpenAIServer:
         """How many scripted behaviours have not been used yet."""
         return len(self._script)
 
+    async def wait_abandoned(self, count: int = 1) -> list[RecordedRequest]:
+        """Wait until ``count`` answers have been abandoned by their clients; the list of them."""
+        while len(self.abandoned) < count:
+            self._hung_up.clear()
+            await self._hung_up.wait()
+        return self.abandoned
+
     @property
     def completions(self) -> list[RecordedRequest]:
         """The chat-completions requests received, in order."""
@@ -215,7 +258,10 @@ class OpenAIServer:
                 keep_alive = request.headers.get("connection", "").lower() != "close"
                 if request.method == "POST" and request.path == CHAT_COMPLETIONS:
                     behaviour = self._script.popleft() if self._script else self.default
-                    await self._perform(behaviour, request, writer, keep_alive=keep_alive)
+                    if not await self._perform(behaviour, request, reader, writer, keep_alive=keep_alive):
+                        self.abandoned.append(request)
+                        self._hung_up.set()
+                        return
                 else:
                     message = f"no route for {request.method} {request.path}"
                     await self._send(writer, 404, _error_body(message, "not_found"), keep_alive=keep_alive)
@@ -261,23 +307,33 @@ class OpenAIServer:
         self,
         behaviour: Behaviour,
         request: RecordedRequest,
+        reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         *,
         keep_alive: bool,
-    ) -> None:
+    ) -> bool:
+        """Answer ``request`` as ``behaviour`` says; ``False`` if the client hung up first."""
+        streamed = isinstance(request.json, dict) and request.json.get("stream") is True
         match behaviour:
-            case Reply(text):
-                await self._send(writer, 200, self._completion(request, text), keep_alive=keep_alive)
+            case Reply(text) | Cut(text) | StallMidStream(text) if streamed:
+                return await self._stream(behaviour, request, text, reader, writer)
             case ReplyWith(fn):
                 try:
                     text = fn(request.json)
                 except Exception as exc:  # a broken test helper: say so instead of hanging up
                     failed = _error_body(f"ReplyWith function raised {exc!r}", "server_error")
                     await self._send(writer, 500, failed, keep_alive=keep_alive)
-                else:
-                    await self._send(writer, 200, self._completion(request, text), keep_alive=keep_alive)
+                    return True
+                return await self._perform(Reply(text), request, reader, writer, keep_alive=keep_alive)
             case Empty():
-                await self._send(writer, 200, self._completion(request, ""), keep_alive=keep_alive)
+                return await self._perform(Reply(""), request, reader, writer, keep_alive=keep_alive)
+            case Reply(text):
+                await self._send(writer, 200, self._completion(request, text), keep_alive=keep_alive)
+            case Cut(text):
+                half = json.dumps(self._completion(request, text))[:40]
+                await self._send(writer, 200, half, keep_alive=False)
+            case StallMidStream():
+                return await self._perform(Stall(), request, reader, writer, keep_alive=keep_alive)
             case Garbage(data):
                 await self._send(writer, 200, data, keep_alive=keep_alive)
             case Status(code, body, headers):
@@ -287,15 +343,68 @@ class OpenAIServer:
                     )
                 await self._send(writer, code, body, headers=headers, keep_alive=keep_alive)
             case Stall(seconds, then):
-                if math.isinf(seconds):
-                    await asyncio.get_running_loop().create_future()  # until the server closes
-                await asyncio.sleep(seconds)
-                await self._perform(
-                    self.default if then is None else then, request, writer, keep_alive=keep_alive
+                if not await _wait_unless_client_leaves(reader, seconds):
+                    return False
+                return await self._perform(
+                    self.default if then is None else then, request, reader, writer, keep_alive=keep_alive
                 )
+        return True
 
-    def _completion(self, request: RecordedRequest, text: str) -> dict[str, Any]:
+    async def _stream(
+        self,
+        behaviour: Behaviour,
+        request: RecordedRequest,
+        text: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> bool:
+        """Send ``text`` as server-sent events, a word a chunk; ``False`` if the client hung up."""
         asked = request.json if isinstance(request.json, dict) else {}
+        head = (
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+            "Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"
+        )
+        chunk_id = f"chatcmpl-{next(self._ids)}"
+        pieces = re.findall(r"\s*\S+\s*", text) or [text]
+
+        def event(delta: dict[str, str], finish_reason: str | None = None) -> dict[str, Any]:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            return self._chunk(chunk_id, asked, [choice])
+
+        try:
+            writer.write(head.encode("latin-1"))
+            await _send_event(writer, event({"role": "assistant", "content": ""}))
+            for piece in pieces:
+                await _send_event(writer, event({"content": piece}))
+            match behaviour:
+                case StallMidStream():
+                    await _wait_unless_client_leaves(reader, math.inf)
+                    return False
+                case Reply():
+                    await _send_event(writer, event({}, "stop"))
+                    options = asked.get("stream_options")
+                    if isinstance(options, dict) and options.get("include_usage"):
+                        usage = self._chunk(chunk_id, asked, [])
+                        usage["usage"] = self._usage(asked, text)
+                        await _send_event(writer, usage)
+            await _send_event(writer, "[DONE]")
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        except ConnectionError:
+            return False
+        return True
+
+    def _chunk(self, chunk_id: str, asked: dict[str, Any], choices: list[Any]) -> dict[str, Any]:
+        return {
+            "id": chunk_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": asked.get("model", self.model),
+            "choices": choices,
+        }
+
+    @staticmethod
+    def _usage(asked: dict[str, Any], text: str) -> dict[str, int]:
         messages = asked.get("messages")
         prompt_words = (
             sum(len(str(m.get("content", "")).split()) for m in messages if isinstance(m, dict))
@@ -303,6 +412,14 @@ class OpenAIServer:
             else 0
         )
         completion_words = len(text.split())
+        return {
+            "prompt_tokens": prompt_words,
+            "completion_tokens": completion_words,
+            "total_tokens": prompt_words + completion_words,
+        }
+
+    def _completion(self, request: RecordedRequest, text: str) -> dict[str, Any]:
+        asked = request.json if isinstance(request.json, dict) else {}
         return {
             "id": f"chatcmpl-{next(self._ids)}",
             "object": "chat.completion",
@@ -316,11 +433,7 @@ class OpenAIServer:
                     "finish_reason": "stop",
                 }
             ],
-            "usage": {
-                "prompt_tokens": prompt_words,
-                "completion_tokens": completion_words,
-                "total_tokens": prompt_words + completion_words,
-            },
+            "usage": self._usage(asked, text),
         }
 
     @staticmethod
@@ -353,6 +466,29 @@ class OpenAIServer:
         head = f"HTTP/1.1 {status} {reason}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items())
         writer.write(head.encode("latin-1") + b"\r\n" + payload)
         await writer.drain()
+
+
+async def _send_event(writer: asyncio.StreamWriter, data: object) -> None:
+    """One server-sent event (``data: ...`` and a blank line) as one HTTP chunk."""
+    payload = data if isinstance(data, str) else json.dumps(data)
+    event = f"data: {payload}\n\n".encode()
+    writer.write(f"{len(event):x}\r\n".encode("latin-1") + event + b"\r\n")
+    await writer.drain()
+
+
+async def _wait_unless_client_leaves(reader: asyncio.StreamReader, seconds: float) -> bool:
+    """Wait ``seconds`` (forever if infinite); ``False`` as soon as the client hangs up."""
+
+    async def client_left() -> None:
+        while await reader.read(4096):
+            pass  # a client that sends more while it waits has not left
+
+    try:
+        async with asyncio.timeout(None if math.isinf(seconds) else seconds):
+            await client_left()
+    except TimeoutError:
+        return True
+    return False
 
 
 def _error_body(message: str, kind: str) -> dict[str, Any]:
