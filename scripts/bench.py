@@ -186,15 +186,7 @@ async def bench_wire(n: int, delay: float) -> None:
 
 def recorded_texts() -> list[tuple[str, str]]:
     """(speaker, text) of every turn of the project's own recordings."""
-    out: list[tuple[str, str]] = []
-    for path in sorted((Path(__file__).resolve().parent.parent / "fixtures").glob("*.jsonl")):
-        if path.name.endswith(".probes.jsonl"):
-            continue
-        for line in path.read_text(encoding="utf-8").splitlines():
-            message = json.loads(line)
-            if message.get("type") == "turn.append":
-                out.append((message["turn"]["speaker"], message["turn"]["text"]))
-    return out
+    return [(t.speaker, t.text) for t in recorded_turns()]
 
 
 def bench_recall(n: int, size: int = 5000) -> None:

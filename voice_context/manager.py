@@ -38,7 +38,6 @@ from voice_context.core.emergency import safety_start
 from voice_context.core.landmarks import Landmark, LandmarkSource
 from voice_context.core.recalled import Recalled
 from voice_context.core.session import (
-    Accepted,
     Applied,
     CommitCompaction,
     CompactionFailed,
@@ -530,45 +529,22 @@ class SessionManager:
                     live.scope.cancel()  # its plan is superseded: its result would be stale
                 plan = session.emergency(self.clock(), keep)
                 text = emergency_fold(plan, counter, session.config.max_summary_chars)
-                verdict = session.check_result(plan.plan_id, text)
-                committed = isinstance(verdict, Accepted) and await self.store.commit_compaction(
-                    name,
-                    expected_cursor=plan.start,
-                    new_cursor=plan.end,
-                    summary=verdict.summary,
-                    pending_notes=session.pending_after(plan),
-                )
-                if not committed:  # another replica moved the store on: take its copy, and fold again later
-                    session.abandon()
-                    with contextlib.suppress(StoreError):
-                        await self._catch_up_locked(live)
-                else:
-                    outcome = session.compaction_succeeded(plan.plan_id, text, self.clock())
-                    if isinstance(outcome, Applied):
-                        applied = outcome
-                        self.counters["completed"] += 1
-                        log.warning(
-                            "voice_context_emergency_compaction",
-                            session=name,
-                            old_cursor=outcome.old_cursor,
-                            new_cursor=outcome.new_cursor,
-                            folded=plan.end - plan.start,
-                            summary_chars=len(outcome.summary),
-                            limit_tokens=limit_tokens,
-                        )
-                        self._emit(
-                            live,
-                            CompactionEvent(
-                                "completed",
-                                name,
-                                outcome.new_cursor,
-                                outcome.covered_through,
-                                len(outcome.summary),
-                                outcome.latency,
-                                old_cursor=outcome.old_cursor,
-                                trigger="emergency",
-                            ),
-                        )
+                # the same protocol as any fold: the result committed to the store, then applied
+                told: list[Applied] = []
+                effects = session.receive(SummaryReturned(plan.plan_id, text, self.clock()))
+                if await self._perform(live, session, effects, None, "empty emergency fold", told):
+                    session.abandon()  # a re-compaction pass: the next request folds again
+                if told:
+                    applied = told[0]
+                    log.warning(
+                        "voice_context_emergency_compaction",
+                        session=name,
+                        old_cursor=applied.old_cursor,
+                        new_cursor=applied.new_cursor,
+                        folded=plan.end - plan.start,
+                        summary_chars=len(applied.summary),
+                        limit_tokens=limit_tokens,
+                    )
         context = await self.context(
             name,
             format,
@@ -1093,18 +1069,26 @@ class SessionManager:
         return await self._perform(live, session, effects, fence, "empty summary")
 
     async def _perform(
-        self, live: _Live, session: Session, effects: list[Effect], fence: int | None, message: str = ""
+        self,
+        live: _Live,
+        session: Session,
+        effects: list[Effect],
+        fence: int | None,
+        message: str = "",
+        told: list[Applied] | None = None,
     ) -> CompactionPlan | None:
         """Do and tell what a compaction's event came to; returns the next plan to run under
-        the same lease (a re-compaction pass), if any."""
+        the same lease (a re-compaction pass), if any. A fold that lands is added to ``told``."""
         next_plan: CompactionPlan | None = None
         for effect in effects:
             if isinstance(effect, StartCompaction):
                 next_plan = effect.plan
             elif isinstance(effect, CommitCompaction):
-                next_plan = await self._commit(live, session, effect, fence)
+                next_plan = await self._commit(live, session, effect, fence, told)
             elif isinstance(effect, Applied):
                 self._log_applied(live, session, effect)
+                if told is not None:
+                    told.append(effect)
             elif isinstance(effect, Failed):
                 self._log_failure(live, session, effect, message)
             elif isinstance(effect, Stale):
@@ -1118,7 +1102,12 @@ class SessionManager:
         return next_plan
 
     async def _commit(
-        self, live: _Live, session: Session, commit: CommitCompaction, fence: int | None
+        self,
+        live: _Live,
+        session: Session,
+        commit: CommitCompaction,
+        fence: int | None,
+        told: list[Applied] | None = None,
     ) -> CompactionPlan | None:
         """Cursor, summary and the notes left, into the store together; then into the session."""
         plan = commit.plan
@@ -1142,7 +1131,7 @@ class SessionManager:
                 await self._catch_up_locked(live)
             return None
         effects = session.receive(CompactionStored(plan.plan_id, self.clock()))
-        return await self._perform(live, session, effects, fence)
+        return await self._perform(live, session, effects, fence, told=told)
 
     def _record_failure(
         self,
