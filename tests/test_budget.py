@@ -32,9 +32,10 @@ CONVERSATION = (
     Turn("Bob", "user", "Yes, Friday works.", 103.0),
 )
 
-COUNTED_PRIORITY = {"recent_share": 0.0, "recall_share": 0.0, "summary_share": 1.0}
-"""A layout with no protected share: only ``priority_turns`` outrank facts, and the summary takes
-up to ``summary_priority_chars`` before the older turns (the order these tests pin down)."""
+COUNTED_PRIORITY = {"recent_share": 0.0, "recent_floor": 0.0, "recall_share": 0.0, "summary_share": 1.0}
+"""A layout with no protected share and no recency floor: only ``priority_turns`` outrank facts,
+and the summary takes up to ``summary_priority_chars`` before the older turns (the order these
+tests pin down)."""
 
 
 def view_of(

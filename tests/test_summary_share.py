@@ -3,11 +3,14 @@ how it shrinks (coarser with age, never past the budget)."""
 
 from __future__ import annotations
 
+import math
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from voice_context.core.budget import build_context
+from voice_context.core.budget import Format, build_context
 from voice_context.core.config import SessionConfig
+from voice_context.core.recalled import Recalled
 from voice_context.core.session import ContextView
 from voice_context.core.text import condense_summary
 from voice_context.core.turns import Turn
@@ -21,8 +24,9 @@ LINES = [
 ]
 SUMMARY = "\n".join(LINES)
 
-COUNTED_PRIORITY = {"recent_share": 0.0, "recall_share": 0.0, "summary_share": 1.0}
-"""No protected share: the summary takes up to ``summary_priority_chars`` before the older turns."""
+COUNTED_PRIORITY = {"recent_share": 0.0, "recent_floor": 0.0, "recall_share": 0.0, "summary_share": 1.0}
+"""No protected share and no recency floor: the summary takes up to ``summary_priority_chars``
+before the older turns."""
 
 
 def conversation(n: int) -> tuple[Turn, ...]:
@@ -149,3 +153,68 @@ def test_no_context_exceeds_its_budget_whatever_the_share(budget: int, share: in
     assert context.chars == len(context.instructions) <= budget
     older = conversation(n)[n - context.turns_shown : n - 1]  # the current turn alone may be clipped
     assert "\n".join(f"{t.speaker}: {t.text}" for t in older) in context.instructions
+
+
+# -- the recency floor: the summary and recall never crowd out the freshest turns --------------
+
+
+def plain_tail(turns: tuple[Turn, ...], fmt: Format, budget: int) -> int:
+    """How many of the newest turns a context of nothing but turns holds in ``budget``: what a
+    bot that keeps the tail of its transcript shows."""
+    count = 0
+    while count < len(turns):
+        alone = ContextView(0, "", turns[len(turns) - count - 1 :], (), SessionConfig())
+        if build_context(alone, fmt, budget_chars=10**9).chars > budget:
+            break
+        count += 1
+    return count
+
+
+def recalled(n: int) -> list[Recalled]:
+    return [
+        Recalled("turn", k, f"[{k % 28 + 1} May 2023, 10:00] Alice: we booked the ferry for {k} pm", 1.0)
+        for k in range(n)
+    ]
+
+
+def test_a_long_summary_and_recall_take_only_what_the_floor_leaves_them() -> None:
+    talk = tuple(
+        Turn("Alice" if i % 2 else "Bob", "user", f"turn {i}: " + "so we were saying " * (i % 5), float(i))
+        for i in range(60)
+    )
+    default = ContextView(100, SUMMARY, talk, (), SessionConfig(max_summary_chars=20_000))
+    ctx = build_context(default, "instructions", budget_chars=4000, recalled=recalled(20), query="ferry")
+    tail = plain_tail(talk, "instructions", 4000)
+    assert ctx.turns_shown >= math.ceil(0.9 * tail)
+    assert ctx.recalled and ctx.summary  # both still get the room the floor leaves
+    assert ctx.chars <= 4000
+
+    no_floor = ContextView(100, SUMMARY, talk, (), SessionConfig(max_summary_chars=20_000, recent_floor=0.0))
+    crowded = build_context(no_floor, "instructions", budget_chars=4000, recalled=recalled(20), query="ferry")
+    assert crowded.turns_shown < ctx.turns_shown  # the shares alone let them crowd the turns out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    budget=st.integers(min_value=100, max_value=6000),
+    lengths=st.lists(st.integers(min_value=1, max_value=300), min_size=1, max_size=80),
+    fmt=st.sampled_from(["instructions", "messages"]),
+    floor=st.sampled_from([0.5, 0.9, 1.0]),
+)
+def test_the_newest_turns_shown_are_never_fewer_than_the_floor_of_a_plain_tail(
+    budget: int, lengths: list[int], fmt: Format, floor: float
+) -> None:
+    talk = tuple(
+        Turn("Alice" if i % 2 else "Bob", "user", ("x" * size)[:size], float(i))
+        for i, size in enumerate(lengths)
+    )
+    config = SessionConfig(max_summary_chars=20_000, recent_floor=floor)
+    ctx = build_context(
+        ContextView(100, SUMMARY, talk, (), config),
+        fmt,
+        budget_chars=budget,
+        recalled=recalled(12),
+        query="x",
+    )
+    assert ctx.chars <= budget
+    assert ctx.turns_shown >= math.ceil(floor * plain_tail(talk, fmt, budget))

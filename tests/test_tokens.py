@@ -135,9 +135,9 @@ def test_a_summary_is_shrunk_by_whole_sentences_to_its_token_share() -> None:
     long_summary = "\n".join(
         f"[{d} May 2024, 14:03] Alice: We chose plan {d} of many. Bob agreed." for d in range(1, 29)
     )
-    ctx = build_context(
-        view(summary=long_summary), "instructions", budget_tokens=400, budget_chars=None, tokens=O200K
-    )
+    no_floor = SessionConfig(recent_floor=0.0)  # the summary's share, not what the turns leave it
+    summarized = view(no_floor, summary=long_summary)
+    ctx = build_context(summarized, "instructions", budget_tokens=400, budget_chars=None, tokens=O200K)
     assert ctx.tokens is not None and ctx.tokens <= 400
     assert ctx.summary and ctx.summary != long_summary
     assert all(line in long_summary for line in ctx.summary.split("\n") if "…" not in line)

@@ -32,8 +32,11 @@ budget):
    pinned landmarks alone exceed the budget, the newest that fit are shown and
    the rest are left out whole (``dropped`` says ``landmarks``),
 3. the recent verbatim window, protected: the newest turns, newest first, up to
-   ``recent_share`` of the budget left after the base instructions (and at
-   least ``priority_turns`` turns when they fit),
+   ``recent_share`` of the budget left after the base instructions, at
+   least ``priority_turns`` turns when they fit, and at least ``recent_floor``
+   times the newest turns that budget would hold if it held nothing else (a
+   plain tail of the transcript, the screen notes seen among them included):
+   whatever comes after never pushes the verbatim run below that floor,
 4. the durable facts,
 5. recall: the passages of older history that bear on the query, best first,
    up to ``recall_share`` of the budget,
@@ -67,8 +70,9 @@ For ``messages``, the size is the sum of the counts of the messages' contents
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any, Literal
@@ -79,7 +83,7 @@ from voice_context.core.session import ContextView
 from voice_context.core.text import clip, condense_summary
 from voice_context.core.tokens import CachedCounter, CharEstimate, TokenCounter
 from voice_context.core.tools import placeholder, tool_iterations, units
-from voice_context.core.turns import Turn
+from voice_context.core.turns import Note, Turn
 
 Format = Literal["messages", "instructions"]
 FORMATS: frozenset[str] = frozenset({"messages", "instructions"})
@@ -243,6 +247,19 @@ class _Fill:
             head_chars, head_tokens = self._header(section, opened)
             chars, tokens = chars + head_chars, tokens + head_tokens
         return chars, tokens
+
+    def holds(self, section: str, lines: Iterable[tuple[str, bool]], room: Size) -> int:
+        """How many of ``lines`` that count (``(text, counts)``, in order) ``room`` would hold
+        as ``section`` if it held nothing else."""
+        chars, tokens = self._header(section, False)
+        count = 0
+        for text, counts in lines:
+            item = self._item(section, text)
+            chars, tokens = chars + item[0], tokens + item[1]
+            if chars > room[0] or tokens > room[1]:
+                break
+            count += counts
+        return count
 
     def fits(self, extra: Size) -> bool:
         if self.limit is not None and self.total + extra[0] > self.limit:
@@ -563,6 +580,20 @@ def _exact(counter: TokenCounter, context: Context) -> int:
     return total
 
 
+def _plain_tail(
+    turns: Sequence[Turn], notes: Sequence[Note], rendered: Callable[[int], tuple[str, int]]
+) -> Iterator[tuple[str, bool]]:
+    """What a plain tail of the transcript shows, newest first: each turn's line (which counts),
+    with the screen notes seen among them (which take room but do not count)."""
+    seen = sorted(notes, key=attrgetter("at"), reverse=True)
+    k = 0
+    for i in range(len(turns) - 1, -1, -1):
+        while k < len(seen) and seen[k].at > turns[i].at:
+            yield seen[k].render(), False
+            k += 1
+        yield rendered(i)[0], True
+
+
 def _assemble(
     view: ContextView,
     format: Format,
@@ -701,9 +732,13 @@ def _assemble(
 
     add_landmarks(share(config.landmark_share))
 
-    # 3. the recent verbatim window, protected: its share, and at least priority_turns turns
+    # 3. the recent verbatim window, protected: its share, at least priority_turns turns, and at
+    # least recent_floor of the turns a plain tail would show in this room
     protected = share(config.recent_share)
     floor = max(0, n - max(1, config.priority_turns))
+    if config.recent_floor and (budget_chars is not None or budget_tokens is not None):
+        tail = fill.holds("turns", _plain_tail(turns, view.live_notes, rendered), room)
+        floor = min(floor, n - math.ceil(config.recent_floor * tail))
     while not stopped and next_turn >= 0:
         used = (fill.total - base_total[0], fill.tokens - base_total[1])
         if unit_start[next_turn] == next_turn:  # a turn of its own (the common case), inline

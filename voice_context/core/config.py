@@ -18,9 +18,10 @@ LIVE_NOTE_ENTRIES = 8
 LIVE_NOTE_CHARS = 220
 INSTRUCTIONS_BUDGET_CHARS = 5200
 MAX_TURN_CHARS = 1200
-RECENT_SHARE = 0.85
-RECALL_SHARE = 0.1
-SUMMARY_SHARE = 0.05
+RECENT_SHARE = 0.7
+RECENT_FLOOR = 0.9
+RECALL_SHARE = 0.2
+SUMMARY_SHARE = 0.1
 FILL_TRIGGER = 0.7
 LANDMARK_SHARE = 0.25
 
@@ -49,6 +50,9 @@ class SessionConfig:
       everything but the base instructions and the current turn.
     - ``priority_turns``: at least this many newest turns are protected too, when
       they fit, whatever their share.
+    - ``recent_floor``: and at least this share of the newest turns the budget
+      would hold if it held nothing else (what a plain tail of the transcript
+      shows): recall and the summary never push the verbatim run below it.
     - ``recall``: whether contexts recall old passages that bear on the query.
     - ``recall_share``: the share of a budget recall may take before the summary;
       room left once every verbatim turn is shown may take more passages.
@@ -87,6 +91,7 @@ class SessionConfig:
     max_turn_chars: int = MAX_TURN_CHARS
     priority_turns: int = 8
     recent_share: float = RECENT_SHARE
+    recent_floor: float = RECENT_FLOOR
     recall: bool = True
     recall_share: float = RECALL_SHARE
     summary_share: float = SUMMARY_SHARE
@@ -129,7 +134,15 @@ class SessionConfig:
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
-        for name in ("recent_share", "recall_share", "summary_share", "fill_trigger", "landmark_share"):
+        shares = (
+            "recent_share",
+            "recent_floor",
+            "recall_share",
+            "summary_share",
+            "fill_trigger",
+            "landmark_share",
+        )
+        for name in shares:
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= 1:
                 raise ConfigError(f"{name} must be a number between 0 and 1, got {value!r}")
@@ -180,6 +193,7 @@ CLIENT_MAXIMA: Mapping[str, int | float] = {
     "priority_turns": 100,
     "min_age_seconds": 3_600,
     "recent_share": 1,
+    "recent_floor": 1,
     "recall": 1,
     "recall_share": 1,
     "summary_share": 1,

@@ -179,11 +179,12 @@ def bm25(
         if not held:
             continue
         weight = idf(docs, len(held))
+        scale = K1 * (1 - B)
+        per_length = K1 * B / avg
         for key, tf, length in held:
-            if keep is not None and not keep(key):
-                continue
-            norm = tf * (K1 + 1) / (tf + K1 * (1 - B + B * length / avg))
-            scores[key] = get(key, 0.0) + weight * norm
+            scores[key] = get(key, 0.0) + weight * tf * (K1 + 1) / (tf + scale + per_length * length)
+    if keep is not None:  # once per doc scored, not once per posting
+        return {key: score for key, score in scores.items() if keep(key)}
     return scores
 
 
