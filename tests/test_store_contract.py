@@ -26,7 +26,7 @@ from voice_context.core.landmarks import Landmark
 from voice_context.core.recalled import IndexedDoc
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import ConfigError, SessionNotStored, StoreError
-from voice_context.recall.index import indexed, note_passage, turn_passage
+from voice_context.recall.index import index_terms, indexed, note_passage, turn_passage
 from voice_context.store import MemoryStore, SessionRecord, Store, open_store
 from voice_context.store.common import TurnConflict
 from voice_context.store.group import GroupCommit
@@ -608,6 +608,36 @@ async def test_turns_of_one_session_in_one_group_keep_their_order(durable: Backe
 
 
 # -- SQLite specifics ---------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_sqlite_groups_the_recall_index_writes_of_many_sessions_and_a_stray_one_fails_alone(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore(tmp_path / "vc.db")
+    names = [f"room-{k}" for k in range(30)]
+    for k, name in enumerate(names):
+        await store.create(SessionRecord(name))
+        await store.append_turn(name, 0, turn(k))
+    outcomes: dict[str, object] = {}
+
+    async def index(name: str, k: int) -> None:
+        try:
+            outcomes[name] = await store.index_turns(name, 0, [indexed(turn_passage(0, turn(k)))])
+        except StoreError as exc:
+            outcomes[name] = exc
+
+    before = store.derived.groups
+    async with anyio.create_task_group() as tg:
+        for k, name in enumerate([*names, "ghost"]):
+            tg.start_soon(index, name, k)
+
+    assert store.derived.groups - before <= 3, "31 index writes: the first alone, the rest together"
+    assert isinstance(outcomes.pop("ghost"), SessionNotStored)
+    assert all(getattr(stats, "turns", None) == 1 for stats in outcomes.values())
+    _, _, postings = await store.recall_postings("room-7", index_terms(turn(7).text))
+    assert {key for found in postings.values() for key, _, _ in found} == {0}
+    await store.aclose()
 
 
 @pytest.mark.asyncio

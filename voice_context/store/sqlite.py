@@ -20,7 +20,10 @@ while a write is in flight, from any session and any connection, are written
 together by the next worker call, in one transaction and one fsync (see
 :mod:`voice_context.store.group`); each is acknowledged only once that
 transaction has committed. Each write is checked on its own first, so a turn
-at the wrong index fails alone, not its group. ``VOICE_CONTEXT_TEST_COMMIT_PAUSE``
+at the wrong index fails alone, not its group. The recall index's writes
+(``index_turns``, ``index_note``) are grouped the same way, in transactions
+of their own that need no fsync (what they hold can be derived again from the
+turns). ``VOICE_CONTEXT_TEST_COMMIT_PAUSE``
 (seconds, tests only) holds each group between its last statement and its
 ``COMMIT``, so a test can kill the process there.
 
@@ -234,6 +237,8 @@ class SQLiteStore:
         self._limiter = anyio.CapacityLimiter(1)
         self._closed = False
         self.group: GroupCommit[_Write] = GroupCommit(self._write_group)
+        #: the recall index's writes, grouped the same way across sessions (without an fsync)
+        self.derived: GroupCommit[_Index] = GroupCommit(self._write_derived)
         #: a test's window between a group's last statement and its COMMIT (see ``PAUSE_ENV``)
         self.pause_before_commit = float(os.environ.get(PAUSE_ENV) or 0)
         self.operations = 0
@@ -452,56 +457,16 @@ class SQLiteStore:
     # -- the recall index --------------------------------------------------------
 
     async def index_turns(self, name: str, start: int, docs: Sequence[IndexedDoc]) -> RecallStats:
-        def op(conn: sqlite3.Connection) -> RecallStats:
-            with _derived(conn), _write(conn):
-                total = _total_turns(conn, name)
-                if total < 0:
-                    raise SessionNotStored(name)
-                sid, stats = _recall_state(conn, name)
-                turns, added, length = stats.turns, 0, 0
-                rows: list[tuple[int, str, int, int, int]] = []
-                for offset, doc in enumerate(docs):
-                    key = start + offset
-                    if key < turns:
-                        continue
-                    if key > turns + added or key >= total:
-                        break
-                    rows.extend((sid, term, key, tf, doc.length) for term, tf in doc.terms)
-                    added += 1
-                    length += doc.length
-                if not added:
-                    return stats
-                _add_postings(conn, rows)
-                conn.execute(
-                    "UPDATE recall_state SET docs = docs + ?, length = length + ?, turns = turns + ?"
-                    " WHERE sid = ?",
-                    (added, length, added, sid),
-                )
-                return RecallStats(stats.docs + added, stats.length + length, turns + added, stats.notes)
-
-        return await self._run("index_turns", op)
+        op = _IndexTurns(name, start, tuple(docs))
+        await self.derived.submit(op)
+        assert op.stats is not None
+        return op.stats
 
     async def index_note(self, name: str, doc: IndexedDoc) -> RecallStats:
-        def op(conn: sqlite3.Connection) -> RecallStats:
-            with _derived(conn), _write(conn):
-                if _total_turns(conn, name) < 0:
-                    raise SessionNotStored(name)
-                sid, stats = _recall_state(conn, name)
-                key = -(stats.notes + 1)
-                p = doc.passage
-                conn.execute(
-                    "INSERT INTO recall_notes (sid, key, at, speaker, text) VALUES (?, ?, ?, ?, ?)",
-                    (sid, key, p.at, p.speaker, p.text),
-                )
-                _add_postings(conn, [(sid, term, key, tf, doc.length) for term, tf in doc.terms])
-                conn.execute(
-                    "UPDATE recall_state SET docs = docs + 1, length = length + ?, notes = notes + 1"
-                    " WHERE sid = ?",
-                    (doc.length, sid),
-                )
-                return RecallStats(stats.docs + 1, stats.length + doc.length, stats.turns, stats.notes + 1)
-
-        return await self._run("index_note", op)
+        op = _IndexNote(name, doc)
+        await self.derived.submit(op)
+        assert op.stats is not None
+        return op.stats
 
     async def recall_postings(
         self, name: str, terms: Sequence[str], choose: ChooseTerms | None = None
@@ -646,6 +611,29 @@ class SQLiteStore:
         await anyio.to_thread.run_sync(
             self._call, "append", lambda conn: self._commit_group(conn, batch), limiter=self._limiter
         )
+
+    async def _write_derived(self, batch: list[Pending[_Index]]) -> None:
+        if self._closed:
+            raise StoreError("the sqlite store is closed", retryable=False)
+        await anyio.to_thread.run_sync(
+            self._call, "index", lambda conn: self._commit_derived(conn, batch), limiter=self._limiter
+        )
+
+    def _commit_derived(self, conn: sqlite3.Connection, batch: list[Pending[_Index]]) -> None:
+        """Runs in the worker thread: the recall index writes of many sessions in one
+        transaction, without an fsync of its own (see :func:`_derived`). A write for a
+        session the store does not hold fails alone."""
+        self.operations += len(batch) - 1  # ``_call`` counted one
+        with _derived(conn), _write(conn):
+            for item in batch:
+                op = item.op
+                total = _total_turns(conn, op.name)
+                if total < 0:
+                    item.error = SessionNotStored(op.name)
+                elif isinstance(op, _IndexTurns):
+                    op.stats = _index_turns(conn, op, total)
+                else:
+                    op.stats = _index_note(conn, op)
 
     def _commit_group(self, conn: sqlite3.Connection, batch: list[Pending[_Write]]) -> None:
         """Runs in the worker thread: one transaction, one fsync, for the whole group.
@@ -802,6 +790,67 @@ class _SaveNotes:
 
 
 _Write = _AppendTurn | _SaveNotes
+
+
+@dataclass(slots=True)
+class _IndexTurns:
+    name: str
+    start: int
+    docs: tuple[IndexedDoc, ...]
+    stats: RecallStats | None = None
+    """The session's index once this write is in (set by the group that writes it)."""
+
+
+@dataclass(slots=True)
+class _IndexNote:
+    name: str
+    doc: IndexedDoc
+    stats: RecallStats | None = None
+
+
+_Index = _IndexTurns | _IndexNote
+
+
+def _index_turns(conn: sqlite3.Connection, op: _IndexTurns, total: int) -> RecallStats:
+    """Index the turns of ``op`` that follow the last one indexed and are stored (in a write)."""
+    sid, stats = _recall_state(conn, op.name)
+    turns, added, length = stats.turns, 0, 0
+    rows: list[tuple[int, str, int, int, int]] = []
+    for offset, doc in enumerate(op.docs):
+        key = op.start + offset
+        if key < turns:
+            continue
+        if key > turns + added or key >= total:
+            break
+        rows.extend((sid, term, key, tf, doc.length) for term, tf in doc.terms)
+        added += 1
+        length += doc.length
+    if not added:
+        return stats
+    _add_postings(conn, rows)
+    conn.execute(
+        "UPDATE recall_state SET docs = docs + ?, length = length + ?, turns = turns + ? WHERE sid = ?",
+        (added, length, added, sid),
+    )
+    return RecallStats(stats.docs + added, stats.length + length, turns + added, stats.notes)
+
+
+def _index_note(conn: sqlite3.Connection, op: _IndexNote) -> RecallStats:
+    """Index a screen note under the next note key (in a write)."""
+    sid, stats = _recall_state(conn, op.name)
+    key = -(stats.notes + 1)
+    doc = op.doc
+    p = doc.passage
+    conn.execute(
+        "INSERT INTO recall_notes (sid, key, at, speaker, text) VALUES (?, ?, ?, ?, ?)",
+        (sid, key, p.at, p.speaker, p.text),
+    )
+    _add_postings(conn, [(sid, term, key, tf, doc.length) for term, tf in doc.terms])
+    conn.execute(
+        "UPDATE recall_state SET docs = docs + 1, length = length + ?, notes = notes + 1 WHERE sid = ?",
+        (doc.length, sid),
+    )
+    return RecallStats(stats.docs + 1, stats.length + doc.length, stats.turns, stats.notes + 1)
 
 
 def _turn_counts(conn: sqlite3.Connection, names: set[str]) -> dict[str, int]:
