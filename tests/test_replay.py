@@ -243,3 +243,64 @@ def test_the_deterministic_summarizer_gives_dated_lines_in_a_replay() -> None:
     lines = [*(turn(i) for i in range(61)), get("a"), get("b")]
     result = replay(recording(*lines), DeterministicSummarizer())
     assert result.contexts[1]["response"]["summary"].startswith("[1 May 2024, 14:03] ")
+
+
+def pin(index: int, **extra: Any) -> str:
+    return line({"type": "landmark.pin", "session": "room-1", "index": index, "kind": "decision", **extra})
+
+
+def unpin(index: int) -> str:
+    return line({"type": "landmark.unpin", "session": "room-1", "index": index})
+
+
+def overflow(request_id: str, limit_tokens: int) -> str:
+    body = {"type": "context.overflow", "session": "room-1", "id": request_id, "limit_tokens": limit_tokens}
+    return line({**body, "format": "instructions"})
+
+
+LANDMARK_STORY = [
+    *(turn(i) for i in range(70)),
+    pin(2, reason="the venue"),
+    get("pinned", budget_chars=600),
+    pin(999),
+    unpin(2),
+    get("unpinned", budget_chars=600),
+]
+
+
+def test_a_landmark_pinned_in_a_recording_shows_until_it_is_unpinned() -> None:
+    result = replay(recording(*LANDMARK_STORY), DeterministicSummarizer())
+    pinned, unpinned = (c["response"] for c in result.contexts)
+    assert [lm["turn"] for lm in pinned["landmarks"]] == [2]
+    assert "turn 2 about Porto" in pinned["instructions"] and pinned["first_turn"] > 2
+    assert unpinned["landmarks"] == [] and "turn 2 about Porto" not in unpinned["instructions"]
+    assert result.skipped == ["message 72: landmark.pin: no turn 999"]
+
+
+def test_a_context_overflow_in_a_recording_folds_at_once_and_answers_within_its_limit() -> None:
+    result = replay(recording(*(turn(i) for i in range(80)), overflow("too-long", 300)))
+    (emergency,) = result.compactions
+    assert emergency["emergency"] and emergency["outcome"] == "applied"
+    (record,) = result.contexts
+    response = record["response"]
+    assert response["cursor"] == emergency["end"] > 0
+    assert response["tokens"] <= 300 and response["budget_tokens"] == 300
+    refused = replay(recording(*(turn(i) for i in range(3)), overflow("hopeless", 2)))
+    assert refused.contexts == [] and refused.skipped[0].startswith("message 3: context.overflow: needs")
+
+
+@pytest.mark.asyncio
+async def test_landmarks_and_an_overflow_replay_the_same_against_a_live_server(tmp_path: Path) -> None:
+    path = tmp_path / "room-1.jsonl"
+    path.write_text("\n".join([*LANDMARK_STORY, overflow("too-long", 300)]) + "\n")
+    offline = OfflineReplay(DeterministicSummarizer()).run
+    expected = await offline(parse_recording(path.read_text().splitlines(), "room-1"))
+    fast = {"host": "127.0.0.1", "port": 0, "turns_per_second": 1000, "turn_burst": 1000}  # all at once
+    async with running(Settings().with_values("server", fast)) as server:
+        result = await replay_live(path, server.url, prefix="replay-")
+    assert len(result.contexts) == len(expected.contexts) == 3
+    for live, offline_record in zip(result.contexts, expected.contexts, strict=True):
+        got, want = live["response"], offline_record["response"]
+        assert [lm["turn"] for lm in got["landmarks"]] == [lm["turn"] for lm in want["landmarks"]]
+    assert result.contexts[-1]["response"]["tokens"] <= 300
+    assert any("landmark.pin" in skip for skip in result.skipped)

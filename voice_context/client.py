@@ -45,6 +45,7 @@ from voice_context import codec
 from voice_context.codec import (
     ClientMessage,
     ContextGet,
+    ContextOverflow,
     DecodeError,
     LandmarkPin,
     LandmarkUnpin,
@@ -409,6 +410,22 @@ class SessionHandle:
             tuple(facts or ()),
             query=query,
             budget_tokens=budget_tokens,
+        )
+        return await self.client.request(message)
+
+    async def overflow(
+        self,
+        limit_tokens: int | None = None,
+        format: Format = "messages",
+        budget_chars: int | None = None,
+        base_instructions: str | None = None,
+        facts: Sequence[str] | None = None,
+        query: str | None = None,
+    ) -> Event:
+        """The bot's model refused its context as too long: compact at once and get a context
+        within ``limit_tokens``; a ``context_overflow`` error when nothing can fit."""
+        message = ContextOverflow(
+            self.name, limit_tokens, format, budget_chars, base_instructions or "", tuple(facts or ()), query
         )
         return await self.client.request(message)
 

@@ -65,6 +65,9 @@ from voice_context import codec
 from voice_context.codec import (
     DEFAULT_MAX_TEXT_CHARS,
     ContextGet,
+    ContextOverflow,
+    LandmarkPin,
+    LandmarkUnpin,
     NoteAppend,
     Ping,
     SessionClose,
@@ -76,6 +79,8 @@ from voice_context.codec import (
 from voice_context.config import Settings, make_summarizer, session_defaults
 from voice_context.core.budget import Context, Format, build_context
 from voice_context.core.config import SessionConfig
+from voice_context.core.emergency import safety_start
+from voice_context.core.landmarks import Landmark, LandmarkSource
 from voice_context.core.session import (
     Applied,
     CommitCompaction,
@@ -83,6 +88,7 @@ from voice_context.core.session import (
     CompactionPlan,
     CompactionStored,
     ContextRequested,
+    ContextView,
     Effect,
     Failed,
     NoteReceived,
@@ -94,11 +100,13 @@ from voice_context.core.session import (
 )
 from voice_context.core.turns import Note, Turn
 from voice_context.core.window import FillBudget
-from voice_context.errors import ConfigError, DecodeError, SummarizerError
+from voice_context.errors import ClientError, ConfigError, DecodeError, SummarizerError
+from voice_context.errors import ContextOverflow as ContextOverflowError
 from voice_context.manager import CompactionEvent, SessionManager
 from voice_context.recall.embedding import load_embedder
 from voice_context.recall.index import RecallIndex, older_turns, recall_candidates
 from voice_context.summarizers.base import Summarizer, SummaryRequest
+from voice_context.summarizers.fallback import emergency_fold
 from voice_context.tokenizers import load_tokenizer
 
 
@@ -272,6 +280,18 @@ class OfflineReplay:
                 state.recall.add_note(note)
             elif isinstance(message, ContextGet):
                 await self._context(seq, sent, message, state, now, result)
+            elif isinstance(message, LandmarkPin):
+                if 0 <= message.index < len(state.turns):
+                    turn = state.turns[message.index]
+                    source: LandmarkSource = "llm" if message.source == "llm" else "manual"  # as served
+                    landmark = Landmark(message.index, turn, message.kind, message.reason, source, now)
+                    state.session.pin(landmark)
+                else:  # the server answered an error and changed nothing
+                    result.skipped.append(f"message {seq}: landmark.pin: no turn {message.index}")
+            elif isinstance(message, LandmarkUnpin):
+                state.session.unpin(message.index)
+            elif isinstance(message, ContextOverflow):
+                await self._overflow(seq, sent, message, state, now, result)
             # session.close: nothing is in flight offline, and a server keeps a closed session's
             # state in its store, so a later session.open resumes it as it was
         for state in live.values():
@@ -363,39 +383,77 @@ class OfflineReplay:
         while started is not None:
             started = await self._compact(seq, started, state, now, result)
 
-    async def _compact(
-        self, seq: int, plan: CompactionPlan, state: _Live, now: float, result: ReplayResult
-    ) -> CompactionPlan | None:
-        """Run one plan, and perform what the session makes of its result (with no store, a
-        commit is confirmed at once); returns the re-compaction pass it started, if any."""
+    async def _overflow(
+        self,
+        seq: int,
+        sent: dict[str, Any],
+        message: ContextOverflow,
+        state: _Live,
+        now: float,
+        result: ReplayResult,
+    ) -> None:
+        """Emergency compaction, as the session manager does it: everything verbatim before the
+        safety region folded at once without a model, then the context rebuilt under the limit.
+        When the safety region alone is over the limit the server answers an error and changes
+        nothing: the message is listed in ``skipped``."""
         session = state.session
-        request = SummaryRequest.for_plan(plan, session.name)
-        sent = request_chars(request)
-        state.calls += 1
-        state.chars_sent += sent
-        record: dict[str, Any] = {
-            "session": session.name,
+        counter = load_tokenizer(session.config.tokenizer)
+        keep = session.cursor + safety_start(session.verbatim_turns)
+        if message.limit_tokens is not None:
+            region = session.verbatim_turns[keep - session.cursor :]
+            shown = build_context(
+                ContextView(keep, "", region, (), session.config),
+                message.format,
+                base_instructions=message.base_instructions,
+                budget_chars=1 << 30,
+                tokens=counter,
+            )
+            if shown.tokens is not None and shown.tokens > message.limit_tokens:
+                needed, limit = shown.tokens, message.limit_tokens
+                result.skipped.append(f"message {seq}: context.overflow: needs {needed} tokens, over {limit}")
+                return
+        if keep > session.cursor:
+            plan = session.emergency(now, keep)
+            text = emergency_fold(plan, counter, session.config.max_summary_chars)
+            record = self._record(
+                seq, plan, state, now, request_chars(SummaryRequest.for_plan(plan, session.name))
+            )
+            self._settle(plan, session.receive(SummaryReturned(plan.plan_id, text, now)), state, now, record)
+            record["emergency"] = True
+            result.compactions.append(record)
+        asked = ContextGet(
+            message.session,
+            message.format,
+            message.budget_chars,
+            message.base_instructions,
+            message.facts,
+            message.id,
+            message.query,
+            message.limit_tokens,
+        )
+        await self._context(seq, sent, asked, state, now, result)
+
+    def _record(self, seq: int, plan: CompactionPlan, state: _Live, now: float, sent: int) -> dict[str, Any]:
+        return {
+            "session": state.session.name,
             "plan": plan.plan_id,
             "seq": seq,
             "at": now,
-            "turn_index": session.total_turns - 1,
+            "turn_index": state.session.total_turns - 1,
             "start": plan.start,
             "end": plan.end,
             "recompact": plan.recompact,
             "notes": len(plan.notes),
             "chars_sent": sent,
         }
-        tick = time.perf_counter()
-        effects: list[Effect]
-        try:
-            text = await self.summarizer.summarize(request)
-        except SummarizerError as exc:
-            effects = session.receive(CompactionFailed(plan.plan_id, exc.kind, exc.retryable, now))
-        except Exception as exc:  # a summarizer bug is a failed compaction, as in the server
-            effects = session.receive(CompactionFailed(plan.plan_id, type(exc).__name__, False, now))
-        else:
-            effects = session.receive(SummaryReturned(plan.plan_id, text, now))
-        result.summarizer_ms.append((time.perf_counter() - tick) * 1000)
+
+    @staticmethod
+    def _settle(
+        plan: CompactionPlan, effects: list[Effect], state: _Live, now: float, record: dict[str, Any]
+    ) -> CompactionPlan | None:
+        """Perform what the session makes of a result (with no store, a commit is confirmed at
+        once), noting the outcome in ``record``; returns the re-compaction pass it started, if any."""
+        session = state.session
         next_plan: CompactionPlan | None = None
         record["outcome"] = "stale"
         for effect in effects:
@@ -410,6 +468,31 @@ class OfflineReplay:
                 record["outcome"] = f"failed:{effect.kind}"
         record["cursor"] = session.cursor
         record["summary_chars"] = len(session.summary)
+        return next_plan
+
+    async def _compact(
+        self, seq: int, plan: CompactionPlan, state: _Live, now: float, result: ReplayResult
+    ) -> CompactionPlan | None:
+        """Run one plan, and perform what the session makes of its result (with no store, a
+        commit is confirmed at once); returns the re-compaction pass it started, if any."""
+        session = state.session
+        request = SummaryRequest.for_plan(plan, session.name)
+        sent = request_chars(request)
+        state.calls += 1
+        state.chars_sent += sent
+        record = self._record(seq, plan, state, now, sent)
+        tick = time.perf_counter()
+        effects: list[Effect]
+        try:
+            text = await self.summarizer.summarize(request)
+        except SummarizerError as exc:
+            effects = session.receive(CompactionFailed(plan.plan_id, exc.kind, exc.retryable, now))
+        except Exception as exc:  # a summarizer bug is a failed compaction, as in the server
+            effects = session.receive(CompactionFailed(plan.plan_id, type(exc).__name__, False, now))
+        else:
+            effects = session.receive(SummaryReturned(plan.plan_id, text, now))
+        result.summarizer_ms.append((time.perf_counter() - tick) * 1000)
+        next_plan = self._settle(plan, effects, state, now, record)
         result.compactions.append(record)
         return next_plan
 
@@ -544,7 +627,10 @@ class _Target(Protocol):
     async def open(self, name: str, config: dict[str, Any]) -> None: ...
     async def turn(self, name: str, turn: Turn) -> None: ...
     async def note(self, name: str, note: Note) -> None: ...
-    async def context(self, name: str, message: ContextGet, budget: int | None) -> dict[str, Any]: ...
+    async def context(
+        self, name: str, message: ContextGet | ContextOverflow, budget: int | None
+    ) -> dict[str, Any]: ...
+    async def landmark(self, name: str, message: LandmarkPin | LandmarkUnpin) -> None: ...
     async def state(self, name: str) -> dict[str, Any]: ...
     async def close(self, name: str) -> None: ...
 
@@ -576,7 +662,7 @@ async def _drive(
                 await anyio.sleep(min(gap, max_gap) if max_gap is not None else gap)
             now = at if now is None else max(now, at)
         if isinstance(message, SessionOpen) or (
-            name not in opened and isinstance(message, TurnAppend | NoteAppend | ContextGet)
+            name not in opened and isinstance(message, TurnAppend | NoteAppend | ContextGet | ContextOverflow)
         ):
             config = dict(message.config or {}) if isinstance(message, SessionOpen) else {}
             await target.open(name, config)
@@ -589,9 +675,18 @@ async def _drive(
             turns[name].append(message.turn)
         elif isinstance(message, NoteAppend):
             await target.note(name, message.note)
-        elif isinstance(message, ContextGet):
+        elif isinstance(message, LandmarkPin | LandmarkUnpin) and name in opened:
+            try:
+                await target.landmark(name, message)
+            except (ClientError, IndexError) as exc:  # refused, as the server refused it: nothing changed
+                result.skipped.append(f"message {seq}: {message.type}: {exc}")
+        elif isinstance(message, ContextGet | ContextOverflow):
             tick = time.perf_counter()
-            reply = await target.context(name, message, budget_chars)
+            try:
+                reply = await target.context(name, message, budget_chars)
+            except (ClientError, ContextOverflowError) as exc:
+                result.skipped.append(f"message {seq}: {message.type}: {exc}")
+                continue
             result.context_ms.append((time.perf_counter() - tick) * 1000)
             state = await target.state(name)
             result.contexts.append(
@@ -612,7 +707,7 @@ async def _drive(
 
 
 def _context_args(
-    message: ContextGet, budget: int | None
+    message: ContextGet | ContextOverflow, budget: int | None
 ) -> tuple[Format, int | None, str, list[str], str | None]:
     return (
         message.format,
@@ -640,13 +735,41 @@ class _ManagerTarget:
     async def note(self, name: str, note: Note) -> None:
         await self.manager.append_note(name, note)
 
-    async def context(self, name: str, message: ContextGet, budget: int | None) -> dict[str, Any]:
+    async def context(
+        self, name: str, message: ContextGet | ContextOverflow, budget: int | None
+    ) -> dict[str, Any]:
         fmt, budget_chars, base, facts, query = _context_args(message, budget)
-        context = await self.manager.context(
-            name, fmt, budget_chars=budget_chars, base_instructions=base, facts=facts, query=query
-        )
+        if isinstance(message, ContextOverflow):
+            context, _ = await self.manager.overflow(
+                name,
+                fmt,
+                limit_tokens=message.limit_tokens,
+                budget_chars=budget_chars,
+                base_instructions=base,
+                facts=facts,
+                query=query,
+            )
+        else:
+            context = await self.manager.context(
+                name,
+                fmt,
+                budget_chars=budget_chars,
+                budget_tokens=message.budget_tokens,
+                base_instructions=base,
+                facts=facts,
+                query=query,
+            )
         in_flight = self.manager.session(name).in_flight is not None
         return context_response(name, context, in_flight=in_flight, request_id=message.id)
+
+    async def landmark(self, name: str, message: LandmarkPin | LandmarkUnpin) -> None:
+        if isinstance(message, LandmarkPin):
+            source: LandmarkSource = "llm" if message.source == "llm" else "manual"
+            await self.manager.pin(
+                name, message.index, kind=message.kind, reason=message.reason, source=source
+            )
+        else:
+            await self.manager.unpin(name, message.index)
 
     async def state(self, name: str) -> dict[str, Any]:
         stats = self.manager.state(name)
@@ -681,10 +804,25 @@ class _ClientTarget:
     async def note(self, name: str, note: Note) -> None:
         await self.handles[name].append_note(note.text, at=note.at, speaker=note.speaker, source=note.source)
 
-    async def context(self, name: str, message: ContextGet, budget: int | None) -> dict[str, Any]:
+    async def context(
+        self, name: str, message: ContextGet | ContextOverflow, budget: int | None
+    ) -> dict[str, Any]:
         fmt, budget_chars, base, facts, query = _context_args(message, budget)
-        reply: dict[str, Any] = await self.handles[name].context(fmt, budget_chars, base, facts, query)
+        handle = self.handles[name]
+        reply: dict[str, Any]
+        if isinstance(message, ContextOverflow):
+            reply = await handle.overflow(message.limit_tokens, fmt, budget_chars, base, facts, query)
+        else:
+            reply = await handle.context(
+                fmt, budget_chars, base, facts, query, budget_tokens=message.budget_tokens
+            )
         return reply
+
+    async def landmark(self, name: str, message: LandmarkPin | LandmarkUnpin) -> None:
+        if isinstance(message, LandmarkPin):
+            await self.handles[name].pin(message.index, message.kind, message.reason, message.source)
+        else:
+            await self.handles[name].unpin(message.index)
 
     async def state(self, name: str) -> dict[str, Any]:
         reply: dict[str, Any] = await self.handles[name].state()
