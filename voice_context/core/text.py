@@ -181,7 +181,8 @@ def condense_summary(text: str, limit: int, *, half_life: float = 48.0) -> str:
     date, begun less than :data:`JOIN_WITHIN` apart) join, oldest first, until the
     text fits (one head for both, the earlier time: heads must not crowd out
     what they date); when no lines can join, the joined lines lose sentences
-    again the same way, and then the oldest lines go.
+    again the same way, and then the oldest lines go. When the newest line alone, down to
+    one sentence, is longer than ``limit``, nothing is left (``""``).
 
     Cached: one summary serves every context until the next compaction.
     """
@@ -250,7 +251,9 @@ def condense_summary(text: str, limit: int, *, half_life: float = 48.0) -> str:
     result = "\n".join(shown)
     if len(result) <= limit:
         return result
-    return clip(result, limit) if heads[first] else keep_newest_sentences(result, limit)
+    # a dated line down to one sentence that still does not fit is left out: a sentence is shown
+    # whole or not at all, never cut into a fragment that may say something else
+    return "" if heads[first] else keep_newest_sentences(result, limit)
 
 
 _HEAD_DATE = re.compile(r"^\[(.+?),? (\d{1,2}):(\d{2})\]\s+$")
