@@ -93,14 +93,13 @@ def _maybe_disfluent(key: str) -> bool:
     return "um" in key or "uh" in key or "hm" in key or "erm" in key
 
 
-def _near_duplicate(key: str, recent: Sequence[str], cutoff: float) -> bool:
+def _near_duplicate(
+    key: str, numbers: list[str], recent: Sequence[str], recent_numbers: Sequence[list[str]], cutoff: float
+) -> bool:
     """Whether a recent key is within ``cutoff`` of ``key`` and has the same numbers
-    (one call into rapidfuzz compares them all)."""
+    (one call into rapidfuzz compares them all; each key's numbers are read once)."""
     matches = process.extract(key, recent, scorer=fuzz.ratio, score_cutoff=cutoff, limit=None, processor=None)
-    if not matches:
-        return False
-    numbers = _DIGITS.findall(key)
-    return any(_DIGITS.findall(match[0]) == numbers for match in matches)
+    return any(recent_numbers[match[2]] == numbers for match in matches)
 
 
 def _size(turn: Turn, counter: TokenCounter | None) -> tuple[int, int]:
@@ -127,13 +126,15 @@ def compress(
     if budget_tokens is not None and counter is None:
         raise ValueError("a token budget needs a counter")
     protected = set(keep)
-    before = sum(len(t.speaker) + len(t.text) + 3 for t in turns)
+    before = after = 0
     chosen: list[tuple[int, Turn]] = []
     keys: list[str] = []
+    key_numbers: list[list[str]] = []
     seen: set[str] = set()
     filler = exact = near = 0
     for i, turn in enumerate(turns):
         text = turn.text
+        before += len(turn.speaker) + len(text) + 3
         key = _key(text)
         if i not in protected:
             if key in seen:  # the cheapest test first
@@ -151,16 +152,21 @@ def compress(
             if key in seen:
                 exact += 1
                 continue
-            if len(key) >= MIN_FUZZY_CHARS and _near_duplicate(key, keys[-window:], fuzzy):
-                near += 1
-                continue
+        numbers = _DIGITS.findall(key)
+        fuzzy_checked = i not in protected and len(key) >= MIN_FUZZY_CHARS
+        if fuzzy_checked and _near_duplicate(key, numbers, keys[-window:], key_numbers[-window:], fuzzy):
+            near += 1
+            continue
         chosen.append((i, turn if text == turn.text else replace(turn, text=text)))
+        after += len(turn.speaker) + len(text) + 3
         keys.append(key)
+        key_numbers.append(numbers)
         seen.add(key)
     clipped, converged = 0, 0
     if budget_chars is not None or budget_tokens is not None:
         token_counter = counter if budget_tokens is not None else None
         chosen, clipped, converged = _converge(chosen, protected, budget_chars, budget_tokens, token_counter)
+        after = sum(len(t.speaker) + len(t.text) + 3 for _, t in chosen)
     out = tuple(t for _, t in chosen)
     return Compression(
         turns=out,
@@ -171,7 +177,7 @@ def compress(
         clipped=clipped,
         converged=converged,
         chars_before=before,
-        chars_after=sum(len(t.speaker) + len(t.text) + 3 for t in out),
+        chars_after=after,
     )
 
 
@@ -217,6 +223,9 @@ def _converge(
     rest = [k for k in range(len(chosen)) if k not in kept]
     for k in reversed(rest):  # newest first
         turn = chosen[k][1]
+        if caps[0] - used[0] < len(turn.speaker) + 4:  # not even "speaker: x" fits: the rest goes
+            converged += 1
+            continue
         if take(turn):
             kept[k] = turn
             continue
