@@ -4,11 +4,12 @@
 entries of 8,000-character sentences and their parsed forms held tens of
 megabytes for the whole process. This cache counts the characters of its keys
 (what it holds grows with them) and drops the least recently used entries past
-``max_chars``.
+``max_chars``. It is safe to call from several threads at once.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -26,28 +27,33 @@ class CharBoundedCache(Generic[V]):
         self.max_chars = max_chars
         self.chars = 0
         self._held: OrderedDict[str, V] = OrderedDict()
+        self._lock = threading.Lock()  # folds run in worker threads, several at once
         self.__doc__ = fn.__doc__
 
     def __call__(self, text: str) -> V:
         held = self._held
-        if text in held:
-            held.move_to_end(text)
-            return held[text]
-        value = self.fn(text)
+        with self._lock:
+            if text in held:
+                held.move_to_end(text)
+                return held[text]
+        value = self.fn(text)  # outside the lock: two threads may both compute a value, never corrupt
         if len(text) <= self.max_chars:
-            held[text] = value
-            self.chars += len(text)
-            while self.chars > self.max_chars:
-                dropped, _ = held.popitem(last=False)
-                self.chars -= len(dropped)
+            with self._lock:
+                if text not in held:
+                    held[text] = value
+                    self.chars += len(text)
+                while self.chars > self.max_chars:
+                    dropped, _ = held.popitem(last=False)
+                    self.chars -= len(dropped)
         return value
 
     def __len__(self) -> int:
         return len(self._held)
 
     def clear(self) -> None:
-        self._held.clear()
-        self.chars = 0
+        with self._lock:
+            self._held.clear()
+            self.chars = 0
 
 
 def char_bounded_cache(max_chars: int) -> Callable[[Callable[[str], V]], CharBoundedCache[V]]:

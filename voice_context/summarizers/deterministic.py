@@ -58,6 +58,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import lru_cache
 
+import anyio.to_thread
+
 from voice_context.core.cache import char_bounded_cache
 from voice_context.core.text import clip, normalize, sentences
 from voice_context.core.times import utc
@@ -743,7 +745,9 @@ class DeterministicSummarizer:
         return f"<DeterministicSummarizer half_life={self.half_life:g} session_gap={self.session_gap:g}>"
 
     async def summarize(self, request: SummaryRequest) -> str:
-        return self.summarize_now(request)
+        """The fold, in a worker thread: it takes a few milliseconds (tens for a long summary),
+        which would otherwise hold every reply of the event loop waiting."""
+        return await anyio.to_thread.run_sync(self.summarize_now, request)
 
     def summarize_now(self, request: SummaryRequest) -> str:
         """The same as ``summarize``, synchronously (it never waits on anything)."""

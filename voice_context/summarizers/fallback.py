@@ -80,7 +80,7 @@ class FallbackSummarizer:
             first_index=request.first_index,
             turns=len(request.turns),
         )
-        return deterministic_fold(request, self._folder)
+        return await anyio.to_thread.run_sync(deterministic_fold, request, self._folder)
 
     async def aclose(self) -> None:
         close = getattr(self.primary, "aclose", None)
