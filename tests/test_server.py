@@ -327,6 +327,8 @@ async def test_healthz_and_metrics_answer_on_the_same_port() -> None:
             "voice_context_compactions_completed_total 1.0",
             "voice_context_compactions_failed_total 0.0",
             "voice_context_compactions_in_flight 0.0",
+            "voice_context_indexing_lag 0.0",  # the context waited for the index to take all 61
+            "voice_context_indexing_lag_max 0.0",
             'voice_context_errors_total{code="bad_request"} 1.0',
             "voice_context_context_latency_seconds_count 1.0",
         ):

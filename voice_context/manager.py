@@ -466,6 +466,15 @@ class SessionManager:
         waiting = live.session.total_turns - recall.indexed + len(recall.notes)
         return waiting + (len(recall.unembedded) if self.embedder is not None else 0)
 
+    def indexing_lags(self) -> tuple[int, int]:
+        """The largest :meth:`indexing_lag` of the live sessions, and their sum."""
+        lags = [
+            live.session.total_turns - live.recall.indexed + len(live.recall.notes)
+            + (len(live.recall.unembedded) if self.embedder is not None else 0)
+            for live in self._live.values()
+        ]  # fmt: skip
+        return max(lags, default=0), sum(lags)
+
     async def wait_indexed(self, name: str, *, owner: str | None = None) -> int:
         """Wait for the background indexing of the session to finish; returns the lag left
         (0 unless the store keeps failing): for tools, benchmarks and tests."""

@@ -37,10 +37,12 @@ class ManagerCollector(Collector):
         counters: Callable[[], Mapping[str, int]],
         sessions: Callable[[], int],
         in_flight: Callable[[], int],
+        indexing: Callable[[], tuple[int, int]] = lambda: (0, 0),
     ) -> None:
         self._counters = counters
         self._sessions = sessions
         self._in_flight = in_flight
+        self._indexing = indexing
 
     def collect(self) -> Iterable[Metric]:
         counters = self._counters()
@@ -53,6 +55,17 @@ class ManagerCollector(Collector):
         yield GaugeMetricFamily("voice_context_sessions", "Sessions open now.", value=self._sessions())
         yield GaugeMetricFamily(
             "voice_context_compactions_in_flight", "Compactions running now.", value=self._in_flight()
+        )
+        most, total = self._indexing()
+        yield GaugeMetricFamily(
+            "voice_context_indexing_lag_max",
+            "Turns and notes of one session waiting for the recall index (the largest wait now).",
+            value=most,
+        )
+        yield GaugeMetricFamily(
+            "voice_context_indexing_lag",
+            "Turns and notes waiting for the recall index, over every live session.",
+            value=total,
         )
 
 
@@ -92,9 +105,10 @@ class Metrics:
         counters: Callable[[], Mapping[str, int]],
         sessions: Callable[[], int],
         in_flight: Callable[[], int],
+        indexing: Callable[[], tuple[int, int]] = lambda: (0, 0),
     ) -> None:
-        """Expose the session manager's compaction counters and gauges."""
-        self.registry.register(ManagerCollector(counters, sessions, in_flight))
+        """Expose the session manager's compaction counters and gauges, and its indexing lag."""
+        self.registry.register(ManagerCollector(counters, sessions, in_flight, indexing))
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))

@@ -424,7 +424,10 @@ class Server:
             )
             self._manager = await stack.enter_async_context(manager)
             self.metrics.watch_manager(
-                lambda: manager.counters, lambda: manager.sessions, lambda: manager.in_flight
+                lambda: manager.counters,
+                lambda: manager.sessions,
+                lambda: manager.in_flight,
+                manager.indexing_lags,
             )
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             self._guard_descriptors(stack)
