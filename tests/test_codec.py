@@ -21,6 +21,7 @@ from voice_context.codec import (
     NoteAppend,
     Ping,
     SessionClose,
+    SessionHandoff,
     SessionOpen,
     SessionStateGet,
     TurnAppend,
@@ -95,6 +96,13 @@ def test_every_client_message_decodes_to_its_typed_value() -> None:
     assert decode(frame(type="ping", id=1)) == Ping(1)
 
 
+def test_a_handoff_asks_for_at_most_fifty_turns_and_a_limit_that_is_a_count() -> None:
+    assert decode(frame(type="session.handoff", session="s")) == SessionHandoff("s", None, "", (), None, 6)
+    for bad in ({"last_turns": 51}, {"last_turns": -1}, {"last_turns": True}, {"limit_chars": -5}):
+        error = rejected(frame(type="session.handoff", session="s", **bad))
+        assert error.code == "bad_request", bad
+
+
 def test_optional_fields_take_their_documented_defaults() -> None:
     message = decode(frame(type="context.get", session="s"))
     assert message == ContextGet("s", "messages", None, "", (), None)
@@ -124,6 +132,8 @@ def test_bytes_frames_decode_like_text() -> None:
         ContextGet("r"),
         SessionStateGet("r", 1),
         SessionClose("r", "x"),
+        SessionHandoff("r", 4000, "You are Nova.", ("Alice is vegan",), "the venue", 3, "h1"),
+        SessionHandoff("r"),
         Ping("p", "r"),
     ],
 )
@@ -404,6 +414,7 @@ SERVER_TYPES = {
     "pong",
     "compaction.completed",
     "compaction.failed",
+    "handoff",
     "error",
 }
 

@@ -53,11 +53,13 @@ from voice_context.codec import (
     Ping,
     SessionClose,
     SessionDelete,
+    SessionHandoff,
     SessionOpen,
     SessionStateGet,
     TurnAppend,
 )
 from voice_context.core.budget import Format
+from voice_context.core.handoff import LAST_TURNS
 from voice_context.core.turns import Note, Role, Turn
 from voice_context.errors import ClientError, ConnectionLost, RequestTimeout
 
@@ -426,6 +428,21 @@ class SessionHandle:
         within ``limit_tokens``; a ``context_overflow`` error when nothing can fit."""
         message = ContextOverflow(
             self.name, limit_tokens, format, budget_chars, base_instructions or "", tuple(facts or ()), query
+        )
+        return await self.client.request(message)
+
+    async def handoff(
+        self,
+        limit_chars: int | None = None,
+        base_instructions: str | None = None,
+        facts: Sequence[str] | None = None,
+        query: str | None = None,
+        last_turns: int = LAST_TURNS,
+    ) -> Event:
+        """What a fresh provider session needs to go on: ``instructions`` within ``limit_chars``
+        (ending with the questions still open), the newest ``last_turns`` turns, ``open_questions``."""
+        message = SessionHandoff(
+            self.name, limit_chars, base_instructions or "", tuple(facts or ()), query, last_turns
         )
         return await self.client.request(message)
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 import orjson
 
 from voice_context.core.budget import FORMATS, Format
+from voice_context.core.handoff import LAST_TURNS, Handoff
 from voice_context.core.turns import ROLES, Note, Role, Turn
 from voice_context.errors import DecodeError
 
@@ -145,6 +146,25 @@ class ContextOverflow:
     type: str = field(default="context.overflow", init=False, repr=False)
 
 
+MAX_LAST_TURNS: Final = 50
+"""The most turns a ``session.handoff`` may ask for as items."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionHandoff:
+    """A fresh provider session takes over: the context as instructions within ``limit_chars``,
+    the newest ``last_turns`` turns and the questions still open."""
+
+    session: str
+    limit_chars: int | None = None
+    base_instructions: str = ""
+    facts: tuple[str, ...] = ()
+    query: str | None = None
+    last_turns: int = LAST_TURNS
+    id: MessageId = None
+    type: str = field(default="session.handoff", init=False, repr=False)
+
+
 @dataclass(frozen=True, slots=True)
 class LandmarkPin:
     """Pin the turn at ``index`` as a landmark: shown whole in every later context, never folded."""
@@ -188,6 +208,7 @@ ClientMessage = (
     | LandmarkPin
     | LandmarkUnpin
     | ContextOverflow
+    | SessionHandoff
     | Ping
 )
 SessionMessage = (
@@ -201,6 +222,7 @@ SessionMessage = (
     | LandmarkPin
     | LandmarkUnpin
     | ContextOverflow
+    | SessionHandoff
 )
 
 CLIENT_TYPES: Final = (
@@ -214,6 +236,7 @@ CLIENT_TYPES: Final = (
     "landmark.pin",
     "landmark.unpin",
     "context.overflow",
+    "session.handoff",
     "ping",
 )
 
@@ -435,6 +458,16 @@ def _message(obj: dict[str, Any], max_text_chars: int) -> ClientMessage:
         return ContextOverflow(
             session, limit, got.format, got.budget_chars, got.base_instructions, got.facts, got.query, msg_id
         )
+    if kind == "session.handoff":
+        limit = obj.get("limit_chars")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise r.fail("limit_chars must be a non-negative integer")
+        last = obj.get("last_turns", LAST_TURNS)
+        if isinstance(last, bool) or not isinstance(last, int) or not 0 <= last <= MAX_LAST_TURNS:
+            raise r.fail(f"last_turns must be an integer from 0 to {MAX_LAST_TURNS}")
+        got = _message({**obj, "type": "context.get", "format": "instructions"}, max_text_chars)
+        assert isinstance(got, ContextGet)
+        return SessionHandoff(session, limit, got.base_instructions, got.facts, got.query, last, msg_id)
     if kind == "context.get":
         fmt = obj.get("format", "messages")
         if not isinstance(fmt, str) or fmt not in FORMATS:
@@ -501,19 +534,7 @@ def message_dict(message: ClientMessage) -> dict[str, Any]:
         if message.config is not None:
             out["config"] = dict(message.config)
     elif isinstance(message, TurnAppend):
-        t = message.turn
-        turn: dict[str, Any] = {"speaker": t.speaker, "role": t.role, "text": t.text, "at": t.at}
-        if t.id is not None:
-            turn["id"] = t.id
-        if t.is_tool_call:
-            turn["tool_call"] = {
-                "id": t.tool_call_id,
-                "name": t.tool_name,
-                "arguments": t.tool_arguments or "",
-            }
-        elif t.is_tool_result:
-            turn["tool_result"] = {"id": t.tool_call_id, **({"name": t.tool_name} if t.tool_name else {})}
-        out["turn"] = turn
+        out["turn"] = turn_wire(message.turn)
     elif isinstance(message, NoteAppend):
         n = message.note
         note: dict[str, Any] = {"text": n.text, "at": n.at}
@@ -546,6 +567,16 @@ def message_dict(message: ClientMessage) -> dict[str, Any]:
             out["facts"] = list(message.facts)
         if message.query is not None:
             out["query"] = message.query
+    elif isinstance(message, SessionHandoff):
+        if message.limit_chars is not None:
+            out["limit_chars"] = message.limit_chars
+        if message.base_instructions:
+            out["base_instructions"] = message.base_instructions
+        if message.facts:
+            out["facts"] = list(message.facts)
+        if message.query is not None:
+            out["query"] = message.query
+        out["last_turns"] = message.last_turns
     elif isinstance(message, LandmarkPin):
         out.update(index=message.index, kind=message.kind, source=message.source)
         if message.reason:
@@ -553,6 +584,18 @@ def message_dict(message: ClientMessage) -> dict[str, Any]:
     elif isinstance(message, LandmarkUnpin):
         out["index"] = message.index
     return out
+
+
+def turn_wire(t: Turn) -> dict[str, Any]:
+    """A turn as the wire carries it (``turn.append``'s ``turn``)."""
+    turn: dict[str, Any] = {"speaker": t.speaker, "role": t.role, "text": t.text, "at": t.at}
+    if t.id is not None:
+        turn["id"] = t.id
+    if t.is_tool_call:
+        turn["tool_call"] = {"id": t.tool_call_id, "name": t.tool_name, "arguments": t.tool_arguments or ""}
+    elif t.is_tool_result:
+        turn["tool_result"] = {"id": t.tool_call_id, **({"name": t.tool_name} if t.tool_name else {})}
+    return turn
 
 
 def encode(message: ClientMessage) -> str:
@@ -675,6 +718,29 @@ def encode_context(
     return _dumps(_with_id(obj, msg_id))
 
 
+def encode_handoff(session: str, handoff: Handoff, msg_id: MessageId = None) -> str:
+    return _dumps(
+        _with_id(
+            {
+                "type": "handoff",
+                "session": session,
+                "instructions": handoff.instructions,
+                "chars": handoff.chars,
+                "limit_chars": handoff.limit_chars,
+                "cursor": handoff.cursor,
+                "turns": handoff.turns,
+                "recalled": handoff.recalled,
+                "last_turns": [{"index": index, **turn_wire(turn)} for index, turn in handoff.last_turns],
+                "open_questions": [
+                    {"index": q.index, "speaker": q.speaker, "text": q.text, "at": q.at}
+                    for q in handoff.open_questions
+                ],
+            },
+            msg_id,
+        )
+    )
+
+
 def encode_state(session: str, stats: SessionStats, msg_id: MessageId = None) -> str:
     return _dumps(
         _with_id(
@@ -779,6 +845,7 @@ __all__ = [
     "Ping",
     "SessionClose",
     "SessionDelete",
+    "SessionHandoff",
     "SessionMessage",
     "SessionOpen",
     "SessionStateGet",
@@ -791,6 +858,7 @@ __all__ = [
     "encode_deleted",
     "encode_error",
     "encode_event",
+    "encode_handoff",
     "encode_note_appended",
     "encode_opened",
     "encode_pinned",
@@ -801,5 +869,6 @@ __all__ = [
     "landmark_wire",
     "message_dict",
     "parse",
+    "turn_wire",
     "valid_session_name",
 ]

@@ -35,6 +35,7 @@ from voice_context.config import session_defaults
 from voice_context.core.budget import Context, Format, build_context
 from voice_context.core.config import SessionConfig
 from voice_context.core.emergency import safety_start
+from voice_context.core.handoff import LAST_TURNS, Handoff, fit_questions, open_questions
 from voice_context.core.landmarks import Landmark, LandmarkSource
 from voice_context.core.recalled import Recalled
 from voice_context.core.session import (
@@ -465,6 +466,49 @@ class SessionManager:
         recall = live.recall
         waiting = live.session.total_turns - recall.indexed + len(recall.notes)
         return waiting + (len(recall.unembedded) if self.embedder is not None else 0)
+
+    async def handoff(
+        self,
+        name: str,
+        *,
+        limit_chars: int | None = None,
+        base_instructions: str = "",
+        facts: Sequence[str] = (),
+        query: str | None = None,
+        last_turns: int = LAST_TURNS,
+        owner: str | None = None,
+    ) -> Handoff:
+        """What a fresh provider session needs to go on (see :mod:`voice_context.core.handoff`):
+        the context as ``instructions`` within ``limit_chars`` (by default the session's
+        ``instructions_budget_chars``), ending with the questions still open, and the newest
+        ``last_turns`` turns."""
+        live = self._get(name, owner)
+        session = live.session
+        limit = session.config.instructions_budget_chars if limit_chars is None else limit_chars
+        questions, section = fit_questions(open_questions(session.verbatim_turns, session.cursor), limit)
+        context = await self.context(
+            name,
+            "instructions",
+            budget_chars=max(0, limit - (len(section) + 2 if section else 0)),
+            base_instructions=base_instructions,
+            facts=facts,
+            query=query,
+            owner=owner,
+        )
+        instructions = "\n\n".join(part for part in (context.instructions, section) if part)
+        session = self._get(name, owner).session
+        verbatim = session.verbatim_turns
+        count = max(0, min(last_turns, len(verbatim)))
+        first = session.total_turns - count
+        return Handoff(
+            instructions,
+            limit,
+            tuple((first + k, turn) for k, turn in enumerate(verbatim[len(verbatim) - count :])),
+            tuple(questions),
+            session.cursor,
+            session.total_turns,
+            len(context.recalled),
+        )
 
     def indexing_lags(self) -> tuple[int, int]:
         """The largest :meth:`indexing_lag` of the live sessions, and their sum."""

@@ -839,6 +839,17 @@ class Server:
             return codec.encode_context(
                 name, ctx, in_flight=in_flight, msg_id=message.id, emergency=folded
             ), True
+        if isinstance(message, codec.SessionHandoff):
+            handoff = await manager.handoff(
+                name,
+                limit_chars=message.limit_chars,
+                base_instructions=message.base_instructions,
+                facts=message.facts,
+                query=message.query,
+                last_turns=message.last_turns,
+                owner=owner,
+            )
+            return codec.encode_handoff(name, handoff, message.id), True
         if isinstance(message, LandmarkPin):
             try:
                 landmark = await manager.pin(
