@@ -3,6 +3,7 @@ each summarizer gets when nobody sets one."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -88,3 +89,17 @@ def test_each_attempt_gets_the_compaction_timeout_shared_among_the_attempts() ->
     assert repr(summarizer.primary) == "<OpenAISummarizer model='gpt-4o-mini' timeout=15 max_retries=2>"
     bare = make_summarizer(replace(chosen.summarizer, fallback=False))
     assert repr(bare) == "<OpenAISummarizer model='gpt-4o-mini' timeout=15 max_retries=2>"
+
+
+def test_a_summarizer_or_store_whose_extra_is_missing_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pip install voice-context` has neither openai nor redis: asking for them says what to install."""
+    from voice_context.store import open_store
+
+    for package, module in (("openai", "summarizers.openai_compat"), ("redis", "store.redis")):
+        monkeypatch.setitem(sys.modules, package, None)  # as if it were not installed
+        monkeypatch.delitem(sys.modules, f"voice_context.{module}", raising=False)
+    openai = Settings().with_values("summarizer", {"kind": "openai", "model": "m"}).summarizer
+    with pytest.raises(ConfigError, match=r"pip install 'voice-context\[openai\]'"):
+        make_summarizer(openai)
+    with pytest.raises(ConfigError, match=r"pip install 'voice-context\[redis\]'"):
+        open_store("redis://127.0.0.1:6379/0")

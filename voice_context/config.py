@@ -328,7 +328,12 @@ FALLBACK_ALLOWANCE = 1.0
 def make_summarizer(settings: SummarizerSettings) -> Summarizer:
     """The summarizer the settings name (the deterministic one by default)."""
     if settings.kind == "openai":
-        from voice_context.summarizers.openai_compat import OpenAISummarizer
+        try:
+            from voice_context.summarizers.openai_compat import OpenAISummarizer
+        except ImportError as exc:
+            raise ConfigError(
+                f"the openai summarizer needs the openai package: pip install 'voice-context[openai]' ({exc})"
+            ) from exc
 
         model = OpenAISummarizer(
             base_url=settings.base_url,

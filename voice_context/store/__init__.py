@@ -59,7 +59,12 @@ def open_store(url: str = "memory", *, data_dir: str = "data", session_ttl: floa
             raise ConfigError(f"cannot create the data directory {path.parent}: {exc}") from exc
         return SQLiteStore(path, session_ttl=session_ttl)
     if url.startswith(("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")):
-        from voice_context.store.redis import RedisStore
+        try:
+            from voice_context.store.redis import RedisStore
+        except ImportError as exc:
+            raise ConfigError(
+                f"a redis store needs the redis package: pip install 'voice-context[redis]' ({exc})"
+            ) from exc
 
         try:
             return RedisStore(url, session_ttl=session_ttl)
