@@ -202,12 +202,34 @@ class RecallSettings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SourceSettings:
+    """One ``[[sources]]`` table: a context source over HTTP (see :mod:`voice_context.sources`)."""
+
+    name: str
+    url: str
+    prompt: str = ""
+    timeout: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ConfigError("sources: every source needs a name")
+        if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"sources.{self.name}: url must be http:// or https://, got {self.url!r}")
+        if not isinstance(self.prompt, str):
+            raise ConfigError(f"sources.{self.name}: prompt must be a string")
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, int | float) or self.timeout <= 0:
+            raise ConfigError(f"sources.{self.name}: timeout must be a positive number of seconds")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     summarizer: SummarizerSettings = field(default_factory=SummarizerSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
     recall: RecallSettings = field(default_factory=RecallSettings)
     session: SessionConfig = field(default_factory=SessionConfig)
+    #: ``[[sources]]``: the context sources asked about every folded window
+    sources: tuple[SourceSettings, ...] = ()
     #: the ``[session]`` fields set by a file, the environment or a flag
     session_explicit: frozenset[str] = frozenset()
 
@@ -289,6 +311,24 @@ def _convert(name: str, hint: Any, raw: Any) -> Any:
         raise ConfigError(f"{name}: cannot read {raw!r} ({exc})") from exc
 
 
+def _sources(tables: object) -> tuple[SourceSettings, ...]:
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise ConfigError("sources must be [[sources]] tables")
+    out: list[SourceSettings] = []
+    for table in tables:
+        unknown = set(table) - {"name", "url", "prompt", "timeout"}
+        if unknown:
+            raise ConfigError(f"unknown setting sources.{sorted(unknown)[0]}")
+        try:
+            out.append(SourceSettings(**table))
+        except TypeError as exc:
+            raise ConfigError(f"sources: {exc}") from exc
+    names = [source.name for source in out]
+    if len(set(names)) != len(names):
+        raise ConfigError("sources: two sources have the same name")
+    return tuple(out)
+
+
 def load_settings(
     path: str | os.PathLike[str] | None = None,
     *,
@@ -303,6 +343,9 @@ def load_settings(
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"cannot read config file {path}: {exc}") from exc
         for group, values in data.items():
+            if group == "sources":
+                settings = replace(settings, sources=_sources(values))
+                continue
             if group not in _GROUPS or not isinstance(values, dict):
                 raise ConfigError(f"unknown config section [{group}]")
             settings = settings.with_values(group, values)

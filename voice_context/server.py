@@ -100,6 +100,7 @@ from voice_context.errors import (
 from voice_context.manager import CompactionEvent, SessionManager
 from voice_context.metrics import CONTENT_TYPE, Metrics
 from voice_context.recall.embedding import load_embedder
+from voice_context.sources import HTTPSource, with_sources
 from voice_context.store import open_store
 from voice_context.store.base import Store
 from voice_context.summarizers.base import Summarizer
@@ -346,6 +347,14 @@ class Server:
         self.settings = settings or Settings()
         self._owns_summarizer = summarizer is None
         self.summarizer = summarizer if summarizer is not None else make_summarizer(self.settings.summarizer)
+        if self.settings.sources:
+            configured = self.settings.sources
+            self.summarizer = with_sources(
+                self.summarizer,
+                [HTTPSource(c.name, c.url, prompt=c.prompt, timeout=c.timeout) for c in configured],
+                close_inner=self._owns_summarizer,
+            )
+            self._owns_summarizer = True  # its sources' connections are this server's to close
         self._owns_store = store is None
         self._store = store
         self._monotonic = monotonic
