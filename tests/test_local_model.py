@@ -8,7 +8,10 @@ deterministic lines stand in, and either way nothing said is lost.
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -155,3 +158,64 @@ async def test_an_attempt_that_times_out_hangs_up_and_llama_cpp_stops_generating
         model=llama.alias, base_url=llama.base_url, timeout=MODEL_TIMEOUT, max_retries=0
     ) as patient:
         assert await patient.summarize(request)  # served, not queued behind the abandoned answer
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def command_line(pid: int) -> bytes:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_a_benchmark_stopped_mid_run_takes_its_model_server_with_it(how: signal.Signals) -> None:
+    """``scripts/bench --llm`` stopped by SIGTERM (a CI timeout, a stop by hand) stops the llama.cpp
+    server it started; killed outright, the kernel stops the server for it."""
+    if not llama_cpp_installed():
+        pytest.fail("llama-cpp-python is not installed: run scripts/models smollm2")
+    bench = Path(__file__).resolve().parent.parent / "scripts" / "bench.py"
+    process = subprocess.Popen(
+        [sys.executable, str(bench), "--llm", "smollm2", "--folds", "50"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + MODEL_TIMEOUT
+        servers: list[int] = []
+        while not servers and time.monotonic() < deadline:
+            servers = [c for c in children(process.pid) if b"llama_cpp.server" in command_line(c)]
+            time.sleep(0.2)
+        assert servers, "the benchmark never started its model server"
+        time.sleep(2)  # let it get going
+        process.send_signal(how)
+        process.wait(timeout=MODEL_TIMEOUT)
+        deadline = time.monotonic() + TIMEOUT * 4
+        while any(alive(s) for s in servers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(alive(s) for s in servers), "the model server outlived the benchmark"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -15,18 +15,21 @@ leave.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from voice_context.testing.redis_server import free_port
 
@@ -122,6 +125,7 @@ class LlamaServer:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},  # its log, line by line, as it happens
+                preexec_fn=_die_with_parent if _main_thread() else None,
             )
         finally:
             if self.log is not None and not isinstance(out, int):
@@ -164,8 +168,22 @@ class LlamaServer:
                 process.wait(STOP_TIMEOUT)
 
     def __enter__(self) -> Self:
-        self.start()
+        # a SIGTERM to this process (a benchmark stopped by hand, a CI timeout) unwinds through
+        # __exit__ instead of ending the process where it stands, so the server is stopped too
+        self._previous_handler: Any = None
+        if _main_thread():
+            self._previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        try:
+            self.start()
+        except BaseException:
+            self._restore_handler()
+            raise
         return self
+
+    def _restore_handler(self) -> None:
+        if self._previous_handler is not None and _main_thread():
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            self._previous_handler = None
 
     def __exit__(
         self,
@@ -173,4 +191,24 @@ class LlamaServer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            self._restore_handler()
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs the server: on Linux, have the kernel send it SIGTERM when
+    the process that started it dies, even by ``kill -9``, so no server outlives its user."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
