@@ -9,17 +9,20 @@
 4. Over the wire: ``context.get`` round trips through a real server on
    127.0.0.1 with the client, against ``ping`` round trips (the transport's
    floor) and against ``context.get`` while a slow fold is in flight.
-5. Recall on the reply path: a 5,000-turn session (the text of the project's
+5. The OpenAI Realtime integration: what one user turn costs (the turn stored,
+   the context fetched, the ``session.update`` handed to the realtime socket)
+   against the client's ping and its append alone.
+6. Recall on the reply path: a 5,000-turn session (the text of the project's
    own recordings, each turn numbered), a context with a query (recall over the
    whole history, then the budget) against the same context with recall off:
    in process over an in-memory index (what a replay runs), and through
    ``SessionManager.context`` over the index a SQLite store keeps beside the
    turns (what a server runs); what indexing one turn costs; and what the
    served session holds in the process.
-6. Token budgets: ``build_context`` under a token budget in ``o200k_base`` (a
+7. Token budgets: ``build_context`` under a token budget in ``o200k_base`` (a
    warm count cache, as on a live session), against the same context under the
    char budget of the same size (4 chars a token).
-7. Deterministic compression: ``compress`` of 100 fresh messages (conversation
+8. Deterministic compression: ``compress`` of 100 fresh messages (conversation
    with repeats, rephrasings and filler), without and with a budget that
    forces convergence, against reading each message once (normalizing its
    words: the floor of any de-duplication).
@@ -28,11 +31,11 @@
 ``scripts/models``, smollm2 by default, or a GGUF file): it starts
 ``llama_cpp.server`` on 127.0.0.1, waits for it, and stops it at the end.
 
-8. Seconds per fold: the project's own recordings folded batch by batch
+9. Seconds per fold: the project's own recordings folded batch by batch
    (10 turns, the summary carried from fold to fold) by the model, each fold
    timed, with the folds the fold check rejected (the deterministic lines
    stood in).
-9. Over the wire with the model as the server's summarizer: ``context.get``
+10. Over the wire with the model as the server's summarizer: ``context.get``
    while idle against ``context.get`` while the model folds a batch.
 """
 
@@ -189,6 +192,55 @@ async def bench_wire(n: int, delay: float) -> None:
                 busy.pop()
                 break
         print(row(f"context.get, a {delay:g}s fold in flight", busy, idle))
+
+
+async def bench_realtime(n: int) -> None:
+    """What the OpenAI Realtime integration adds per user turn: the turn stored, the context
+    fetched and the session.update handed to the realtime socket, against the same client's
+    ping and its append alone, through a real server with the default store."""
+    import tempfile
+
+    from voice_context.client import Client
+    from voice_context.config import Settings
+    from voice_context.integrations.openai_realtime import RealtimeMemory
+    from voice_context.server import Server
+
+    print("== OpenAI Realtime integration: one user turn (real server on 127.0.0.1, SQLite)")
+    texts = recorded_texts()
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = Settings().with_values(
+            "server", {"port": 0, "turns_per_second": 1e6, "turn_burst": 1_000_000}
+        )
+        settings = settings.with_values("store", {"url": f"sqlite:///{tmp}/bench.db"})
+        async with Server(settings) as server, Client(server.url) as client:
+            room = await client.open("call")
+            sent: list[dict[str, object]] = []
+
+            async def send(event: dict[str, object]) -> None:
+                sent.append(event)  # the realtime socket's send: what it costs is the provider's
+
+            memory = RealtimeMemory(
+                room, send, base_instructions="You are Nova.", limit_chars=5200, timeout=5
+            )
+            pings, appends, turns = [], [], []
+            for k in range(n):
+                text = texts[k % len(texts)][1]
+                t0 = time.perf_counter()
+                await client.ping()
+                pings.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                await room.append_turn("assistant", "assistant", f"{text} ({k})")
+                appends.append(time.perf_counter() - t0)
+                event = {"type": "conversation.item.input_audio_transcription.completed", "transcript": text}
+                t0 = time.perf_counter()
+                await memory.on_event(event)
+                turns.append(time.perf_counter() - t0)
+            assert memory.updates == n and memory.skipped == 0
+        print(row("ping (transport floor)", pings))
+        print(row("turn.append alone", appends, pings))
+        print(row("a user turn: append, context.get, session.update", turns, pings))
+        chars = sum(len(str(e["session"])) for e in sent) / len(sent)  # type: ignore[index]
+        print(f"{'':<52} (instructions sent: {chars:,.0f} chars on average, {2 * n:,} turns stored)")
 
 
 def recorded_texts() -> list[tuple[str, str]]:
@@ -464,6 +516,7 @@ def main() -> None:
     bench_recall(args.n)
     anyio.run(bench_manager, args.n, args.delay, args.sessions)
     anyio.run(bench_wire, args.n, args.delay)
+    anyio.run(bench_realtime, min(args.n, 1000))
 
 
 if __name__ == "__main__":
