@@ -549,33 +549,18 @@ def message_dict(message: ClientMessage) -> dict[str, Any]:
             out["budget_chars"] = message.budget_chars
         if message.budget_tokens is not None:
             out["budget_tokens"] = message.budget_tokens
-        if message.base_instructions:
-            out["base_instructions"] = message.base_instructions
-        if message.facts:
-            out["facts"] = list(message.facts)
-        if message.query is not None:
-            out["query"] = message.query
+        _frame_fields(out, message)
     elif isinstance(message, ContextOverflow):
         if message.limit_tokens is not None:
             out["limit_tokens"] = message.limit_tokens
         out["format"] = message.format
         if message.budget_chars is not None:
             out["budget_chars"] = message.budget_chars
-        if message.base_instructions:
-            out["base_instructions"] = message.base_instructions
-        if message.facts:
-            out["facts"] = list(message.facts)
-        if message.query is not None:
-            out["query"] = message.query
+        _frame_fields(out, message)
     elif isinstance(message, SessionHandoff):
         if message.limit_chars is not None:
             out["limit_chars"] = message.limit_chars
-        if message.base_instructions:
-            out["base_instructions"] = message.base_instructions
-        if message.facts:
-            out["facts"] = list(message.facts)
-        if message.query is not None:
-            out["query"] = message.query
+        _frame_fields(out, message)
         out["last_turns"] = message.last_turns
     elif isinstance(message, LandmarkPin):
         out.update(index=message.index, kind=message.kind, source=message.source)
@@ -584,6 +569,16 @@ def message_dict(message: ClientMessage) -> dict[str, Any]:
     elif isinstance(message, LandmarkUnpin):
         out["index"] = message.index
     return out
+
+
+def _frame_fields(out: dict[str, Any], message: ContextGet | ContextOverflow | SessionHandoff) -> None:
+    """What frames a context, for every message that asks for one: base instructions, facts, query."""
+    if message.base_instructions:
+        out["base_instructions"] = message.base_instructions
+    if message.facts:
+        out["facts"] = list(message.facts)
+    if message.query is not None:
+        out["query"] = message.query
 
 
 def turn_wire(t: Turn) -> dict[str, Any]:
