@@ -11,7 +11,8 @@
    floor) and against ``context.get`` while a slow fold is in flight.
 5. The OpenAI Realtime integration: what one user turn costs (the turn stored,
    the context fetched, the ``session.update`` handed to the realtime socket)
-   against the client's ping and its append alone.
+   against the client's ping and its append alone; and what the pipecat
+   processor adds to one LLM run (the new words stored, the context fetched).
 6. Recall on the reply path: a 5,000-turn session (the text of the project's
    own recordings, each turn numbered), a context with a query (recall over the
    whole history, then the budget) against the same context with recall off:
@@ -241,6 +242,44 @@ async def bench_realtime(n: int) -> None:
         print(row("a user turn: append, context.get, session.update", turns, pings))
         chars = sum(len(str(e["session"])) for e in sent) / len(sent)  # type: ignore[index]
         print(f"{'':<52} (instructions sent: {chars:,.0f} chars on average, {2 * n:,} turns stored)")
+
+
+async def bench_pipecat(n: int) -> None:
+    """What the pipecat processor adds to an LLM run: the new words stored, the context fetched
+    and a fresh LLM context built, against the frame passing through untouched."""
+    import tempfile
+
+    from pipecat.frames.frames import LLMContextFrame
+    from pipecat.processors.aggregators.llm_context import LLMContext
+
+    from voice_context.config import Settings
+    from voice_context.integrations.pipecat import VoiceContextProcessor
+    from voice_context.server import Server
+
+    print("== pipecat processor: one LLM run (real server on 127.0.0.1, SQLite)")
+    texts = recorded_texts()
+    with tempfile.TemporaryDirectory() as tmp:
+        unlimited = {"port": 0, "turns_per_second": 1e6, "turn_burst": 1_000_000}
+        settings = Settings().with_values("server", unlimited)
+        settings = settings.with_values("store", {"url": f"sqlite:///{tmp}/bench.db"})
+        async with Server(settings) as server:
+            processor = VoiceContextProcessor(server.url, session="call", budget_chars=8000, timeout=5)
+            messages: list[dict[str, str]] = [{"role": "system", "content": "You are Nova."}]
+            bare, run = [], []
+            for k in range(n):
+                messages.append({"role": "assistant", "content": f"{texts[k % len(texts)][1]} ({k})"})
+                messages.append({"role": "user", "content": texts[(k + 1) % len(texts)][1]})
+                frame = LLMContextFrame(context=LLMContext(messages=list(messages)))  # type: ignore[arg-type]
+                t0 = time.perf_counter()
+                frame.context.get_messages()  # what a pipeline without the processor does with it
+                bare.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                await processor._with_memory(frame)
+                run.append(time.perf_counter() - t0)
+            await processor._close()
+            assert processor.fallbacks == 0
+    print(row("the frame passed on as it is", bare))
+    print(row("with voice-context: 2 turns stored, context fetched", run))
 
 
 def recorded_texts() -> list[tuple[str, str]]:
@@ -517,6 +556,7 @@ def main() -> None:
     anyio.run(bench_manager, args.n, args.delay, args.sessions)
     anyio.run(bench_wire, args.n, args.delay)
     anyio.run(bench_realtime, min(args.n, 1000))
+    anyio.run(bench_pipecat, min(args.n, 1000))
 
 
 if __name__ == "__main__":
