@@ -6,18 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pipecat.frames.frames import LLMContextFrame, VisionTextFrame
+from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.tests.utils import run_test
 from serving import running, settings
 from structlog.testing import capture_logs
 
-pytest.importorskip("pipecat", reason="the pipecat extra")
-
-from pipecat.frames.frames import LLMContextFrame, VisionTextFrame  # noqa: E402
-from pipecat.processors.aggregators.llm_context import LLMContext  # noqa: E402
-from pipecat.tests.utils import run_test  # noqa: E402
-
-from voice_context.client import Client  # noqa: E402
-from voice_context.integrations.pipecat import VoiceContextProcessor  # noqa: E402
-from voice_context.summarizers.deterministic import DeterministicSummarizer  # noqa: E402
+from voice_context.client import Client
+from voice_context.integrations.pipecat import VoiceContextProcessor
+from voice_context.summarizers.deterministic import DeterministicSummarizer
 
 SYSTEM = {"role": "system", "content": "You are Nova, a travel agent."}
 TALK: list[dict[str, Any]] = [
@@ -36,7 +33,10 @@ def frame(messages: list[dict[str, Any]]) -> LLMContextFrame:
 async def test_each_llm_run_stores_the_new_words_and_gets_the_remembered_context() -> None:
     async with running(settings(), summarizer=DeterministicSummarizer()) as server:
         processor = VoiceContextProcessor(server.url, session="call-7", budget_chars=4000, timeout=5)
-        first, second = frame(TALK), frame([*TALK, {"role": "assistant", "content": "Two window seats, noted."}])
+        first, second = (
+            frame(TALK),
+            frame([*TALK, {"role": "assistant", "content": "Two window seats, noted."}]),
+        )
         down, _ = await run_test(
             processor,
             frames_to_send=[first, VisionTextFrame(text="a seat map of a plane"), second],
