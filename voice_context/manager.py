@@ -274,6 +274,10 @@ class SessionManager:
     def in_flight(self) -> int:
         return self._in_flight
 
+    def owner(self, name: str) -> str | None:
+        """Who owns a live session (``None``: opened without a token)."""
+        return self._get(name, None, check_owner=False).owner
+
     def names(self) -> list[str]:
         return list(self._live)
 

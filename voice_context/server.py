@@ -48,7 +48,7 @@ from http import HTTPStatus
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
-from urllib.parse import quote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import anyio
 import anyio.to_thread
@@ -63,7 +63,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
-from voice_context import codec
+from voice_context import codec, inspector
 from voice_context.codec import (
     BAD_REQUEST,
     INTERNAL,
@@ -359,6 +359,7 @@ class Server:
         self._store = store
         self._monotonic = monotonic
         self.metrics = Metrics()
+        self._journal = inspector.Journal()
         self._manager: SessionManager | None = None
         self._ws: WebsocketServer | None = None
         self._tg: TaskGroup | None = None
@@ -432,6 +433,7 @@ class Server:
                 embedder=await anyio.to_thread.run_sync(load_embedder, self.settings.recall.embedder),
             )
             self._manager = await stack.enter_async_context(manager)
+            manager.add_listener(self._journal.compaction)
             self.metrics.watch_manager(
                 lambda: manager.counters,
                 lambda: manager.sessions,
@@ -545,6 +547,8 @@ class Server:
             return _response(status, orjson.dumps(health), "application/json")
         if path == "/metrics":
             return _response(HTTPStatus.OK, self.metrics.render(), CONTENT_TYPE)
+        if path == "/inspector" or path.startswith("/inspector/"):
+            return self._inspector(path, request)
         if path != PATH:
             missing = {"type": "error", "code": "not_found", "message": f"no such path: {path}"}
             return _response(HTTPStatus.NOT_FOUND, orjson.dumps(missing), "application/json")
@@ -586,6 +590,35 @@ class Server:
             )
             return _response(HTTPStatus.SERVICE_UNAVAILABLE, full.encode(), "application/json")
         return None
+
+    def _inspector(self, path: str, request: Request) -> Response:
+        """The read-only inspector (:mod:`voice_context.inspector`), behind the same tokens: a
+        token comes as ``Authorization: Bearer`` or, for a browser, as ``?token=``."""
+        tokens = self.settings.server.auth_tokens
+        asked = parse_qs(urlsplit(request.path).query).get("token", [])
+        token = bearer_token(request.headers) or (asked[0] if asked else None)
+        if tokens and not token_matches(token, tokens):
+            self.metrics.errors.labels(code=UNAUTHORIZED).inc()
+            denied = codec.encode_error(UNAUTHORIZED, "the inspector needs a valid token (?token=...)")
+            return _response(HTTPStatus.UNAUTHORIZED, denied.encode(), "application/json")
+        owner = owner_of(token) if tokens else None
+        manager = self._manager
+        if path == "/inspector":
+            return _response(HTTPStatus.OK, inspector.page(), "text/html; charset=utf-8")
+        if manager is not None and path == "/inspector/api/sessions":
+            listed = orjson.dumps(inspector.session_list(manager, owner))
+            return _response(HTTPStatus.OK, listed, "application/json")
+        prefix = "/inspector/api/sessions/"
+        if manager is not None and path.startswith(prefix):
+            name = unquote(path[len(prefix) :])
+            try:
+                view = inspector.session_view(manager, name, owner, self._journal)
+            except UnknownSession:
+                missing = codec.encode_error(UNKNOWN_SESSION, f"no live session {name!r} here")
+                return _response(HTTPStatus.NOT_FOUND, missing.encode(), "application/json")
+            return _response(HTTPStatus.OK, orjson.dumps(view), "application/json")
+        missing = codec.encode_error("not_found", f"no such path: {path}")
+        return _response(HTTPStatus.NOT_FOUND, missing.encode(), "application/json")
 
     # -- one connection ----------------------------------------------------------------
 
@@ -822,6 +855,7 @@ class Server:
             )
             in_flight = manager.state(name, owner=owner).in_flight is not None
             self.metrics.context_latency.observe(time.perf_counter() - started)
+            self._journal.context(name, ctx)
             return codec.encode_context(name, ctx, in_flight=in_flight, msg_id=message.id), True
         if isinstance(message, SessionStateGet):
             return codec.encode_state(name, manager.state(name, owner=owner), message.id), True
@@ -845,6 +879,7 @@ class Server:
                 "cursor": ctx.cursor,
                 "folded": (applied.new_cursor - applied.old_cursor) if applied else 0,
             }
+            self._journal.context(name, ctx)
             return codec.encode_context(
                 name, ctx, in_flight=in_flight, msg_id=message.id, emergency=folded
             ), True
