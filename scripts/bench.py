@@ -12,7 +12,8 @@
 5. The OpenAI Realtime integration: what one user turn costs (the turn stored,
    the context fetched, the ``session.update`` handed to the realtime socket)
    against the client's ping and its append alone; and what the pipecat
-   processor adds to one LLM run (the new words stored, the context fetched).
+   processor adds to one LLM run (the new words stored, the context fetched), and
+   what the LiveKit Agents hooks add to one reply.
 6. Recall on the reply path: a 5,000-turn session (the text of the project's
    own recordings, each turn numbered), a context with a query (recall over the
    whole history, then the budget) against the same context with recall off:
@@ -280,6 +281,41 @@ async def bench_pipecat(n: int) -> None:
             assert processor.fallbacks == 0
     print(row("the frame passed on as it is", bare))
     print(row("with voice-context: 2 turns stored, context fetched", run))
+
+
+async def bench_livekit(n: int) -> None:
+    """What the LiveKit hooks add to a reply: the new turns stored and the memory put into a copy
+    of the chat context (``VoiceContextMemory.update``)."""
+    import tempfile
+
+    from livekit.agents import llm
+
+    from voice_context.config import Settings
+    from voice_context.integrations.livekit import VoiceContextMemory
+    from voice_context.server import Server
+
+    print("== LiveKit Agents hooks: one reply (real server on 127.0.0.1, SQLite)")
+    texts = recorded_texts()
+    with tempfile.TemporaryDirectory() as tmp:
+        unlimited = {"port": 0, "turns_per_second": 1e6, "turn_burst": 1_000_000}
+        settings = Settings().with_values("server", unlimited)
+        settings = settings.with_values("store", {"url": f"sqlite:///{tmp}/bench.db"})
+        async with Server(settings) as server:
+            memory = VoiceContextMemory(server.url, session="call", budget_chars=8000, timeout=5)
+            chat = llm.ChatContext()
+            chat.add_message(role="system", content="You are Nova.")
+            run = []
+            for k in range(n):
+                for role in ("assistant", "user"):
+                    said = texts[(k + (role == "user")) % len(texts)][1]
+                    message = chat.add_message(role=role, content=f"{said} ({k})")
+                    memory._added(type("Added", (), {"item": message})())
+                t0 = time.perf_counter()
+                await memory.update(chat)
+                run.append(time.perf_counter() - t0)
+            await memory.aclose()
+            assert memory.fallbacks == 0
+    print(row("update: 2 turns stored, memory put in the context", run))
 
 
 def recorded_texts() -> list[tuple[str, str]]:
@@ -557,6 +593,7 @@ def main() -> None:
     anyio.run(bench_wire, args.n, args.delay)
     anyio.run(bench_realtime, min(args.n, 1000))
     anyio.run(bench_pipecat, min(args.n, 1000))
+    anyio.run(bench_livekit, min(args.n, 1000))
 
 
 if __name__ == "__main__":
