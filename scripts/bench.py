@@ -55,6 +55,7 @@ import anyio.to_thread
 import structlog
 
 from voice_context import DeterministicSummarizer, SessionConfig, SessionManager, Turn
+from voice_context.config import Settings
 from voice_context.core.budget import build_context
 from voice_context.core.session import Session
 from voice_context.recall.index import RecallIndex, recall_candidates
@@ -196,6 +197,16 @@ async def bench_wire(n: int, delay: float) -> None:
         print(row(f"context.get, a {delay:g}s fold in flight", busy, idle))
 
 
+def sqlite_serving(folder: str) -> Settings:
+    """Settings to serve on a free port with the default store in ``folder``, with no rate limit."""
+    unlimited = {"port": 0, "turns_per_second": 1e6, "turn_burst": 1_000_000}
+    return (
+        Settings()
+        .with_values("server", unlimited)
+        .with_values("store", {"url": f"sqlite:///{folder}/bench.db"})
+    )
+
+
 async def bench_realtime(n: int) -> None:
     """What the OpenAI Realtime integration adds per user turn: the turn stored, the context
     fetched and the session.update handed to the realtime socket, against the same client's
@@ -203,17 +214,13 @@ async def bench_realtime(n: int) -> None:
     import tempfile
 
     from voice_context.client import Client
-    from voice_context.config import Settings
     from voice_context.integrations.openai_realtime import RealtimeMemory
     from voice_context.server import Server
 
     print("== OpenAI Realtime integration: one user turn (real server on 127.0.0.1, SQLite)")
     texts = recorded_texts()
     with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings().with_values(
-            "server", {"port": 0, "turns_per_second": 1e6, "turn_burst": 1_000_000}
-        )
-        settings = settings.with_values("store", {"url": f"sqlite:///{tmp}/bench.db"})
+        settings = sqlite_serving(tmp)
         async with Server(settings) as server, Client(server.url) as client:
             room = await client.open("call")
             sent: list[dict[str, object]] = []
@@ -253,16 +260,13 @@ async def bench_pipecat(n: int) -> None:
     from pipecat.frames.frames import LLMContextFrame
     from pipecat.processors.aggregators.llm_context import LLMContext
 
-    from voice_context.config import Settings
     from voice_context.integrations.pipecat import VoiceContextProcessor
     from voice_context.server import Server
 
     print("== pipecat processor: one LLM run (real server on 127.0.0.1, SQLite)")
     texts = recorded_texts()
     with tempfile.TemporaryDirectory() as tmp:
-        unlimited = {"port": 0, "turns_per_second": 1e6, "turn_burst": 1_000_000}
-        settings = Settings().with_values("server", unlimited)
-        settings = settings.with_values("store", {"url": f"sqlite:///{tmp}/bench.db"})
+        settings = sqlite_serving(tmp)
         async with Server(settings) as server:
             processor = VoiceContextProcessor(server.url, session="call", budget_chars=8000, timeout=5)
             messages: list[dict[str, str]] = [{"role": "system", "content": "You are Nova."}]
@@ -277,7 +281,7 @@ async def bench_pipecat(n: int) -> None:
                 t0 = time.perf_counter()
                 await processor._with_memory(frame)
                 run.append(time.perf_counter() - t0)
-            await processor._close()
+            await processor.aclose()
             assert processor.fallbacks == 0
     print(row("the frame passed on as it is", bare))
     print(row("with voice-context: 2 turns stored, context fetched", run))
@@ -290,16 +294,13 @@ async def bench_livekit(n: int) -> None:
 
     from livekit.agents import llm
 
-    from voice_context.config import Settings
     from voice_context.integrations.livekit import VoiceContextMemory
     from voice_context.server import Server
 
     print("== LiveKit Agents hooks: one reply (real server on 127.0.0.1, SQLite)")
     texts = recorded_texts()
     with tempfile.TemporaryDirectory() as tmp:
-        unlimited = {"port": 0, "turns_per_second": 1e6, "turn_burst": 1_000_000}
-        settings = Settings().with_values("server", unlimited)
-        settings = settings.with_values("store", {"url": f"sqlite:///{tmp}/bench.db"})
+        settings = sqlite_serving(tmp)
         async with Server(settings) as server:
             memory = VoiceContextMemory(server.url, session="call", budget_chars=8000, timeout=5)
             chat = llm.ChatContext()

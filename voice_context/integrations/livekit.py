@@ -32,7 +32,6 @@ Needs the ``livekit`` extra (``pip install 'voice-context[livekit]'``).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from typing import Any
@@ -41,8 +40,9 @@ import anyio
 import structlog
 from livekit.agents import AgentSession, llm
 
-from voice_context.client import Client, SessionHandle
-from voice_context.errors import ConnectionLost, VoiceContextError
+from voice_context.client import SessionHandle
+from voice_context.errors import VoiceContextError
+from voice_context.integrations._held import HeldSession
 
 __all__ = ["VoiceContextMemory"]
 
@@ -73,11 +73,7 @@ class VoiceContextMemory:
         self.updates = 0
         self.fallbacks = 0
         self._waiting: list[tuple[str, str, str, str]] = []  # (speaker, role, text, id), oldest first
-        self._client: Client | None = None
-        self._room: SessionHandle | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._ready = asyncio.Event()
-        self._stop = asyncio.Event()
+        self._held = HeldSession(url, session, token=token, close_timeout=timeout + 1)
 
     def __repr__(self) -> str:
         return f"<VoiceContextMemory {self.session!r} updates={self.updates} fallbacks={self.fallbacks}>"
@@ -99,7 +95,7 @@ class VoiceContextMemory:
         itself when voice-context does not answer within ``timeout``)."""
         try:
             with anyio.fail_after(self.timeout):
-                room = await self._open()
+                room = await self._held.open()
                 await self._flush(room)
                 reply = await room.context("messages", self.budget_chars, query=_last_user_text(chat_ctx))
         except (TimeoutError, OSError, VoiceContextError) as exc:
@@ -134,38 +130,8 @@ class VoiceContextMemory:
         if self._waiting:
             lost = (TimeoutError, OSError, VoiceContextError)
             with contextlib.suppress(*lost), anyio.fail_after(self.timeout):
-                await self._flush(await self._open())
-        task, self._task = self._task, None
-        if task is None:
-            return
-        self._stop.set()
-        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(task, self.timeout + 1)
-
-    async def _open(self) -> SessionHandle:
-        """The session, over a client that lives in a task of its own."""
-        if self._room is not None and self._client is not None and self._client.connected:
-            return self._room
-        if self._task is None or self._task.done():
-            self._ready, self._stop = asyncio.Event(), asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self._hold(self._ready, self._stop))
-        await self._ready.wait()
-        if self._room is None:
-            raise ConnectionLost(f"voice-context at {self.url} is not reachable")
-        return self._room
-
-    async def _hold(self, ready: asyncio.Event, stop: asyncio.Event) -> None:
-        try:
-            async with Client(self.url, token=self.token, reconnect=False) as client:
-                room = await client.open(self.session)
-                self._client, self._room = client, room
-                ready.set()
-                await stop.wait()
-        except Exception as exc:  # unreachable, refused, dropped: the next reply tries again
-            log.warning("voice_context_livekit_unreachable", session=self.session, error=repr(exc))
-        finally:
-            self._client = self._room = None
-            ready.set()
+                await self._flush(await self._held.open())
+        await self._held.close()
 
 
 def _last_user_text(chat_ctx: llm.ChatContext) -> str | None:

@@ -34,8 +34,6 @@ Needs the ``pipecat`` extra (``pip install 'voice-context[pipecat]'``).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from typing import Any
 
@@ -52,8 +50,9 @@ from pipecat.frames.frames import (
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
-from voice_context.client import Client, SessionHandle
-from voice_context.errors import ConnectionLost, VoiceContextError
+from voice_context.client import SessionHandle
+from voice_context.errors import VoiceContextError
+from voice_context.integrations._held import HeldSession
 
 __all__ = ["VoiceContextProcessor"]
 
@@ -100,11 +99,7 @@ class VoiceContextProcessor(FrameProcessor):
         """How many of the pipeline context's messages are stored as turns."""
         self.replaced = 0
         self.fallbacks = 0
-        self._client: Client | None = None
-        self._room: SessionHandle | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._ready = asyncio.Event()
-        self._stop = asyncio.Event()
+        self._held = HeldSession(url, session, token=token, close_timeout=timeout + 1)
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
@@ -113,7 +108,7 @@ class VoiceContextProcessor(FrameProcessor):
         elif isinstance(frame, VisionTextFrame) and direction == FrameDirection.DOWNSTREAM:
             await self.note(frame.text, source="vision")
         elif isinstance(frame, EndFrame | CancelFrame):
-            await self._close()
+            await self.aclose()
         elif isinstance(frame, StartFrame):
             pass
         await self.push_frame(frame, direction)
@@ -123,7 +118,7 @@ class VoiceContextProcessor(FrameProcessor):
         did not take it within ``timeout``."""
         try:
             with anyio.fail_after(self.timeout):
-                room = await self._open()
+                room = await self._held.open()
                 await room.append_note(text, speaker=speaker, source=source)
         except (TimeoutError, OSError, VoiceContextError) as exc:
             log.warning("voice_context_pipecat_note_lost", session=self.session, error=repr(exc))
@@ -132,13 +127,17 @@ class VoiceContextProcessor(FrameProcessor):
 
     async def cleanup(self) -> None:
         await super().cleanup()  # type: ignore[no-untyped-call]
-        await self._close()
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection to voice-context (pipecat's ``cleanup`` and an ``EndFrame`` do)."""
+        await self._held.close()
 
     async def _with_memory(self, frame: LLMContextFrame) -> LLMContextFrame:
         messages = list(frame.context.get_messages())
         try:
             with anyio.fail_after(self.timeout):
-                room = await self._open()
+                room = await self._held.open()
                 await self._store(room, messages)
                 reply = await room.context("messages", self.budget_chars)
         except (TimeoutError, OSError, VoiceContextError) as exc:
@@ -169,37 +168,3 @@ class VoiceContextProcessor(FrameProcessor):
                 turn_id = f"pipecat-{self.session}-{index}"  # a retry of a stored message is a no-op
                 await room.append_turn(speaker, role, text, at=time.time(), id=turn_id)
             self.seen = index + 1
-
-    async def _open(self) -> SessionHandle:
-        """The session, over a client that lives in a task of its own (a client's lifetime is
-        one task's, and pipecat handles frames and cleanup in different tasks)."""
-        if self._room is not None and self._client is not None and self._client.connected:
-            return self._room
-        if self._task is None or self._task.done():
-            self._ready, self._stop = asyncio.Event(), asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self._hold(self._ready, self._stop))
-        await self._ready.wait()
-        if self._room is None:
-            raise ConnectionLost(f"voice-context at {self.url} is not reachable")
-        return self._room
-
-    async def _hold(self, ready: asyncio.Event, stop: asyncio.Event) -> None:
-        try:
-            async with Client(self.url, token=self.token, reconnect=False) as client:
-                room = await client.open(self.session)
-                self._client, self._room = client, room
-                ready.set()
-                await stop.wait()
-        except Exception as exc:  # unreachable, refused, dropped: the next LLM run tries again
-            log.warning("voice_context_pipecat_unreachable", session=self.session, error=repr(exc))
-        finally:
-            self._client = self._room = None
-            ready.set()
-
-    async def _close(self) -> None:
-        task, self._task = self._task, None
-        if task is None:
-            return
-        self._stop.set()
-        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(task, self.timeout + 1)
