@@ -571,3 +571,36 @@ async def test_a_model_that_never_folds_loses_no_turn_of_a_replayed_session(
     summary = result.contexts[-1]["response"]["summary"]
     first = result.turns["raid-night"][0]
     assert summary.startswith(f"[{datetime.fromtimestamp(first.at, tz=UTC):%-d %B %Y, %H:%M}] ")
+
+
+TRIP = (
+    "Priya booked the Lisbon flights for 14 June. Marco joins on Saturday with Lena. "
+    "The deposit is 120 euros."
+)
+
+
+def test_a_fold_that_hands_back_the_batch_alone_dropped_the_previous_summary() -> None:
+    digest = "[1 May 2024, 14:03] Alice: Let's do the dragon raid tonight, I'll bring potions."
+    trip = request(previous_summary=TRIP)
+    batch_alone = "Alice plans the dragon raid tonight and brings potions."
+    assert missing_batch(trip, batch_alone, digest) == "drops the previous summary"
+    folded = (
+        "Priya booked Lisbon flights for 14 June; Marco and Lena join Saturday. Alice plans the dragon raid."
+    )
+    assert missing_batch(trip, folded, digest) is None
+    # a summary near its ceiling may be condensed harder: a quarter of its anchors will do
+    crowded = request(previous_summary=TRIP, max_chars=len(TRIP) + 10)
+    assert missing_batch(crowded, "Priya booked Lisbon. Alice plans the dragon raid.", digest) is None
+
+
+@pytest.mark.asyncio
+async def test_a_model_that_drops_the_previous_summary_failed_and_the_summary_is_kept(
+    server: OpenAIServer, logs: list[MutableMapping[str, Any]]
+) -> None:
+    server.script(Reply("Alice plans the dragon raid tonight; Bob asks who is tanking."))
+    async with summarizer_for(server) as summarizer:
+        summary = await summarizer.summarize(request(previous_summary=TRIP))
+    assert summary.startswith(TRIP)
+    assert "[1 May 2024, 14:03] Alice: Let's do the dragon raid tonight" in summary
+    [rejected] = [e for e in logs if e["event"] == "summary_fold_rejected"]
+    assert rejected["reason"] == "drops the previous summary"

@@ -7,7 +7,9 @@ happened, by what the batch adds: the names, numbers and dates (its *anchors*)
 and the other content words of its dated digest (the deterministic
 summarizer's lines for it, their heads set aside) that the previous summary did not already hold. A
 summary that holds none of them, or is the previous one, has not folded the
-batch. Nor has one that copies its prompt (a tiny model may hand back the
+batch. Nor has one that drops the previous summary (keeps fewer than half of its
+anchors, a quarter when it had to condense a summary near its ceiling), nor one
+that copies its prompt (a tiny model may hand back the
 prompt's fences, ``<<<TRANSCRIPT``, or its transcript lines, ``[#12 2024-05-01
 14:03:07]``): it holds the batch's words, but as an echo, not a summary.
 """
@@ -20,7 +22,7 @@ from voice_context.core.text import normalize
 from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.deterministic import content_words
 
-__all__ = ["anchors", "missing_batch"]
+__all__ = ["anchors", "dropped_previous", "missing_batch"]
 
 _TIME = re.compile(r"\b\d{1,2}:\d{2}\b")
 _ECHO = re.compile(r"<<<[A-Z_]+\b|\b[A-Z_]+>>>|\[#\d+ \d{4}-\d{2}-\d{2} \d{2}:\d{2}(?::\d{2})?\]")
@@ -64,4 +66,25 @@ def missing_batch(request: SummaryRequest, summary: str, digest: str) -> str | N
     after = anchors(summary) | set(content_words(summary))
     if new and not new & after:
         return "none of the batch's names, numbers, dates or words"
+    return dropped_previous(request, summary)
+
+
+KEPT_SHARE = 0.5
+"""A fold keeps at least this share of the previous summary's names, numbers and dates (half
+of that when the previous summary is near its ceiling and the fold has to condense it)."""
+MIN_ANCHORS = 4
+"""A previous summary with fewer anchors than this is too slight to judge by them."""
+
+
+def dropped_previous(request: SummaryRequest, summary: str) -> str | None:
+    """Why ``summary`` does not carry the previous summary, or ``None`` when it does: a model
+    asked to fold a batch in may hand back the batch alone, and everything summarized before
+    it would be lost with the next fold."""
+    before = anchors(request.previous_summary)
+    if len(before) < MIN_ANCHORS:
+        return None
+    crowded = len(request.previous_summary) >= 0.8 * request.max_chars
+    share = KEPT_SHARE / 2 if crowded else KEPT_SHARE
+    if len(before & anchors(summary)) < share * len(before):
+        return "drops the previous summary"
     return None
