@@ -21,10 +21,12 @@ from voice_context.scoring import (
     number_terms,
     parse_probes,
     recent_turns,
+    response_budget,
     score_contexts,
     score_questions,
     tail_baseline,
 )
+from voice_context.tokenizers import load_tokenizer
 
 T0 = 1714572187.0
 TURNS = [
@@ -151,6 +153,21 @@ def test_the_baselines_are_dated_as_the_transcript_is_and_scored_at_the_same_bud
     assert summary["methods"]["full"]["speaker"] == 1.0
     # the one checkpoint is also the final one
     assert summary["buckets"]["final"]["methods"]["ours"]["recall"] == pytest.approx(ours_recall)
+
+
+def test_under_a_token_budget_the_baselines_are_held_to_it_in_the_same_tokenizer() -> None:
+    counter = load_tokenizer("o200k_base")
+    lines = conversation().lines
+    response = {"budget_chars": 10**9, "budget_tokens": 30, "tokenizer": "o200k_base"}
+    budget, measure = response_budget(response)
+    assert budget == 30 and measure("Alice: hello") == counter.count("Alice: hello")
+    for baseline in (tail_baseline, head_tail_baseline):
+        text, kept = baseline(lines, budget, "", (), measure)
+        assert counter.count(text) <= 30 < counter.count(full_baseline(lines))
+        if kept != lines:  # one more of the newest lines would not have fitted
+            more = [line for line in lines if line not in kept][-1:]
+            assert counter.count(full_baseline(sorted([*kept, *more], key=lambda line: line.seq))) > 30
+    assert response_budget({"budget_chars": 500}) == (500, len)
 
 
 def test_a_session_gap_opens_a_new_date_line() -> None:

@@ -227,6 +227,7 @@ class OfflineReplay:
         config: SessionConfig | None = None,
         overrides: Mapping[str, Any] | None = None,
         budget_chars: int | None = None,
+        budget_tokens: int | None = None,
         questions: Sequence[tuple[str, str]] = (),
         embedder: Any = None,
     ) -> None:
@@ -235,6 +236,7 @@ class OfflineReplay:
         self.config = config or session_defaults(summarizer)
         self.overrides = dict(overrides or {})
         self.budget_chars = budget_chars
+        self.budget_tokens = budget_tokens
         self.questions = tuple(questions)
 
     async def run(self, recording: Recording) -> ReplayResult:
@@ -321,7 +323,7 @@ class OfflineReplay:
         if probe is None:
             state.last_request = (sent, message)
         budget = self.budget_chars if self.budget_chars is not None else message.budget_chars
-        budget_tokens = message.budget_tokens
+        budget_tokens = self.budget_tokens if self.budget_tokens is not None else message.budget_tokens
         counter = load_tokenizer(session.config.tokenizer) if budget_tokens is not None else None
         if probe is None:
             fill = FillBudget(
@@ -579,11 +581,13 @@ async def replay_file(
     *,
     values: Mapping[str, str] | None = None,
     budget_chars: int | None = None,
+    budget_tokens: int | None = None,
     summarizer: Summarizer | None = None,
     questions: Sequence[tuple[str, str]] = (),
 ) -> ReplayResult:
     """Replay one recording file offline with ``settings`` and the ``group.key`` ``values`` on top;
-    ``questions`` are asked at the end (see :class:`OfflineReplay`)."""
+    ``questions`` are asked at the end (see :class:`OfflineReplay`). ``budget_chars`` and
+    ``budget_tokens`` replace every request's own budgets."""
     point = apply_values(settings, values or {})
     summarizer = summarizer or make_summarizer(point.summarizer)
     engine = OfflineReplay(
@@ -591,6 +595,7 @@ async def replay_file(
         config=settings.session_config(summarizer),
         overrides=session_overrides(values or {}, point),
         budget_chars=budget_chars,
+        budget_tokens=budget_tokens,
         questions=questions,
         embedder=load_embedder(point.recall.embedder),
     )

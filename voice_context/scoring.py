@@ -21,7 +21,8 @@ one probe (an answer with evidence turns):
   the share of those that appear in the context.
 
 Scores are averaged over every (checkpoint, probe) pair that counts. The same
-pairs are scored, at the same char budget (the response's ``budget_chars``),
+pairs are scored, at the same budget (the response's ``budget_chars``, or its
+``budget_tokens`` in the tokenizer the context was counted in, when it had one),
 for baselines built from the recording itself, as lines ``Speaker: text``
 (and screen notes as rendered) under the request's base instructions and
 facts. The baselines carry what the real transcript carries: a line
@@ -57,7 +58,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -65,6 +66,7 @@ from typing import Any
 
 from voice_context.codec import NoteAppend, TurnAppend
 from voice_context.core.budget import FACTS_HEADER, RECENT_HEADER
+from voice_context.core.tokens import DEFAULT_TOKENIZER
 from voice_context.replay import Recording
 from voice_context.summarizers.deterministic import spoken_numbers
 
@@ -371,8 +373,8 @@ def _render(base: str, facts: Sequence[str], lines: Sequence[str], header: str =
     return "\n\n".join(sections)
 
 
-def _frame(base: str, facts: Sequence[str]) -> int:
-    return len(_render(base, facts, [""]))
+Measure = Callable[[str], int]
+"""How a budget counts a text: its chars (``len``), or a tokenizer's count."""
 
 
 def recent_turns(lines: Sequence[Line], shown: Sequence[Line]) -> int:
@@ -388,43 +390,57 @@ def recent_turns(lines: Sequence[Line], shown: Sequence[Line]) -> int:
     return count
 
 
-def _newest(lines: Sequence[Line], room: int, skip: frozenset[int] = frozenset()) -> list[Line]:
-    """The newest lines whose dated rendering fits ``room`` chars (joined by newlines)."""
-    kept: list[Line] = []
-    for k in range(len(lines) - 1, -1, -1):
-        if k in skip:
-            continue
-        trial = [lines[k], *kept]
-        if len("\n".join(_dated(trial))) > room:
-            break
-        kept = trial
-    return kept
+def _newest(
+    lines: Sequence[Line], fits: Callable[[list[Line]], bool], skip: frozenset[int] = frozenset()
+) -> list[Line]:
+    """The most newest lines (``skip`` aside) for which ``fits`` holds: a size only grows with
+    more lines, so the count is found by bisection."""
+    candidates = [lines[k] for k in range(len(lines)) if k not in skip]
+    low, high = 0, len(candidates)  # fits(low newest) holds; find the largest such count
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(candidates[len(candidates) - mid :]):
+            low = mid
+        else:
+            high = mid - 1
+    return candidates[len(candidates) - low :] if low else []
 
 
 def tail_baseline(
-    lines: Sequence[Line], budget: int | None, base: str = "", facts: Sequence[str] = ()
+    lines: Sequence[Line],
+    budget: int | None,
+    base: str = "",
+    facts: Sequence[str] = (),
+    measure: Measure = len,
 ) -> tuple[str, list[Line]]:
     """The newest lines that fit ``budget`` (all of them when ``budget`` is ``None``), dated."""
     if budget is None:
         return _render(base, facts, _dated(lines)), list(lines)
-    kept = _newest(lines, budget - _frame(base, facts))
+    kept = _newest(lines, lambda trial: measure(_render(base, facts, _dated(trial))) <= budget)
     return _render(base, facts, _dated(kept)), kept
 
 
 def head_tail_baseline(
-    lines: Sequence[Line], budget: int | None, base: str = "", facts: Sequence[str] = ()
+    lines: Sequence[Line],
+    budget: int | None,
+    base: str = "",
+    facts: Sequence[str] = (),
+    measure: Measure = len,
 ) -> tuple[str, list[Line]]:
     """The oldest lines up to half the budget, then the newest lines that fit the rest, dated."""
     if budget is None:
         return _render(base, facts, _dated(lines)), list(lines)
-    room = budget - _frame(base, facts)
+    room = budget - measure(_render(base, facts, [""]))
     head: list[Line] = []
     for line in lines:
-        if len("\n".join(_dated([*head, line]))) > room // 2:
+        if measure("\n".join(_dated([*head, line]))) > room // 2:
             break
         head.append(line)
-    used = len("\n".join(_dated(head))) + 1 if head else 0
-    tail = _newest(lines[len(head) :], room - used)
+
+    def fits(trial: list[Line]) -> bool:
+        return measure(_render(base, facts, [*_dated(head), *_dated(trial)])) <= budget
+
+    tail = _newest(lines[len(head) :], fits)
     return _render(base, facts, [*_dated(head), *_dated(tail)]), [*head, *tail]
 
 
@@ -458,32 +474,36 @@ def bm25_baseline(
     conv: Conversation,
     base: str = "",
     facts: Sequence[str] = (),
+    measure: Measure = len,
 ) -> tuple[str, list[Line]]:
     """Naive retrieval: the best BM25 lines for ``query`` in ``share`` of the budget, then the
     newest lines that fit the rest. Every line dated; without a budget, every line."""
     if budget is None:
         return _render(base, facts, _dated(lines)), list(lines)
-    room = budget - _frame(base, facts)
+    room = budget - measure(_render(base, facts, [""]))
     header = "Retrieved:"
     picked: list[int] = []
     retrieved_room = int(room * share)
     for k in _bm25_rank(lines, query, conv):
         trial = sorted([*picked, k])
-        if len(header) + 1 + len("\n".join(_dated([lines[j] for j in trial]))) + 2 > retrieved_room:
+        if measure(header + "\n" + "\n".join(_dated([lines[j] for j in trial]))) + 2 > retrieved_room:
             continue
         picked = trial
     retrieved = [lines[j] for j in picked]
     block = (header + "\n" + "\n".join(_dated(retrieved))) if retrieved else ""
-    used = len(block) + 2 if block else 0
-    recent = _newest(lines, room - used, frozenset(picked))
-    sections = [base] if base else []
-    if facts:
-        sections.append(FACTS_HEADER + "\n" + "\n".join(f"- {f}" for f in facts))
-    if block:
-        sections.append(block)
-    if recent:
-        sections.append(RECENT_HEADER + "\n" + "\n".join(_dated(recent)))
-    return "\n\n".join(sections), [*retrieved, *recent]
+
+    def render(recent: list[Line]) -> str:
+        sections = [base] if base else []
+        if facts:
+            sections.append(FACTS_HEADER + "\n" + "\n".join(f"- {f}" for f in facts))
+        if block:
+            sections.append(block)
+        if recent:
+            sections.append(RECENT_HEADER + "\n" + "\n".join(_dated(recent)))
+        return "\n\n".join(sections)
+
+    recent = _newest(lines, lambda trial: measure(render(trial)) <= budget, frozenset(picked))
+    return render(recent), [*retrieved, *recent]
 
 
 def full_baseline(lines: Sequence[Line], base: str = "", facts: Sequence[str] = ()) -> str:
@@ -597,6 +617,19 @@ def _request_frame(record: Mapping[str, Any]) -> tuple[str, list[str]]:
     return base, facts
 
 
+def response_budget(response: Mapping[str, Any]) -> tuple[int | None, Measure]:
+    """The budget the baselines get, and how it counts: a token budget in the tokenizer our
+    context was counted in when the request had one, else the char budget."""
+    tokens = response.get("budget_tokens")
+    if isinstance(tokens, int) and not isinstance(tokens, bool):
+        from voice_context.tokenizers import load_tokenizer
+
+        name = str(response.get("tokenizer") or DEFAULT_TOKENIZER)
+        return tokens, load_tokenizer("chars" if name.startswith("chars") else name).count
+    budget = response.get("budget_chars")
+    return (budget if isinstance(budget, int) else None), len
+
+
 def _method_texts(
     response: Mapping[str, Any],
     lines: Sequence[Line],
@@ -606,12 +639,11 @@ def _method_texts(
     facts: list[str],
 ) -> dict[str, tuple[str, int]]:
     """Every method's context text and the newest turns it shows verbatim."""
-    budget = response.get("budget_chars")
-    budget = budget if isinstance(budget, int) else None
-    tail, tail_lines = tail_baseline(lines, budget, base, facts)
-    head_tail, head_tail_lines = head_tail_baseline(lines, budget, base, facts)
-    bm10, bm10_lines = bm25_baseline(lines, budget, query, 0.1, conv, base, facts)
-    bm30, bm30_lines = bm25_baseline(lines, budget, query, 0.3, conv, base, facts)
+    budget, measure = response_budget(response)
+    tail, tail_lines = tail_baseline(lines, budget, base, facts, measure)
+    head_tail, head_tail_lines = head_tail_baseline(lines, budget, base, facts, measure)
+    bm10, bm10_lines = bm25_baseline(lines, budget, query, 0.1, conv, base, facts, measure)
+    bm30, bm30_lines = bm25_baseline(lines, budget, query, 0.3, conv, base, facts, measure)
     turns = [line for line in lines if line.turn is not None]
     return {
         "ours": (context_text(response), int(response.get("turns_shown", 0) or 0)),
@@ -706,8 +738,8 @@ def score_questions(questions: Sequence[Mapping[str, Any]], probes: ProbeSet, co
         base, facts = _request_frame(record)
         seq = int(record.get("seq", 1 << 60))
         lines = [line for line in conv.lines if line.seq < seq]
-        budget = response.get("budget_chars")
-        _, tail_lines = tail_baseline(lines, budget if isinstance(budget, int) else None, base, facts)
+        budget, measure = response_budget(response)
+        _, tail_lines = tail_baseline(lines, budget, base, facts, measure)
         if {line.turn for line in tail_lines} >= set(evidence):
             continue  # the tail still shows it: nothing to recall
         texts = _method_texts(response, lines, probe.question, conv, base, facts)
@@ -739,6 +771,7 @@ __all__ = [
     "parse_probes",
     "read_probes",
     "recent_turns",
+    "response_budget",
     "score_contexts",
     "score_probe",
     "score_questions",
