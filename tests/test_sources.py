@@ -160,3 +160,28 @@ def test_sources_are_checked_when_the_config_is_read(tmp_path: Path) -> None:
         path.write_text(body)
         with pytest.raises(ConfigError, match=problem):
             load_settings(path, env={})
+
+
+@pytest.mark.asyncio
+async def test_a_session_that_compacts_continuously_asks_its_sources_every_few_exchanges(
+    calendar: str,
+) -> None:
+    """Continuous compaction is two settings: fold `batch_size` turns at a time, keeping
+    `recent_window` verbatim (here every 2 turns, keeping 4), and each fold asks the sources."""
+    served = settings()
+    summarizer = SourcedSummarizer(
+        DeterministicSummarizer(), [HTTPSource("calendar", f"{calendar}/calendar")]
+    )
+    async with running(served, summarizer=summarizer) as server, wire(server) as bot:
+        await bot.open("room-1", config={"recent_window": 4, "batch_size": 2})
+        for k in range(10):
+            await bot.append("room-1", k)
+            await bot.request("context.get", session="room-1")  # a reply after every turn
+        with anyio.fail_after(TIMEOUT):
+            while (await bot.request("session.state", session="room-1"))["cursor"] < 4:  # noqa: ASYNC110
+                await anyio.sleep(0.05)  # the server's folds land in their own time
+        reply = await bot.request("context.get", session="room-1", format="instructions", budget_chars=20_000)
+    windows = [body["from"] for path, body in Calendar.asked if path == "/calendar"]
+    assert len(windows) >= 2 and windows == sorted(windows), "a fold every two turns, each its own window"
+    assert "calendar (context source): Dentist at 2 pm" in reply["summary"]
+    await summarizer.aclose()
