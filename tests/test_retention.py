@@ -15,6 +15,7 @@ from serving import TIMEOUT, running, settings, wire
 
 from voice_context.config import Settings
 from voice_context.core.landmarks import Landmark
+from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note
 from voice_context.errors import ConfigError
 from voice_context.recall.index import indexed, note_passage, turn_passage
@@ -105,6 +106,7 @@ async def test_redis_sets_every_key_of_a_session_to_expire_together_on_each_writ
         await store.save_vectors("room-1", {0: b"v"})
         await store.save_landmark("room-1", Landmark(0, turn(0), "decision", "", "manual", 0.0))
         await store.save_notes("room-1", [], [])
+        await store.save_tier("room-1", TierSummary("session", 0.0, 1.0, 0, 1, "Ann: a map.", 0.0))
         keys = store.keys("room-1")
         assert await store.client.exists(*keys.kept) == len(keys.kept), "every key is there"
         for key in keys.kept:

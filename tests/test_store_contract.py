@@ -24,6 +24,7 @@ from redis.crc import key_slot
 
 from voice_context.core.landmarks import Landmark
 from voice_context.core.recalled import IndexedDoc
+from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import ConfigError, SessionNotStored, StoreError
 from voice_context.recall.index import index_terms, indexed, note_passage, turn_passage
@@ -1001,6 +1002,8 @@ async def test_a_version_1_file_gets_its_landmarks_and_tool_columns_and_keeps_it
     assert record is not None and record.total_turns == 2
     await upgraded.save_landmark("room-1", landmark(1))
     assert await upgraded.load_landmarks("room-1") == (landmark(1),)
+    assert await upgraded.save_tier("room-1", TierSummary("session", T0, T0 + 1, 0, 2, "both lines", T0))
+    assert [s.text for s in await upgraded.load_tiers("room-1")] == ["both lines"]
     await upgraded.aclose()
     with sqlite3.connect(tmp_path / "vc.db") as conn:
         assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
@@ -1017,3 +1020,56 @@ async def test_tool_calls_and_results_come_back_with_their_ids_names_and_argumen
     assert await store.read_turns("room-1", 0, 3) == [turn(0), call, result]
     record = await store.load("room-1")
     assert record is not None and record.turns[1:] == (call, result)
+
+
+# -- the tier cascade --------------------------------------------------------------
+
+
+def rolled(tier: str, start: float, first: int, end: int, text: str = "") -> TierSummary:
+    return TierSummary(tier, start, start + 3600, first, end, text or f"{tier} {first}..{end}", T0)  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_one_summary_is_kept_per_tier_and_period_and_an_older_roll_never_lands_over_a_newer(
+    store: Store,
+) -> None:
+    await a_session_with_turns(store, "room-1", 30)
+    assert await store.load_tiers("room-1") == ()
+
+    assert await store.save_tier("room-1", rolled("session", T0, 0, 10, "the first roll"))
+    assert not await store.save_tier("room-1", rolled("session", T0, 0, 10, "the same roll, again"))
+    assert await store.save_tier("room-1", rolled("session", T0, 0, 12, "after late turns"))
+    assert not await store.save_tier("room-1", rolled("session", T0, 0, 11, "an older roll, late"))
+    assert await store.save_tier("room-1", rolled("day", T0 - 100, 0, 12))
+    assert await store.save_tier("room-1", rolled("session", T0 + 7200, 12, 30))
+
+    kept = await store.load_tiers("room-1")
+    assert [(s.tier, s.first_turn, s.end_turn, s.text) for s in kept] == [
+        ("day", 0, 12, "day 0..12"),
+        ("session", 0, 12, "after late turns"),
+        ("session", 12, 30, "session 12..30"),
+    ]
+    assert await store.load_tiers("never-seen") == ()
+    with pytest.raises(SessionNotStored):
+        await store.save_tier("never-seen", rolled("session", T0, 0, 1))
+    await store.delete("room-1")
+    await store.create(SessionRecord("room-1"))
+    assert await store.load_tiers("room-1") == (), "a deleted session's summaries go with it"
+
+
+@pytest.mark.asyncio
+async def test_two_replicas_racing_for_one_roll_keep_exactly_one(durable: Backend) -> None:
+    first, second = durable.open(), durable.open()
+    await a_session_with_turns(first, "room-1", 10)
+    results: list[bool] = []
+
+    async def save(store: Store, text: str) -> None:
+        results.append(await store.save_tier("room-1", rolled("day", T0, 0, 10, text)))
+
+    async with anyio.create_task_group() as tg:
+        for k in range(6):
+            tg.start_soon(save, first if k % 2 else second, f"replica {k % 2}")
+    assert sorted(results) == [False] * 5 + [True]
+    [kept] = await second.load_tiers("room-1")
+    assert kept.text in ("replica 0", "replica 1")
+    assert await first.load_tiers("room-1") == (kept,)

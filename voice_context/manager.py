@@ -19,10 +19,11 @@ Leaving the block stops new compactions, gives those in flight
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, Literal, Self
 
@@ -58,10 +59,20 @@ from voice_context.core.session import (
     StartCompaction,
     SummaryReturned,
 )
+from voice_context.core.tiers import (
+    TIERS,
+    Tier,
+    TierSummary,
+    hidden_lines,
+    parse_zone,
+    rolled_through,
+    tiered_summary,
+)
 from voice_context.core.tokens import TokenCounter
 from voice_context.core.turns import Note, Turn
 from voice_context.core.window import FillBudget, Skip, SkipReason
 from voice_context.errors import (
+    ConfigError,
     ContextOverflow,
     SessionClosed,
     StoreError,
@@ -83,6 +94,7 @@ from voice_context.store.base import SessionRecord, Store
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 from voice_context.summarizers.fallback import emergency_fold
+from voice_context.tiering import RollReport, roll_tiers
 from voice_context.tokenizers import load_tokenizer
 
 log = structlog.get_logger("voice_context")
@@ -98,6 +110,9 @@ INDEX_BATCH = 256
 INDEX_SLACK = 8
 """A context waits for the background indexing only when more turns than this wait for it
 (a burst of appends): the newest few are shown verbatim anyway."""
+TIER_CHECK_SECONDS = 60.0
+"""How often (by the manager's clock) a session with tiers on checks for rolls made due by the
+time of day alone; a conversation that ends when a turn comes after a silence is rolled at once."""
 INDEX_WAIT = 2.0
 """The longest a context waits for that indexing (seconds) before it recalls without it."""
 
@@ -166,6 +181,13 @@ class _Live:
     overrides: dict[str, Any] = field(default_factory=dict)
     #: the last compaction skip logged at INFO (its reason, and the plan or backoff it was about)
     last_skip: tuple[SkipReason, object] | None = None
+    #: with tiers on: the session's rolled summaries, when they were last rolled, and the
+    #: roll in progress (one at a time per session here)
+    tiers: tuple[TierSummary, ...] = ()
+    tiers_checked: float = -math.inf
+    rolling: anyio.Lock = field(default_factory=anyio.Lock)
+    roll_again: bool = False
+    tier_index: tuple[tuple[TierSummary, ...], int, SummaryIndex] | None = None
 
 
 @dataclass(eq=False)
@@ -360,8 +382,11 @@ class SessionManager:
             resumed = False
         if self._closing:  # the shutdown began during the awaits above
             raise SessionClosed("the server is shutting down")
+        tiers = await self._tier_state(session) if session.config.tiers else ()
         # only opens insert sessions, and they hold this name's open lock
-        live = self._live.setdefault(name, _Live(session, owner, overrides=merged, recall=recall))
+        live = self._live.setdefault(
+            name, _Live(session, owner, overrides=merged, recall=recall, tiers=tiers)
+        )
         self._maybe_index(live)
         return Opened(name, resumed, live.session.stats())
 
@@ -378,6 +403,7 @@ class SessionManager:
         live = self._get(name, owner)
         async with live.lock:
             index = live.session.total_turns
+            before = self._last_at(live.session)
             try:
                 await self.store.append_turn(name, index, turn)
             except TurnConflict as conflict:
@@ -394,6 +420,9 @@ class SessionManager:
                     raise StoreError(text, retryable=True) from conflict
             index = live.session.append_turn(turn)
             self._maybe_index(live)
+            config = live.session.config
+            if config.tiers and before is not None and turn.at - before > config.conversation_gap_seconds:
+                self._maybe_roll(live, now=True)  # a conversation just ended: roll it
             found = live.session.landmark(index)
             if found is not None:
                 await self._save_landmark(name, found)
@@ -442,6 +471,7 @@ class SessionManager:
         if budget_chars is None and format == "instructions":
             budget_chars = live.session.config.instructions_budget_chars
         self._maybe_compact(live, FillBudget(budget_chars, budget_tokens, counter))
+        self._maybe_roll(live)
         session = live.session
         if session.total_turns - live.recall.indexed > INDEX_SLACK and live.recall.running:
             with anyio.move_on_after(INDEX_WAIT):  # a burst of appends: let recall see it
@@ -451,7 +481,7 @@ class SessionManager:
         older = await self._older(live, older_chars(budget_chars, budget_tokens))
         live = self._get(name, owner)  # decide again after the awaits
         return build_context(
-            live.session.view(),
+            self._view(live),
             format,
             budget_chars=budget_chars,
             budget_tokens=budget_tokens,
@@ -685,8 +715,17 @@ class SessionManager:
 
     async def close(self, name: str, *, owner: str | None = None) -> None:
         """Stop serving a session here. Its state stays in the store; a compaction in
-        flight is cancelled (the next one on reopen redoes it)."""
+        flight is cancelled (the next one on reopen redoes it). With tiers on, its open
+        conversation ends: it is rolled first (within ``close_timeout``; a roll left
+        undone is made by the next roll of the session, as the sweep does)."""
         live = self._get(name, owner)
+        if live.session.config.tiers and not self._closing:
+            with anyio.move_on_after(self.close_timeout):
+                try:
+                    await self._roll(live, closed=True)
+                except Exception as exc:
+                    log.warning("voice_context_tier_roll_failed", session=name, error=str(exc)[:300])
+            live = self._get(name, owner)
         live.session.begin_ending()
         if live.scope is not None:
             live.scope.cancel()
@@ -756,6 +795,8 @@ class SessionManager:
             live.scope.cancel()
         session.begin_ending()
         live.session = _restore(record, session.config, await self.store.load_landmarks(session.name))
+        if live.session.config.tiers:
+            live.tiers = await self._tier_state(live.session)
         live.recall.older = None
         log.info(
             "voice_context_session_caught_up",
@@ -808,7 +849,121 @@ class SessionManager:
             if recall.summary is None or recall.summary.summary is not summary:
                 recall.summary = SummaryIndex.of(summary)
             found.extend(recall.summary.search(text, limit=session.config.recall_limit))
+        if live.tiers:
+            seen = {r.line for r in found if r.kind == "summary"}
+            hits = self._tier_index(live).search(text, limit=session.config.recall_limit)
+            found.extend(hit for hit in hits if hit.line not in seen)
         return found
+
+    def _tier_index(self, live: _Live) -> SummaryIndex:
+        """The lines of the rolled summaries a context does not show, indexed once per roll:
+        recall searches every tier."""
+        if live.tier_index is None or live.tier_index[:2] != (live.tiers, live.session.cursor):
+            cursor = live.session.cursor
+            live.tier_index = (live.tiers, cursor, SummaryIndex.of(hidden_lines(live.tiers, cursor)))
+        return live.tier_index[2]
+
+    def _view(self, live: _Live) -> ContextView:
+        """What a context is built from: with tiers on, the summary is the rolled summaries
+        that cover the history behind the cursor, then the rolling summary (see
+        :func:`voice_context.core.tiers.tiered_summary`)."""
+        view = live.session.view()
+        if not live.tiers:
+            return view
+        zone = parse_zone(view.config.time_zone)
+        return replace(view, summary=tiered_summary(live.tiers, view.cursor, view.summary, zone))
+
+    # -- the tier cascade ------------------------------------------------------
+
+    async def roll_tiers(
+        self,
+        name: str,
+        *,
+        owner: str | None = None,
+        on_demand: bool = False,
+        closed: bool = False,
+        tiers: Sequence[Tier] = TIERS,
+    ) -> RollReport:
+        """Make the tier rolls due now for a session open here (every one, as far back as
+        they are missing); ``on_demand`` rolls every ended period of ``tiers`` whatever the
+        schedule. Raises ``ConfigError`` when the session does not keep tiers."""
+        live = self._get(name, owner)
+        if not live.session.config.tiers:
+            raise ConfigError(f"session {name!r} does not keep tiers (set tiers = true)")
+        return await self._roll(live, on_demand=on_demand, closed=closed, tiers=tiers)
+
+    async def tick(self) -> None:
+        """Start the tier rolls the clock has made due in every session open here (the
+        server calls this periodically; a day's roll time passes without any traffic)."""
+        for live in list(self._live.values()):
+            self._maybe_roll(live)
+
+    async def _roll(
+        self, live: _Live, *, on_demand: bool = False, closed: bool = False, tiers: Sequence[Tier] = TIERS
+    ) -> RollReport:
+        async with live.rolling:
+            session = live.session
+            live.tiers_checked = self.clock()
+            report = await roll_tiers(
+                self.store,
+                self.summarizer,
+                session.name,
+                session.config,
+                self.clock(),
+                total_turns=session.total_turns,
+                on_demand=on_demand,
+                closed=closed,
+                tiers=tiers,
+            )
+            live.tiers = report.rows
+            live.session.tiers_rolled(report.through)
+            return report
+
+    def _maybe_roll(self, live: _Live, *, now: bool = False) -> None:
+        """Roll the session's tiers in the background when a conversation just ended
+        (``now``) or, otherwise, at most every :data:`TIER_CHECK_SECONDS` of the clock."""
+        if not live.session.config.tiers or self._tg is None or self._closing:
+            return
+        at = self.clock()
+        if not now and at - live.tiers_checked < TIER_CHECK_SECONDS:
+            return
+        live.tiers_checked = at
+        if live.rolling.locked():  # the roll under way goes round once more when it is done
+            live.roll_again = True
+            return
+        self._in_flight += 1
+        self._idle = anyio.Event() if self._in_flight == 1 else self._idle
+        self._tg.start_soon(self._roll_in_background, live)
+
+    async def _roll_in_background(self, live: _Live) -> None:
+        try:
+            live.roll_again = True
+            while live.roll_again and self._live.get(live.session.name) is live and not self._closing:
+                live.roll_again = False
+                await self._roll(live)
+        except Exception as exc:  # a store failure: the next check tries again
+            log.warning("voice_context_tier_roll_failed", session=live.session.name, error=str(exc)[:300])
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+
+    async def _tier_state(self, session: Session) -> tuple[TierSummary, ...]:
+        """A restored session's rolled summaries, and what its core needs of them: how far
+        they cover the transcript, and the time of the turn just before the cursor."""
+        rows = await self.store.load_tiers(session.name)
+        session.tiers_rolled(rolled_through(rows))
+        if session.cursor and session.folded_at is None:
+            [last] = await self.store.read_turns(session.name, session.cursor - 1, session.cursor)
+            session.restore_folded_at(last.at)
+        return rows
+
+    @staticmethod
+    def _last_at(session: Session) -> float | None:
+        """The time of the session's newest turn (that it knows of)."""
+        if session.total_turns > session.cursor:
+            return session.turn(session.total_turns - 1).at
+        return session.folded_at
 
     async def _older(self, live: _Live, budget_chars: int | None) -> list[Turn]:
         """The turns just before the cursor a budgeted context may extend its verbatim run into:

@@ -53,6 +53,7 @@ Outputs of :func:`write_result`, for a recording ``NAME.jsonl``:
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -98,15 +99,19 @@ from voice_context.core.session import (
     StartCompaction,
     SummaryReturned,
 )
+from voice_context.core.tiers import TierSummary, hidden_lines, parse_zone, tiered_summary
 from voice_context.core.turns import Note, Turn
 from voice_context.core.window import FillBudget
 from voice_context.errors import ClientError, ConfigError, DecodeError, SummarizerError
 from voice_context.errors import ContextOverflow as ContextOverflowError
-from voice_context.manager import CompactionEvent, SessionManager
+from voice_context.manager import TIER_CHECK_SECONDS, CompactionEvent, SessionManager
 from voice_context.recall.embedding import load_embedder
-from voice_context.recall.index import RecallIndex, older_turns, recall_candidates
+from voice_context.recall.index import RecallIndex, SummaryIndex, older_turns, recall_candidates
+from voice_context.store.base import SessionRecord
+from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 from voice_context.summarizers.fallback import emergency_fold
+from voice_context.tiering import roll_tiers
 from voice_context.tokenizers import load_tokenizer
 
 
@@ -206,6 +211,11 @@ class _Live:
     chars_sent: int = 0
     #: the last ``context.get`` as recorded, and as the codec read it
     last_request: tuple[dict[str, Any], ContextGet] | None = None
+    #: with tiers on: an in-process store for the rolls, the summaries rolled, the last check
+    store: MemoryStore | None = None
+    tiers: tuple[TierSummary, ...] = ()
+    tiers_checked: float = -math.inf
+    tier_index: tuple[tuple[TierSummary, ...], int, SummaryIndex] | None = None
 
 
 class OfflineReplay:
@@ -269,9 +279,13 @@ class OfflineReplay:
                 turn = message.turn
                 now = turn.at if not started else max(now, turn.at)
                 started = True
-                state.recall.add_turn(state.session.append_turn(turn), turn)
+                before = state.turns[-1].at if state.turns else None
+                index = state.session.append_turn(turn)
+                state.recall.add_turn(index, turn)
                 state.recall.embed_pending()
                 state.turns.append(turn)
+                if state.session.config.tiers:
+                    await self._turn_stored(state, index, turn, before, now)
             elif isinstance(message, NoteAppend):
                 note = message.note
                 now = note.at if not started else max(now, note.at)
@@ -294,6 +308,8 @@ class OfflineReplay:
                 state.session.unpin(message.index)
             elif isinstance(message, ContextOverflow):
                 await self._overflow(seq, sent, message, state, now, result)
+            elif isinstance(message, SessionClose) and state.session.config.tiers:
+                await self._roll(state, now, closed=True)  # its conversation ends with it
             # session.close: nothing is in flight offline, and a server keeps a closed session's
             # state in its store, so a later session.open resumes it as it was
         for state in live.values():
@@ -337,10 +353,20 @@ class OfflineReplay:
             if isinstance(decision, StartCompaction):
                 started = decision.plan
         config_budget = session.config.instructions_budget_chars
+        if session.config.tiers and now - state.tiers_checked >= TIER_CHECK_SECONDS:
+            await self._roll(state, now)
         tick = time.perf_counter()
         query, recalled = recall_candidates(state.recall, session, message.query, embed=True)
+        view = session.view()
+        if state.tiers:
+            zone = parse_zone(session.config.time_zone)
+            view = replace(view, summary=tiered_summary(state.tiers, view.cursor, view.summary, zone))
+            if session.config.recall and query.strip():
+                seen = {r.line for r in recalled if r.kind == "summary"}
+                hits = self._tier_index(state).search(query, limit=session.config.recall_limit)
+                recalled.extend(hit for hit in hits if hit.line not in seen)
         context = build_context(
-            session.view(),
+            view,
             message.format,
             budget_chars=budget,
             budget_tokens=budget_tokens,
@@ -471,6 +497,46 @@ class OfflineReplay:
         record["cursor"] = session.cursor
         record["summary_chars"] = len(session.summary)
         return next_plan
+
+    async def _turn_stored(
+        self, state: _Live, index: int, turn: Turn, before: float | None, now: float
+    ) -> None:
+        """With tiers on, the turn goes to the replay's own store too; a turn after a silence
+        longer than the gap ends a conversation, which is rolled at once (as the server does)."""
+        session = state.session
+        if state.store is None:
+            state.store = MemoryStore()
+            await state.store.create(SessionRecord(session.name))
+            for k, earlier in enumerate(state.turns[:-1]):
+                await state.store.append_turn(session.name, k, earlier)
+        await state.store.append_turn(session.name, index, turn)
+        if before is not None and turn.at - before > session.config.conversation_gap_seconds:
+            await self._roll(state, now)
+
+    async def _roll(self, state: _Live, now: float, *, closed: bool = False) -> None:
+        """Make the tier rolls due at ``now``, counting their summarizer calls with the folds'."""
+        session = state.session
+        if state.store is None:
+            return
+        state.tiers_checked = now
+        report = await roll_tiers(
+            state.store,
+            _Tally(self.summarizer, state),
+            session.name,
+            session.config,
+            now,
+            total_turns=session.total_turns,
+            closed=closed,
+        )
+        state.tiers = report.rows
+        session.tiers_rolled(report.through)
+
+    @staticmethod
+    def _tier_index(state: _Live) -> SummaryIndex:
+        cursor = state.session.cursor
+        if state.tier_index is None or state.tier_index[:2] != (state.tiers, cursor):
+            state.tier_index = (state.tiers, cursor, SummaryIndex.of(hidden_lines(state.tiers, cursor)))
+        return state.tier_index[2]
 
     async def _compact(
         self, seq: int, plan: CompactionPlan, state: _Live, now: float, result: ReplayResult
@@ -603,6 +669,22 @@ async def replay_file(
 
 
 # -- live replays: real time, or a real server ----------------------------------------------
+
+
+class _Tally:
+    """A summarizer whose calls and characters sent count in a replayed session's state."""
+
+    def __init__(self, inner: Summarizer, state: _Live) -> None:
+        self.inner, self.state = inner, state
+
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    async def summarize(self, request: SummaryRequest) -> str:
+        self.state.calls += 1
+        self.state.chars_sent += request_chars(request)
+        return await self.inner.summarize(request)
 
 
 class _Counting:

@@ -117,6 +117,8 @@ DUPLICATE_LOOKBACK = 32
 SHUTDOWN_GRACE = 5.0
 #: Past this many remembered rate limits, those of idle sessions whose buckets are full are forgotten.
 LIMITS_KEPT = 4096
+TICK_SECONDS = 15.0
+"""How often the server starts the tier rolls the time of day made due (see ``SessionManager.tick``)."""
 
 
 # -- pure decisions ----------------------------------------------------------------
@@ -442,6 +444,9 @@ class Server:
             )
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             self._guard_descriptors(stack)
+            ticking = anyio.CancelScope()
+            self._tg.start_soon(self._tick, ticking)
+            stack.callback(ticking.cancel)
             if store.session_ttl is not None:
                 retention = anyio.CancelScope()
                 self._tg.start_soon(self._retain, store.session_ttl, retention)
@@ -1048,6 +1053,17 @@ class Server:
         for name in list(conn.sessions):
             with structlog.contextvars.bound_contextvars(session=name):
                 await self._detach(conn, name)
+
+    # -- the tier cascade -------------------------------------------------------------
+
+    async def _tick(self, scope: anyio.CancelScope) -> None:
+        """Start the tier rolls the time of day makes due (a day's at 03:00, a week's on
+        Sunday at 04:00, a conversation's once its silence passes the gap) in sessions that
+        get no traffic meanwhile; each session checks at most once a minute."""
+        with scope:
+            while True:
+                await anyio.sleep(TICK_SECONDS)
+                await self.manager.tick()
 
     # -- retention ---------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from voice_context.core.tiers import parse_day_at, parse_week_at, parse_zone
 from voice_context.core.tokens import DEFAULT_TOKENIZER, TOKENIZERS
 from voice_context.errors import ConfigError
 
@@ -77,6 +78,16 @@ class SessionConfig:
     - ``tool_result_iterations``: tool results of the newest this many tool
       iterations are shown whole; older ones as a placeholder with the tool's
       name and the result's size.
+    - ``tiers``: whether the session keeps the tier cascade (see
+      :mod:`voice_context.core.tiers`): a summary per conversation, per day and per
+      week, shown in place of the rolling summary for the periods they cover.
+    - ``conversation_gap_seconds``: a silence this long ends a conversation.
+    - ``time_zone``: the IANA zone days and weeks are counted in.
+    - ``day_roll_at`` / ``week_roll_at``: when a day is rolled, the next morning
+      (``03:00``), and the weekday a week starts on and is rolled, with the time
+      (``Sun 04:00``).
+    - ``session_summary_chars`` / ``day_summary_chars`` / ``week_summary_chars``: the
+      ceiling of each tier's summaries.
     """
 
     recent_window: int = RECENT_WINDOW
@@ -104,6 +115,14 @@ class SessionConfig:
     landmarks: bool = True
     landmark_share: float = LANDMARK_SHARE
     tool_result_iterations: int = 2
+    tiers: bool = False
+    conversation_gap_seconds: float = 1800.0
+    time_zone: str = "UTC"
+    day_roll_at: str = "03:00"
+    week_roll_at: str = "Sun 04:00"
+    session_summary_chars: int = 1500
+    day_summary_chars: int = 1500
+    week_summary_chars: int = 2000
 
     def __post_init__(self) -> None:
         positive = (
@@ -115,6 +134,9 @@ class SessionConfig:
             "live_note_chars",
             "max_turn_chars",
             "instructions_budget_chars",
+            "session_summary_chars",
+            "day_summary_chars",
+            "week_summary_chars",
         )
         for name in positive:
             value = getattr(self, name)
@@ -148,7 +170,13 @@ class SessionConfig:
                 raise ConfigError(f"{name} must be a number between 0 and 1, got {value!r}")
         if self.recent_share + self.recall_share + self.summary_share > 1 + 1e-9:
             raise ConfigError("recent_share + recall_share + summary_share must not exceed 1")
-        for name in ("recall", "landmarks"):
+        gap = self.conversation_gap_seconds
+        if not isinstance(gap, int | float) or isinstance(gap, bool) or not gap > 0:
+            raise ConfigError(f"conversation_gap_seconds must be a positive number, got {gap!r}")
+        parse_zone(self.time_zone)
+        parse_day_at(self.day_roll_at)
+        parse_week_at(self.week_roll_at)
+        for name in ("recall", "landmarks", "tiers"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.tokenizer not in TOKENIZERS:
@@ -202,9 +230,14 @@ CLIENT_MAXIMA: Mapping[str, int | float] = {
     "landmarks": 1,
     "landmark_share": 1,
     "tool_result_iterations": 100,
+    "tiers": 1,
+    "conversation_gap_seconds": 7 * 86_400,
+    "session_summary_chars": 20_000,
+    "day_summary_chars": 20_000,
+    "week_summary_chars": 20_000,
 }
 #: Fields a client may set that are names, not numbers (checked by :class:`SessionConfig`).
-CLIENT_NAMES: frozenset[str] = frozenset({"tokenizer"})
+CLIENT_NAMES: frozenset[str] = frozenset({"tokenizer", "time_zone", "day_roll_at", "week_roll_at"})
 
 
 def check_client_overrides(overrides: Mapping[str, Any], defaults: SessionConfig) -> None:

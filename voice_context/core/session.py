@@ -333,8 +333,14 @@ class Session:
         failures: int = 0,
         compactions: int = 0,
         landmarks: Iterable[Landmark] = (),
+        folded_at: float | None = None,
+        rolled_through: int = 0,
     ) -> None:
-        """Create a session, or restore one: ``turns`` are those from ``cursor`` on."""
+        """Create a session, or restore one: ``turns`` are those from ``cursor`` on.
+
+        With ``tiers`` on, ``folded_at`` is the time of the turn just before the cursor
+        and ``rolled_through`` how far the tier summaries cover the transcript (see
+        :meth:`tiers_rolled`)."""
         if cursor < 0:
             raise ValueError("cursor must be >= 0")
         self.name = name
@@ -363,6 +369,8 @@ class Session:
         #: the accepted result of the plan in flight, while the store commits it
         self._committing: Accepted | None = None
         self._landmarks: dict[int, Landmark] = {lm.index: lm for lm in landmarks}
+        self._folded_at = folded_at
+        self._rolled_through = rolled_through
 
     # -- reading ---------------------------------------------------------------
 
@@ -456,6 +464,23 @@ class Session:
             if found is not None:
                 self._landmarks[index] = found
         return index
+
+    def tiers_rolled(self, through: int) -> None:
+        """The tier summaries now cover every turn before ``through``
+        (:func:`voice_context.core.tiers.rolled_through`). With ``tiers`` on, a fold whose
+        batch begins a new conversation then starts the rolling summary afresh from that
+        conversation: what came before is in its conversation's summary."""
+        self._rolled_through = max(self._rolled_through, through)
+
+    def restore_folded_at(self, at: float) -> None:
+        """The time of the turn just before the cursor, read from the store on restore."""
+        if self._folded_at is None:
+            self._folded_at = at
+
+    @property
+    def folded_at(self) -> float | None:
+        """The time of the newest folded turn (known once a fold landed, or when restored)."""
+        return self._folded_at
 
     def pin(self, landmark: Landmark) -> None:
         """Pin a landmark (or replace the one at its index): from now on it is shown whole,
@@ -628,6 +653,8 @@ class Session:
             return self._stale(plan_id)
         self._committing = None
         old = self._cursor
+        if plan.end > old:
+            self._folded_at = self._turns[plan.end - old - 1].at
         del self._turns[: plan.end - old]
         self._cursor = plan.end
         self._summary = verdict.summary
@@ -715,10 +742,12 @@ class Session:
             count -= size
         batch = replace(batch, end=batch.start + (fold_end(self._turns, count) or batch.size))
         notes, last_seq = self._notes_for_batch()
+        fresh = self._conversation_begins(batch)
+        previous = self._summary if fresh is None else ""
         kept = [
             for_summary(t)
             for i, t in enumerate(self._turns[: batch.size])
-            if batch.start + i not in self._landmarks
+            if batch.start + i not in self._landmarks and (fresh is None or batch.start + i >= fresh)
         ]
         plan = CompactionPlan(
             plan_id=self._take_plan_id(),
@@ -726,10 +755,10 @@ class Session:
             end=batch.end,
             recent_start=batch.recent_start,
             turns=tuple(kept),
-            landmarks=batch.size - len(kept),
+            landmarks=sum(1 for i in range(batch.start, batch.end) if i in self._landmarks),
             notes=notes,
             last_note_seq=last_seq,
-            previous_summary=self._summary,
+            previous_summary=previous,
             max_chars=self.config.max_summary_chars,
             max_note_chars=self.config.max_note_chars,
             started_at=now,
@@ -737,6 +766,23 @@ class Session:
         )
         self._in_flight = plan
         return plan
+
+    def _conversation_begins(self, batch: Batch) -> int | None:
+        """With ``tiers`` on: the index at which the newest conversation begun in ``batch``
+        begins, when every turn before it is in a tier summary; else ``None`` (the fold goes
+        on from the rolling summary). A conversation begins after a silence longer than
+        ``conversation_gap_seconds``."""
+        if not self.config.tiers:
+            return None
+        gap = self.config.conversation_gap_seconds
+        previous, begins = self._folded_at, None
+        for i, turn in enumerate(self._turns[: batch.size]):
+            if previous is not None and turn.at - previous > gap:
+                begins = batch.start + i
+            previous = turn.at if previous is None else max(previous, turn.at)
+        if begins is None or begins > self._rolled_through:
+            return None
+        return begins
 
     def _take_plan_id(self) -> int:
         plan_id = self._next_plan_id

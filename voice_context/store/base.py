@@ -5,7 +5,8 @@ cursor and the summary (which always move together), the live and pending
 screen notes, the session's config overrides and owner, its landmarks, and a
 compaction lease with a fencing token so that only one replica folds a session
 at a time; with a ``session_ttl``, only until the session has been idle that long.
-Beside them it keeps the session's recall index: the words of every turn and note
+It keeps the summaries of the tier cascade (conversations, days, weeks), one per tier
+and period. Beside them it keeps the session's recall index: the words of every turn and note
 with their counts (BM25's postings), the notes' text, and the turns' vectors when an
 embedder made them; so a process serving a session holds none of its history, and
 every replica searches the same index. The index goes with its session.
@@ -21,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from voice_context.core.landmarks import Landmark
 from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStats
+from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, Turn
 
 
@@ -172,6 +174,19 @@ class Store(Protocol):
 
     async def load_landmarks(self, name: str) -> tuple[Landmark, ...]:
         """The session's landmarks, oldest first (none for a session the store lacks)."""
+        ...
+
+    # -- the tier cascade ------------------------------------------------------
+
+    async def save_tier(self, name: str, summary: TierSummary) -> bool:
+        """Keep a rolled summary, one per session, tier and period start, atomically: only
+        when the store has none for them or ``summary`` covers more turns (the rule of
+        :func:`voice_context.core.tiers.should_replace`). Returns whether it was kept;
+        ``False`` means an equal or newer roll is already there (another replica's)."""
+        ...
+
+    async def load_tiers(self, name: str) -> tuple[TierSummary, ...]:
+        """The session's rolled summaries, by tier and period start (none for an unknown session)."""
         ...
 
     async def aclose(self) -> None: ...

@@ -8,6 +8,7 @@ from typing import Any, cast
 import orjson
 
 from voice_context.core.landmarks import Landmark
+from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import ROLES, Note, Role, Turn
 from voice_context.errors import StoreError, TurnConflict
 
@@ -101,16 +102,38 @@ def decode_landmark(raw: str | bytes) -> Landmark:
         raise StoreError(f"stored landmark is unreadable: {exc}", retryable=False) from exc
 
 
+def encode_tier(summary: TierSummary) -> str:
+    return orjson.dumps(summary.as_dict()).decode()
+
+
+def decode_tier(raw: str | bytes) -> TierSummary:
+    try:
+        value = orjson.loads(raw)
+        if not isinstance(value, dict):
+            raise ValueError("not an object")
+        return TierSummary.from_dict(value)
+    except (orjson.JSONDecodeError, ValueError, KeyError, TypeError) as exc:
+        raise StoreError(f"stored tier summary is unreadable: {exc}", retryable=False) from exc
+
+
+def tier_field(summary: TierSummary) -> str:
+    """A tier summary's name within its session: its tier and the start of its period."""
+    return f"{summary.tier}:{summary.start!r}"
+
+
 __all__ = [
     "TurnConflict",
     "decode_config",
     "decode_landmark",
     "decode_notes",
+    "decode_tier",
     "decode_turn",
     "encode_config",
     "encode_landmark",
     "encode_notes",
+    "encode_tier",
     "encode_turn",
     "make_turn",
+    "tier_field",
     "turn_fields",
 ]

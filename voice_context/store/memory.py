@@ -9,6 +9,7 @@ from typing import Any
 
 from voice_context.core.landmarks import Landmark
 from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStats
+from voice_context.core.tiers import TierSummary, should_replace
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, TurnConflict
 from voice_context.store.base import ChooseTerms, SessionRecord
@@ -26,6 +27,7 @@ class _Entry:
     notes: dict[int, Passage] = field(default_factory=dict)
     vectors: dict[int, bytes] = field(default_factory=dict)
     landmarks: dict[int, Landmark] = field(default_factory=dict)
+    tiers: dict[tuple[str, float], TierSummary] = field(default_factory=dict)
 
 
 class MemoryStore:
@@ -192,6 +194,19 @@ class MemoryStore:
 
     async def delete_landmark(self, name: str, index: int) -> bool:
         return self._entry(name).landmarks.pop(index, None) is not None
+
+    async def save_tier(self, name: str, summary: TierSummary) -> bool:
+        entry = self._entry(name)
+        if not should_replace(entry.tiers.get(summary.key), summary):
+            return False
+        entry.tiers[summary.key] = summary
+        return True
+
+    async def load_tiers(self, name: str) -> tuple[TierSummary, ...]:
+        entry = self._sessions.get(name)
+        if entry is None:
+            return ()
+        return tuple(entry.tiers[key] for key in sorted(entry.tiers))
 
     async def load_landmarks(self, name: str) -> tuple[Landmark, ...]:
         entry = self._sessions.get(name)

@@ -14,6 +14,7 @@ Key layout, for a session named ``room-1`` and the default prefix ``vc``::
     vc:{room-1}:rnotes  hash    note key -> the note as recall shows it (JSON)
     vc:{room-1}:rvec    hash    doc key -> its vector (base64), when an embedder ran
     vc:{room-1}:landmarks hash  a landmark per turn index (JSON)
+    vc:{room-1}:tiers   hash    "tier:start" -> a rolled summary (JSON), one per tier and period
 
 The ``{...}`` hash tag is the session's name, percent-encoded (``{``, ``}``,
 ``%``, ``:`` and anything outside ``A-Za-z0-9_.-~`` become ``%XX``; the empty
@@ -80,6 +81,7 @@ from redis.backoff import ExponentialBackoff
 
 from voice_context.core.landmarks import Landmark
 from voice_context.core.recalled import MAX_TERM_DOCS, IndexedDoc, Passage, Posting, RecallStats
+from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, StoreError, TurnConflict
 from voice_context.store.base import ChooseTerms, SessionRecord
@@ -87,11 +89,14 @@ from voice_context.store.common import (
     decode_config,
     decode_landmark,
     decode_notes,
+    decode_tier,
     decode_turn,
     encode_config,
     encode_landmark,
     encode_notes,
+    encode_tier,
     encode_turn,
+    tier_field,
 )
 from voice_context.store.group import GroupCommit, Pending
 
@@ -200,6 +205,21 @@ return redis.call('HINCRBY', KEYS[1], 'fence', 1)
 """
 
 _TOUCH = """
+return 1
+"""
+
+
+# KEYS: meta, tiers. ARGV: field, body, end_turn, ttl. Keeps the summary when the tier and
+# period have none or it covers more turns (never an older roll over a newer one): 1 when
+# kept, 0 when not, -1 without the session.
+_SAVE_TIER = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local current = redis.call('HGET', KEYS[2], ARGV[1])
+if current then
+  local covered = cjson.decode(current)['end_turn']
+  if tonumber(ARGV[3]) <= tonumber(covered) then return 0 end
+end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 return 1
 """
 
@@ -347,6 +367,10 @@ class SessionKeys:
         return self._sibling("landmarks")
 
     @property
+    def tiers(self) -> str:
+        return self._sibling("tiers")
+
+    @property
     def kept(self) -> tuple[str, ...]:
         """Every key that lives as long as the session (the lease has its own expiry): what a
         write script lists, so that they all expire together."""
@@ -355,7 +379,7 @@ class SessionKeys:
     @property
     def rest(self) -> tuple[str, ...]:
         """The keys beside meta, turns and notes that expire with them: recall's and landmarks."""
-        return (*self.recall, self.landmarks)
+        return (*self.recall, self.landmarks, self.tiers)
 
 
 class RedisStore:
@@ -425,6 +449,7 @@ class RedisStore:
         self._renew = self._redis.register_script(_RENEW)
         self._release = self._redis.register_script(_RELEASE)
         self._index = self._redis.register_script(_kept(_INDEX))
+        self._save_tier = self._redis.register_script(_kept(_SAVE_TIER))
         self._note = self._redis.register_script(_kept(_NOTE))
         self._vectors = self._redis.register_script(_kept(_VECTORS))
         self._df = self._redis.register_script(_DF)
@@ -685,6 +710,23 @@ class RedisStore:
             raw: dict[Any, Any] = await self._redis.hgetall(self.landmarks_key(name))
         found = sorted((int(k), v) for k, v in raw.items())
         return tuple(decode_landmark(v) for _, v in found)
+
+    async def save_tier(self, name: str, summary: TierSummary) -> bool:
+        k = self.keys(name)
+        with self._errors("save_tier"):
+            kept = await self._save_tier(
+                keys=[k.meta, k.tiers],
+                args=[tier_field(summary), encode_tier(summary), summary.end_turn, self._ttl],
+            )
+        if kept == -1:
+            raise SessionNotStored(name)
+        return bool(kept)
+
+    async def load_tiers(self, name: str) -> tuple[TierSummary, ...]:
+        with self._errors("load_tiers"):
+            raw: dict[Any, Any] = await self._redis.hgetall(self.keys(name).tiers)
+        found = [decode_tier(value) for value in raw.values()]
+        return tuple(sorted(found, key=lambda s: s.key))
 
     async def aclose(self) -> None:
         if not self._closed:

@@ -66,6 +66,7 @@ import structlog
 
 from voice_context.core.landmarks import Landmark
 from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStats
+from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, StoreError, TurnConflict
 from voice_context.store.base import ChooseTerms, SessionRecord
@@ -73,9 +74,11 @@ from voice_context.store.common import (
     decode_config,
     decode_landmark,
     decode_notes,
+    decode_tier,
     encode_config,
     encode_landmark,
     encode_notes,
+    encode_tier,
     make_turn,
     turn_fields,
 )
@@ -89,7 +92,7 @@ PAUSE_ENV = "VOICE_CONTEXT_TEST_COMMIT_PAUSE"
 """Seconds each group waits, its statements run, before its COMMIT: a window for durability
 tests to kill the process in. Never set outside tests."""
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 BUSY_TIMEOUT = 5.0
 #: Sessions deleted per transaction by ``expire`` (each with all its turns): 25 sessions of 200
 #: turns hold the write lock for about 8 ms (100 held it for 36 ms), so a turn append waits little.
@@ -101,6 +104,18 @@ _LANDMARKS = """
         idx     INTEGER NOT NULL,
         body    TEXT    NOT NULL,
         PRIMARY KEY (session, idx)
+    ) WITHOUT ROWID
+    """
+
+# version 5: the tier cascade's summaries, one per session, tier and period start
+_TIERS = """
+    CREATE TABLE IF NOT EXISTS tiers (
+        session  TEXT    NOT NULL,
+        tier     TEXT    NOT NULL,
+        start    REAL    NOT NULL,
+        end_turn INTEGER NOT NULL,
+        body     TEXT    NOT NULL,
+        PRIMARY KEY (session, tier, start)
     ) WITHOUT ROWID
     """
 
@@ -137,6 +152,7 @@ _SCHEMA = (
     ) WITHOUT ROWID
     """,
     _LANDMARKS,
+    _TIERS,
 )
 #: What each older schema version needs to become the current one.
 _MIGRATIONS: dict[int, tuple[str, ...]] = {}  # filled in below, once the recall schema is defined
@@ -192,8 +208,11 @@ _RECALL_SCHEMA = (
     """,
 )
 
-#: What each older schema version needs to become the next: 2 landmarks, 3 tool turns, 4 recall.
-_MIGRATIONS.update({1: (_LANDMARKS,), 2: ("ALTER TABLE turns ADD COLUMN tool TEXT",), 3: _RECALL_SCHEMA})
+#: What each older schema version needs to become the next: 2 landmarks, 3 tool turns, 4 recall,
+#: 5 tiers.
+_MIGRATIONS.update(
+    {1: (_LANDMARKS,), 2: ("ALTER TABLE turns ADD COLUMN tool TEXT",), 3: _RECALL_SCHEMA, 4: (_TIERS,)}
+)
 
 # SQLite's primary result codes that may clear up on their own: busy/locked,
 # out of memory, I/O error, disk full, cannot open, lock protocol.
@@ -590,6 +609,34 @@ class SQLiteStore:
 
         return await self._run("load_landmarks", op)
 
+    async def save_tier(self, name: str, summary: TierSummary) -> bool:
+        body = encode_tier(summary)
+
+        def op(conn: sqlite3.Connection) -> bool:
+            with _write(conn):
+                if conn.execute("SELECT 1 FROM sessions WHERE name = ?", (name,)).fetchone() is None:
+                    raise SessionNotStored(name)
+                # kept only when there is none, or this one covers more turns (never older over newer)
+                cursor = conn.execute(
+                    "INSERT INTO tiers (session, tier, start, end_turn, body) VALUES (?, ?, ?, ?, ?)"
+                    " ON CONFLICT (session, tier, start) DO UPDATE SET end_turn = excluded.end_turn,"
+                    " body = excluded.body WHERE excluded.end_turn > tiers.end_turn",
+                    (name, summary.tier, summary.start, summary.end_turn, body),
+                )
+                return cursor.rowcount > 0
+
+        return await self._run("save_tier", op)
+
+    async def load_tiers(self, name: str) -> tuple[TierSummary, ...]:
+        def op(conn: sqlite3.Connection) -> tuple[TierSummary, ...]:
+            with _read(conn):
+                rows = conn.execute(
+                    "SELECT body FROM tiers WHERE session = ? ORDER BY tier, start", (name,)
+                ).fetchall()
+            return tuple(decode_tier(row[0]) for row in rows)
+
+        return await self._run("load_tiers", op)
+
     async def aclose(self) -> None:
         if self._closed:
             return
@@ -884,6 +931,7 @@ def _forget(conn: sqlite3.Connection, name: str) -> None:
     """Delete everything kept of a session: its row, its turns, its recall index."""
     conn.execute("DELETE FROM turns WHERE session = ?", (name,))
     conn.execute("DELETE FROM landmarks WHERE session = ?", (name,))
+    conn.execute("DELETE FROM tiers WHERE session = ?", (name,))
     conn.execute("DELETE FROM sessions WHERE name = ?", (name,))
     row = conn.execute("SELECT sid FROM recall_state WHERE session = ?", (name,)).fetchone()
     if row is not None:
