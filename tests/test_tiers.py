@@ -13,8 +13,10 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -39,6 +41,9 @@ from voice_context.store.base import SessionRecord
 from voice_context.store.sqlite import SQLiteStore
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 from voice_context.summarizers.deterministic import DeterministicSummarizer
+from voice_context.summarizers.openai_compat import OpenAISummarizer
+from voice_context.testing.openai_server import OpenAIServer, ReplyWith
+from voice_context.tiering import roll_tiers
 
 HOUR, DAY = 3600.0, 86400.0
 MONDAY = datetime(2024, 3, 4, tzinfo=UTC).timestamp()  # Monday 4 March 2024, 00:00 UTC
@@ -453,3 +458,54 @@ async def test_closing_a_session_rolls_its_conversation_and_a_restart_picks_the_
     assert "3 March" not in context.summary
     assert "4 March 2024:" in context.summary, "Monday, rolled into its day on Tuesday at 03:00"
     assert "[4 March 2024, 10:00] Ana: This morning I planted tulips" in context.summary
+
+
+@pytest.mark.asyncio
+async def test_a_model_summarizes_each_conversation_and_condenses_a_day_over_its_ceiling(
+    tmp_path: Path,
+) -> None:
+    """Over real HTTP, a model's words: a conversation's roll sends its turns alone; a day's
+    sends the day's summaries to condense only when they do not fit its ceiling."""
+
+    def words(body: dict[str, Any]) -> str:
+        text = "\n".join(m["content"] for m in body["messages"] if m["role"] == "user")
+        if "TRANSCRIPT" in text:
+            plants = [p for p in PLANTS if f"planted {p}" in text]
+            counts = [w for w in text.split() if w.isdigit() and int(w) < 40]
+            return f"Ana planted {counts[0]} {plants[0]} from the market; Nova logged them."
+        return "Ana planted tulips and roses, 3 and 4, from the market."
+
+    afternoon = [replace(t, at=t.at - 2 * DAY + 5 * HOUR) for t in diary(2)]  # Monday at 15:00
+    store = SQLiteStore(tmp_path / "vc.db")
+    await store.create(SessionRecord("garden", config=TIERED))
+    for k, spoken in enumerate(diary(0) + afternoon + diary(1)):
+        await store.append_turn("garden", k, spoken)
+    await store.aclose()
+    async with OpenAIServer() as server:
+        server.default = ReplyWith(words)
+        model = OpenAISummarizer(base_url=server.base_url, model="tiny", max_retries=0)
+        store = SQLiteStore(tmp_path / "vc.db")
+        config = SessionConfig(tiers=True, day_summary_chars=60)
+        async with model:
+            report = await roll_tiers(
+                store, model, "garden", config, at(2, 5), total_turns=12, tiers=("session", "day")
+            )
+        await store.aclose()
+        sent = [request.json for request in server.requests]
+
+    assert [(m.tier, m.first_turn, m.end_turn) for m in report.made] == [
+        ("session", 0, 4),
+        ("session", 4, 8),
+        ("session", 8, 12),
+        ("day", 0, 8),
+        ("day", 8, 12),
+    ]
+    assert report.made[0].text == "Ana planted 3 tulips from the market; Nova logged them."
+    first = "\n".join(m["content"] for m in sent[0]["messages"] if m["role"] == "user")
+    assert "planted tulips" in first and "planted roses" not in first, "one conversation per roll"
+    # Tuesday holds one summary (under the day's 60 chars): no call; Monday's two are condensed
+    assert len(sent) == 4
+    condense = "\n".join(m["content"] for m in sent[3]["messages"])
+    assert "Condense it" in condense and "5 basil" in condense and "3 tulips" in condense
+    assert report.made[3].text == "Ana planted tulips and roses, 3 and 4, from the market."
+    assert report.made[4].text == report.made[2].text
