@@ -193,12 +193,15 @@ REPEATS = said(
 @pytest.mark.asyncio
 async def test_the_model_is_sent_the_compressed_batch(model_server: OpenAIServer) -> None:
     request = SummaryRequest("", REPEATS, max_chars=1200)
-    async with OpenAISummarizer(model="m", base_url=model_server.base_url, max_retries=0) as model:
+    # the paragraph fold sends the transcript itself (the lines fold, its dated notes)
+    async with OpenAISummarizer(
+        model="m", base_url=model_server.base_url, max_retries=0, fold="paragraph"
+    ) as model:
         with capture_logs() as logs:
             await model.summarize(request)
     sent = str(model_server.completions[-1].json["messages"])
     async with OpenAISummarizer(
-        model="m", base_url=model_server.base_url, max_retries=0, compress_input=False
+        model="m", base_url=model_server.base_url, max_retries=0, compress_input=False, fold="paragraph"
     ) as plain:
         await plain.summarize(request)
     unpressed = str(model_server.completions[-1].json["messages"])

@@ -82,7 +82,12 @@ async def server() -> AsyncIterator[OpenAIServer]:
 
 
 def summarizer_for(server: OpenAIServer, **overrides: Any) -> OpenAISummarizer:
-    config: dict[str, Any] = {"base_url": server.base_url, "model": "tiny-summarizer", "max_retries": 0}
+    config: dict[str, Any] = {
+        "base_url": server.base_url,
+        "model": "tiny-summarizer",
+        "max_retries": 0,
+        "fold": "paragraph",  # the lines fold has its own stories below
+    }
     config.update(overrides)
     return OpenAISummarizer(**config)
 
@@ -185,6 +190,62 @@ async def test_a_recompaction_sends_the_summary_and_no_turns(server: OpenAIServe
     assert "TRANSCRIPT" not in user
     assert "[#" not in user
     assert "SCREEN_NOTES" not in user
+
+
+# -- the lines fold (the default) ---------------------------------------------------
+
+PROSE = (
+    "[1 May 2024, 14:03] Alice proposed the dragon raid for tonight and said she would bring potions; "
+    "her screen showed 3 potions. Bob asked who was tanking, and nobody answered. "
+    "Nova offered to keep track of the loot list."
+)
+
+
+@pytest.mark.asyncio
+async def test_a_lines_fold_has_the_batch_notes_rewritten_and_keeps_the_previous_summary_as_it_is(
+    server: OpenAIServer,
+) -> None:
+    server.script(Reply(PROSE))
+    async with summarizer_for(server, fold="lines") as summarizer:
+        summary = await summarizer.summarize(request())
+
+    assert summary == "Alice and Bob are playing an online RPG.\n" + PROSE
+    body = server.requests[0].json
+    system, user = system_of(body), user_of(body)
+    assert "third person" in system and "Keep every name, number and date" in system
+    assert user.startswith("<<<DIGEST\n[1 May 2024, 14:03] Alice: Let's do the dragon raid tonight")
+    assert "PREVIOUS_SUMMARY" not in user and "TRANSCRIPT" not in user, "the model sees the batch alone"
+
+
+@pytest.mark.asyncio
+async def test_a_rewrite_that_loses_a_fact_leaves_its_note_and_so_does_one_without_its_head(
+    server: OpenAIServer,
+) -> None:
+    lost_number = PROSE.replace("showed 3 potions", "showed some potions")
+    server.script(Reply(lost_number), Reply(PROSE.removeprefix("[1 May 2024, 14:03] ")))
+    async with summarizer_for(server, fold="lines") as summarizer:
+        first = await summarizer.summarize(request())
+        second = await summarizer.summarize(request())
+
+    note = "[1 May 2024, 14:03] Alice: Let's do the dragon raid tonight, I'll bring potions."
+    assert first == second
+    assert first.splitlines()[1].startswith(note), "the dated note stands in: nothing is lost"
+
+
+@pytest.mark.asyncio
+async def test_a_lines_fold_past_the_ceiling_is_fitted_without_asking_the_model_again(
+    server: OpenAIServer,
+) -> None:
+    server.script(Reply(PROSE))
+    older = "\n".join(
+        f"[{day} April 2024, 20:00] Alice: We cleared dungeon number {day}." for day in range(1, 29)
+    )
+    async with summarizer_for(server, fold="lines") as summarizer:
+        summary = await summarizer.summarize(request(previous_summary=older, max_chars=1200))
+        assert summarizer.preferred_max_summary_chars == 12_000
+
+    assert len(summary) <= 1200 and len(server.requests) == 1
+    assert summary.splitlines()[-1] == PROSE, "the newest line stays whole; older notes lose sentences first"
 
 
 # -- failures, translated once ---------------------------------------------------
@@ -332,7 +393,7 @@ async def test_an_answer_that_is_not_a_summary_is_malformed(server: OpenAIServer
 async def test_an_unreachable_server_is_a_retryable_connection_error() -> None:
     async with OpenAIServer() as gone:
         base_url = gone.base_url
-    async with OpenAISummarizer(base_url=base_url, model="m", max_retries=0) as summarizer:
+    async with OpenAISummarizer(base_url=base_url, model="m", max_retries=0, fold="paragraph") as summarizer:
         with pytest.raises(SummarizerError) as caught:
             await summarizer.summarize(request())
     assert (caught.value.kind, caught.value.retryable) == ("connection", True)
@@ -342,7 +403,7 @@ async def test_an_unreachable_server_is_a_retryable_connection_error() -> None:
 async def test_a_shared_client_is_used_and_left_open(server: OpenAIServer) -> None:
     server.script(Reply("From the shared client: the dragon raid."))
     async with openai.AsyncOpenAI(base_url=server.base_url, api_key="secret") as shared:
-        summarizer = OpenAISummarizer(model="m", client=shared)
+        summarizer = OpenAISummarizer(model="m", client=shared, fold="paragraph")
         assert await summarizer.summarize(request()) == "From the shared client: the dragon raid."
         await summarizer.aclose()
         assert not shared.is_closed()

@@ -483,7 +483,7 @@ async def test_a_model_summarizes_each_conversation_and_condenses_a_day_over_its
     await store.aclose()
     async with OpenAIServer() as server:
         server.default = ReplyWith(words)
-        model = OpenAISummarizer(base_url=server.base_url, model="tiny", max_retries=0)
+        model = OpenAISummarizer(base_url=server.base_url, model="tiny", max_retries=0, fold="paragraph")
         store = SQLiteStore(tmp_path / "vc.db")
         config = SessionConfig(tiers=True, day_summary_chars=60)
         async with model:

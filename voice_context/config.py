@@ -107,7 +107,9 @@ class SummarizerSettings:
     would be abandoned while the summarizer still retries. ``fallback`` (on by
     default) folds a batch deterministically when the model fails or answers
     nothing usable, instead of retrying it forever
-    (:mod:`voice_context.summarizers.fallback`). Raises :class:`ConfigError`.
+    (:mod:`voice_context.summarizers.fallback`). ``fold`` is how a model folds a batch:
+    ``lines`` (rewrite the batch's dated notes as prose, the previous summary kept as it
+    is) or ``paragraph`` (the whole summary written again). Raises :class:`ConfigError`.
     """
 
     kind: str = "deterministic"
@@ -118,10 +120,13 @@ class SummarizerSettings:
     max_retries: int = 2
     compaction_timeout: float = 60.0
     fallback: bool = True
+    fold: str = "lines"
 
     def __post_init__(self) -> None:
         if self.kind not in ("deterministic", "openai"):
             raise ConfigError(f"summarizer.kind must be 'deterministic' or 'openai', got {self.kind!r}")
+        if self.fold not in ("lines", "paragraph"):
+            raise ConfigError(f"summarizer.fold must be 'lines' or 'paragraph', got {self.fold!r}")
         if (self.timeout is not None and self.timeout <= 0) or self.compaction_timeout <= 0:
             raise ConfigError("summarizer timeouts must be positive")
         if self.max_retries < 0:
@@ -384,6 +389,7 @@ def make_summarizer(settings: SummarizerSettings) -> Summarizer:
             model=settings.model,
             timeout=settings.attempt_timeout,
             max_retries=settings.max_retries,
+            fold="paragraph" if settings.fold == "paragraph" else "lines",
         )
         if not settings.fallback:
             return model

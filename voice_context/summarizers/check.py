@@ -22,7 +22,7 @@ from voice_context.core.text import normalize
 from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.deterministic import content_words
 
-__all__ = ["anchors", "dropped_previous", "missing_batch"]
+__all__ = ["anchors", "dropped_previous", "missing_batch", "note_facts", "rewritten_lines"]
 
 _TIME = re.compile(r"\b\d{1,2}:\d{2}\b")
 _ECHO = re.compile(r"<<<[A-Z_]+\b|\b[A-Z_]+>>>|\[#\d+ \d{4}-\d{2}-\d{2} \d{2}:\d{2}(?::\d{2})?\]")
@@ -88,3 +88,74 @@ def dropped_previous(request: SummaryRequest, summary: str) -> str | None:
     if len(before & anchors(summary)) < share * len(before):
         return "drops the previous summary"
     return None
+
+
+_LABEL = re.compile(r"(?:^|(?<=[.!?…]) )([A-Z][\w'’.-]*(?: [A-Z][\w'’.-]*)*)(?:'s screen \([^)]*\))?: ")
+_SENTENCE_START = re.compile(r"(?:^|[.!?…:]\s+|\(\s*)([A-Za-z][\w'’-]*)")
+
+
+def note_facts(note: str) -> set[str]:
+    """What a rewrite of a dated note must keep, lowercased: who speaks in it (its ``Name:``
+    labels), its numbers, its months and weekdays, and the capitalised words inside its
+    sentences (a name; a capital that only starts a sentence proves nothing)."""
+    facts = {label.lower() for label in _LABEL.findall(note)}
+    starts = {m.start(1) for m in _SENTENCE_START.finditer(note)}
+    for m in _TOKEN.finditer(_TIME.sub(" ", note)):
+        token = m.group()
+        word = token.lower().rstrip(".,").removesuffix("'s").removesuffix("’s")
+        if (
+            token[0].isdigit()
+            or word in _MONTHS_AND_DAYS
+            or (
+                token[0].isupper()
+                and len(word) > 1
+                and m.start() not in starts
+                and word not in ("i'll", "i'm", "i've")
+            )
+        ):
+            facts.add(word)
+    return facts
+
+
+_LINE_HEAD = re.compile(r"^\s*(?:[-*•]\s*|\d+[.)]\s*)?(\[[^\]\n]+\])\s*(.*)$")
+#: A rewrite may be this much longer than its note (and this many chars more) before it counts
+#: as rambling, not rewriting.
+REWRITE_GROWTH = (2.0, 120)
+
+
+def rewritten_lines(digest: str, answer: str) -> tuple[list[str], int]:
+    """Each line of ``digest`` as the model rewrote it, when the rewrite kept it; otherwise
+    the digest's own line. Returns the lines, in the digest's order, and how many are rewrites.
+
+    A rewrite is the answer's line with the same head (``[8 May 2023, 13:56]``; list marks
+    before it are ignored). It is kept when it holds every name, number and date of its
+    note (one may go when the note has five or more), does not echo the prompt, and is
+    not more than about twice as long: otherwise the note stands, so a fact is never lost
+    to a rewrite and a line never loses its date.
+    """
+    answered: dict[str, str] = {}
+    for raw in answer.splitlines():
+        match = _LINE_HEAD.match(raw)
+        if match and match[1] not in answered and match[2].strip():
+            answered[match[1]] = match[2].strip()
+    out: list[str] = []
+    kept = 0
+    for line in digest.splitlines():
+        if not line.strip():
+            continue
+        match = _LINE_HEAD.match(line)
+        rewrite = answered.get(match[1]) if match else None
+        if match is None or rewrite is None:
+            out.append(line)
+            continue
+        note = match[2]
+        facts = note_facts(note)
+        missing = facts - {w.lower().rstrip(".,") for w in _TOKEN.findall(rewrite)}
+        allowed = 1 if len(facts) >= 5 else 0
+        growth, extra = REWRITE_GROWTH
+        if len(missing) > allowed or _ECHO.search(rewrite) or len(rewrite) > growth * len(note) + extra:
+            out.append(line)
+            continue
+        out.append(f"{match[1]} {rewrite}")
+        kept += 1
+    return out, kept

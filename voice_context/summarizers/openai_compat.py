@@ -47,17 +47,24 @@ from openai.types.chat import (
     ChatCompletionUserMessageParam,
 )
 
+from voice_context.core.text import normalize
 from voice_context.errors import SummarizerError
 from voice_context.summarizers.base import SummaryRequest
-from voice_context.summarizers.check import missing_batch
+from voice_context.summarizers.check import missing_batch, rewritten_lines
 from voice_context.summarizers.compress import compress
 from voice_context.summarizers.deterministic import DeterministicSummarizer
-from voice_context.summarizers.prompt import build_messages
+from voice_context.summarizers.prompt import build_line_messages, build_messages
 
 _log = structlog.get_logger("voice_context.summarizer")
 
 DIGEST_CHARS = 4000
 """The most a batch's digest may take in the prompt."""
+
+Fold = Literal["lines", "paragraph"]
+FOLDS: tuple[Fold, ...] = ("lines", "paragraph")
+"""How a model folds a batch: ``lines`` (the default) rewrites the batch's dated notes as
+prose, line by line, and keeps the previous summary as it is; ``paragraph`` asks for the
+whole summary again, previous summary and batch in one paragraph."""
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -278,6 +285,7 @@ class OpenAISummarizer:
         token_cap_param: TokenCapParam = "max_tokens",
         client: openai.AsyncOpenAI | None = None,
         compress_input: bool = True,
+        fold: Fold = "lines",
     ) -> None:
         if not model:
             raise ValueError("model must not be empty")
@@ -285,7 +293,12 @@ class OpenAISummarizer:
             raise ValueError(f"timeout must be positive, got {timeout}")
         if max_retries < 0:
             raise ValueError(f"max_retries must not be negative, got {max_retries}")
+        if fold not in FOLDS:
+            raise ValueError(f"fold must be one of {', '.join(FOLDS)}, got {fold!r}")
         self._model = model
+        self.fold: Fold = fold
+        if fold == "lines":  # the model writes the batch's lines alone: a long summary costs it nothing
+            self.preferred_max_summary_chars = DeterministicSummarizer.preferred_max_summary_chars
         self._deterministic = DeterministicSummarizer()
         self._timeout = timeout
         self._max_retries = max_retries
@@ -334,6 +347,8 @@ class OpenAISummarizer:
         fold of the batch into the previous summary (see the module docstring).
         """
         request = self._compressed(request)
+        if self.fold == "lines":
+            return await self._fold_lines(request)
         digest = self.digest(request)
         summary = await self._complete(request, digest)
         reason = missing_batch(request, summary, digest)
@@ -348,6 +363,31 @@ class OpenAISummarizer:
             notes=len(request.notes),
         )
         return self._deterministic.summarize_now(request)
+
+    async def _fold_lines(self, request: SummaryRequest) -> str:
+        """A ``lines`` fold: the model rewrites the batch's dated digest as prose, line by line;
+        each line it rewrote without losing a fact replaces its note, the rest stay notes;
+        the previous summary is kept as it is, and the whole is fitted to the ceiling the
+        deterministic way (value per char, older lines first). A re-compaction never calls
+        the model."""
+        digest = self.digest(request)
+        if request.recompact or not digest.strip():
+            return self._deterministic.summarize_now(request)
+        cap = output_token_cap(min(DIGEST_CHARS, int(len(digest) * 1.5) + 200))
+        answer = await self._complete_messages(_chat_messages(build_line_messages(digest)), cap)
+        lines, kept = rewritten_lines(digest, answer)
+        if kept < len(lines):
+            _log.info(
+                "summary_lines_kept_as_notes",
+                model=self._model,
+                first_index=request.first_index,
+                lines=len(lines),
+                rewritten=kept,
+            )
+        previous = normalize(request.previous_summary)
+        text = "\n".join([previous, *lines]) if previous else "\n".join(lines)
+        fit = SummaryRequest(previous_summary=text, turns=(), max_chars=request.max_chars, recompact=True)
+        return self._deterministic.summarize_now(fit)
 
     def _compressed(self, request: SummaryRequest) -> SummaryRequest:
         """The request with its filler and repeated turns left out: fewer tokens sent."""
@@ -372,7 +412,9 @@ class OpenAISummarizer:
 
     async def _complete(self, request: SummaryRequest, digest: str) -> str:
         messages = _chat_messages(build_messages(request, digest))
-        cap = output_token_cap(request.max_chars)
+        return await self._complete_messages(messages, output_token_cap(request.max_chars))
+
+    async def _complete_messages(self, messages: list[ChatCompletionMessageParam], cap: int) -> str:
         retries = 0
         while True:
             try:

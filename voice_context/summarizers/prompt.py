@@ -31,8 +31,10 @@ __all__ = [
     "NOTES_FENCE",
     "SUMMARY_FENCE",
     "TRANSCRIPT_FENCE",
+    "build_line_messages",
     "build_messages",
     "fence",
+    "lines_prompt",
     "neutralise",
     "render_turn",
     "render_turns",
@@ -197,6 +199,28 @@ def user_prompt(request: SummaryRequest, digest: str = "") -> str:
         )
         + f"Write the updated summary now (at most {request.max_chars} characters)."
     )
+
+
+def lines_prompt() -> str:
+    """The instructions of a ``lines`` fold: rewrite each dated note of the batch, alone."""
+    return (
+        "You rewrite the dated notes of a voice conversation as plain prose, one line per note.\n"
+        'The notes come between <<<DIGEST and DIGEST>>>, one per line: a head "[date, time]",\n'
+        'then what people said, as "Name: sentence". Rewrite every note as one line that starts\n'
+        "with the same head, then tells what happened in the third person, naming who said or did\n"
+        'what: "[3 June 2021, 10:02] Dana said she repaired the garden fence on 3 June 2021."\n'
+        "Keep every name, number and date of the note. Add nothing that is not in it. Output\n"
+        "exactly one line per note, in the same order, and nothing else: no heading, no list\n"
+        f"marks, no commentary.\n\n{_DATA_RULES}"
+    )
+
+
+def build_line_messages(digest: str) -> list[dict[str, str]]:
+    """The chat messages of a ``lines`` fold: the batch's dated digest to rewrite, alone
+    (the previous summary is not sent: it is kept as it is)."""
+    lines = [neutralise(line) for line in digest.splitlines() if line.strip()]
+    user = f"{fence(DIGEST_FENCE, lines)}\n\nRewrite the {len(lines)} notes now, one line each."
+    return [{"role": "system", "content": lines_prompt()}, {"role": "user", "content": user}]
 
 
 def build_messages(request: SummaryRequest, digest: str = "") -> list[dict[str, str]]:
