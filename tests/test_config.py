@@ -59,12 +59,20 @@ def test_the_deterministic_summarizer_gets_its_larger_summary_ceiling_by_default
 
 def test_a_model_summarizer_keeps_the_design_ceiling_and_an_explicit_value_always_wins() -> None:
     assert session_defaults(ScriptedSummarizer()).max_summary_chars == MAX_SUMMARY_CHARS == 1200
-    model = load_settings(env={"VOICE_CONTEXT_SUMMARIZER_KIND": "openai"})
-    assert model.session_config(make_summarizer(model.summarizer)).max_summary_chars == 1200
+    paragraph = load_settings(
+        env={"VOICE_CONTEXT_SUMMARIZER_KIND": "openai", "VOICE_CONTEXT_SUMMARIZER_FOLD": "paragraph"}
+    )
+    assert paragraph.session_config(make_summarizer(paragraph.summarizer)).max_summary_chars == 1200
     pinned = load_settings(env={"VOICE_CONTEXT_SESSION_MAX_SUMMARY_CHARS": "1200"})
     assert pinned.session_config(DeterministicSummarizer()).max_summary_chars == 1200
     explicit = SessionConfig(max_summary_chars=800)
     assert SessionManager(DeterministicSummarizer(), config=explicit).config.max_summary_chars == 800
+
+
+def test_a_model_that_folds_by_lines_gets_the_deterministic_ceiling_through_its_fallback() -> None:
+    lines = load_settings(env={"VOICE_CONTEXT_SUMMARIZER_KIND": "openai"})
+    assert lines.summarizer.fold == "lines"
+    assert lines.session_config(make_summarizer(lines.summarizer)).max_summary_chars == 12_000
 
 
 def test_each_attempt_gets_the_compaction_timeout_shared_among_the_attempts() -> None:

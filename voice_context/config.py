@@ -261,8 +261,9 @@ def session_defaults(
     The design's 1,200-char ceiling is for a model summarizer, where every char of
     summary is paid for in output tokens on every compaction. A summarizer that
     states ``preferred_max_summary_chars`` (the deterministic one: 12,000, which costs
-    nothing to write) gets that ceiling instead; an explicit ``max_summary_chars``
-    always wins.
+    nothing to write; a model that folds by lines, which writes only the batch's
+    lines, the same; a wrapper passes on what it wraps) gets that ceiling
+    instead; an explicit ``max_summary_chars`` always wins.
     """
     config = base or SessionConfig()
     preferred = getattr(summarizer, "preferred_max_summary_chars", None)

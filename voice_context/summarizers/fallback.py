@@ -49,6 +49,9 @@ class FallbackSummarizer:
             raise ValueError("deadline must be positive")
         self.primary = primary
         self.deadline = deadline
+        preferred = getattr(primary, "preferred_max_summary_chars", None)
+        if preferred is not None:  # the ceiling the primary prefers is the session's default
+            self.preferred_max_summary_chars = preferred
         self._folder = DeterministicSummarizer()
         self.fallbacks = 0
 

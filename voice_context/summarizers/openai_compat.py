@@ -376,14 +376,13 @@ class OpenAISummarizer:
         cap = output_token_cap(min(DIGEST_CHARS, int(len(digest) * 1.5) + 200))
         answer = await self._complete_messages(_chat_messages(build_line_messages(digest)), cap)
         lines, kept = rewritten_lines(digest, answer)
-        if kept < len(lines):
-            _log.info(
-                "summary_lines_kept_as_notes",
-                model=self._model,
-                first_index=request.first_index,
-                lines=len(lines),
-                rewritten=kept,
-            )
+        _log.info(
+            "summary_lines_folded",
+            model=self._model,
+            first_index=request.first_index,
+            lines=len(lines),
+            rewritten=kept,
+        )
         previous = normalize(request.previous_summary)
         text = "\n".join([previous, *lines]) if previous else "\n".join(lines)
         fit = SummaryRequest(previous_summary=text, turns=(), max_chars=request.max_chars, recompact=True)
