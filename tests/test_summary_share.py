@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from voice_context.core.budget import Format, build_context
 from voice_context.core.config import SessionConfig
 from voice_context.core.recalled import Recalled
-from voice_context.core.session import ContextView
+from voice_context.core.session import ContextView, Session
 from voice_context.core.text import condense_summary
-from voice_context.core.turns import Turn
+from voice_context.core.turns import Note, Turn
 
 LINES = [
     f"[{day} May 2023, 10:00] Alice: We booked {city} for {day} nights. Bob: The ferry leaves at {day} pm. "
@@ -218,3 +218,43 @@ def test_the_newest_turns_shown_are_never_fewer_than_the_floor_of_a_plain_tail(
     )
     assert ctx.chars <= budget
     assert ctx.turns_shown >= math.ceil(floor * plain_tail(talk, fmt, budget))
+
+
+def test_the_floor_counts_every_screen_note_a_plain_tail_shows_not_only_the_live_ones() -> None:
+    # a call with a screen note every third turn: the live buffer holds 8 of them, but a plain
+    # tail of the transcript shows every note seen among its turns, and takes their room
+    hungry = SessionConfig(
+        max_summary_chars=20_000, recall_limit=30, recent_share=0.3, recall_share=0.7, summary_share=0.0
+    )
+    session = Session("stream", hungry)  # recall would take everything the floor leaves
+    transcript: list[str] = []
+    for i in range(60):
+        turn = Turn("Alice" if i % 2 else "Bob", "user", f"turn {i}: " + "we were saying " * 3, float(i))
+        session.append_turn(turn)
+        transcript.append(f"{turn.speaker}: {turn.text}")
+        if i % 3 == 0:
+            seen = f"the map shows the harbour from the north side, frame {i}"
+            note = Note(seen, float(i), "Alice", "screen")
+            session.append_note(note)
+            transcript.append(note.render())
+    assert len(session.live_notes) == 8 and len(session.view().seen_notes) == 20
+
+    budget = 3000
+    ctx = build_context(session.view(), "instructions", budget_chars=budget, recalled=recalled(30), query="x")
+    tail_turns = 0  # the newest lines of the transcript that fit, counting only turns
+    size = len("Recent conversation:")
+    for line in reversed(transcript):
+        size += len(line) + 1
+        if size > budget:
+            break
+        tail_turns += not line.startswith("Alice's screen")
+    assert ctx.turns_shown >= math.ceil(0.9 * tail_turns)
+    assert len(ctx.recalled) > 0 and ctx.chars <= budget
+    # counted with its live notes alone, the tail looks longer: the floor would keep more turns
+    # than 0.9 of what the transcript's tail shows, and give recall less
+    live_only = ContextView(0, "", session.verbatim_turns, session.live_notes, hungry)
+    overcounted = build_context(
+        live_only, "instructions", budget_chars=budget, recalled=recalled(30), query="x"
+    )
+    assert overcounted.turns_shown > ctx.turns_shown
+    assert len(overcounted.recalled) < len(ctx.recalled)

@@ -35,7 +35,8 @@ budget):
    ``recent_share`` of the budget left after the base instructions, at
    least ``priority_turns`` turns when they fit, and at least ``recent_floor``
    times the newest turns that budget would hold if it held nothing else (a
-   plain tail of the transcript, the screen notes seen among them included):
+   plain tail of the transcript, every screen note seen among them included, live
+   or already folded, up to the newest 64):
    whatever comes after never pushes the verbatim run below that floor,
 4. the durable facts,
 5. recall: the passages of older history that bear on the query, best first,
@@ -737,7 +738,7 @@ def _assemble(
     protected = share(config.recent_share)
     floor = max(0, n - max(1, config.priority_turns))
     if config.recent_floor and (budget_chars is not None or budget_tokens is not None):
-        tail = fill.holds("turns", _plain_tail(turns, view.live_notes, rendered), room)
+        tail = fill.holds("turns", _plain_tail(turns, view.seen_notes or view.live_notes, rendered), room)
         floor = min(floor, n - math.ceil(config.recent_floor * tail))
     while not stopped and next_turn >= 0:
         used = (fill.total - base_total[0], fill.tokens - base_total[1])

@@ -21,8 +21,9 @@ INSTRUCTIONS_BUDGET_CHARS = 5200
 MAX_TURN_CHARS = 1200
 RECENT_SHARE = 0.7
 RECENT_FLOOR = 0.9
-RECALL_SHARE = 0.2
-SUMMARY_SHARE = 0.1
+RECALL_SHARE = 0.25
+SUMMARY_SHARE = 0.05
+RECALL_LIMIT = 12
 FILL_TRIGGER = 0.7
 LANDMARK_SHARE = 0.25
 
@@ -106,7 +107,7 @@ class SessionConfig:
     recall: bool = True
     recall_share: float = RECALL_SHARE
     summary_share: float = SUMMARY_SHARE
-    recall_limit: int = 8
+    recall_limit: int = RECALL_LIMIT
     min_age_seconds: float = 0.0
     retry_base_seconds: float = 2.0
     retry_max_seconds: float = 60.0

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import NamedTuple
 
 from voice_context.core.config import SessionConfig
@@ -64,6 +65,9 @@ MAX_RETRY_AFTER = 3600.0
 #: A summarizer's reply is read up to this many times the summary ceiling: the rest of an
 #: overlong reply is never normalised, nor sent back to be condensed.
 MAX_REPLY_FACTOR = 4
+#: The newest notes kept for the recency floor's plain tail of the transcript, whether still
+#: live, pending or folded (a tail that reaches past them counts fewer notes: more turns).
+SEEN_NOTES = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,6 +315,10 @@ class ContextView:
     live_notes: tuple[Note, ...]
     config: SessionConfig
     landmarks: tuple[Landmark, ...] = ()
+    seen_notes: tuple[Note, ...] = ()
+    """The newest screen notes seen (:data:`SEEN_NOTES`), live, pending or folded: what a plain
+    tail of the transcript shows among its turns (the recency floor counts with them; see
+    :mod:`voice_context.core.budget`). Empty: the live notes stand in."""
 
     @property
     def covered_through(self) -> int:
@@ -350,6 +358,8 @@ class Session:
         self._summary = summary
         self._live: deque[Note] = deque(live_notes)
         self._pending: deque[tuple[int, Note]] = deque()
+        #: the newest notes seen, live, pending or folded: what a plain tail shows among its turns
+        self._seen: deque[Note] = deque(maxlen=SEEN_NOTES)
         self._note_seq = 0
         self._notes_dropped = 0
         self._notes_version = 0  # moves with every change of the note buffers
@@ -358,6 +368,7 @@ class Session:
         # pending notes dropped)
         for note in pending_notes:
             self._queue_pending(note)
+        self._seen.extend(sorted((*self.pending_notes, *self._live), key=attrgetter("at")))
         while len(self._live) > self.config.live_note_entries:
             self._queue_pending(self._live.popleft())
         self._in_flight: CompactionPlan | None = None
@@ -441,7 +452,13 @@ class Session:
 
     def view(self) -> ContextView:
         return ContextView(
-            self._cursor, self._summary, tuple(self._turns), tuple(self._live), self.config, self.landmarks
+            self._cursor,
+            self._summary,
+            tuple(self._turns),
+            tuple(self._live),
+            self.config,
+            self.landmarks,
+            tuple(self._seen),
         )
 
     def __repr__(self) -> str:
@@ -690,6 +707,8 @@ class Session:
             raise ValueError("the note buffers changed since these notes were staged: stage them again")
         self._live = deque(staged.live)
         self._pending = deque(staged.numbered)
+        if staged.live:  # a staging adds one note, the newest live one
+            self._seen.append(staged.live[-1])
         self._note_seq = staged.note_seq
         self._notes_dropped = staged.notes_dropped
         self._notes_version += 1
