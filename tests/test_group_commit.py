@@ -151,3 +151,30 @@ async def test_a_writer_cancelled_mid_write_finishes_its_group_and_the_others_go
     assert disk.groups == [["writer"], ["waiting"]]
     assert disk.durable == ["writer", "waiting"]
     assert acked == ["writer", "waiting"], "a durable write is reported as one, even to a cancelled caller"
+
+
+@pytest.mark.asyncio
+async def test_a_lower_priority_writer_waits_until_no_write_is_queued_or_in_flight() -> None:
+    disk = Disk()
+    group = GroupCommit(disk.write_many)
+    idle_at: list[list[str]] = []
+
+    async def index_writer() -> None:  # what the recall index does before it takes the worker
+        await group.idle()
+        idle_at.append(list(disk.durable))
+
+    await group.idle()  # nothing written, nothing queued: at once
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(group.submit, "a")
+        await settle()
+        tg.start_soon(group.submit, "b")
+        tg.start_soon(index_writer)
+        await settle()
+        assert idle_at == [], "a group is being written and another waits"
+        disk.release.set()
+        await settle()
+        assert idle_at == [], "the queued group goes first"
+        disk.release.set()
+        await settle()
+    assert idle_at == [["a", "b"]]

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import anyio
+import anyio.lowlevel
 
 from voice_context.errors import StoreError
 
@@ -90,6 +91,15 @@ class GroupCommit(Generic[T]):
             raise
         if item.error is not None:
             raise item.error
+
+    async def idle(self) -> None:
+        """Return once no write waits and none is being written (at once when that is so
+        already): what a lower-priority writer waits for before it takes the same worker."""
+        while self._queue or self._writing:
+            if self._writing:
+                await self._written.wait()
+            else:  # a submitter is about to write its group: let it
+                await anyio.lowlevel.checkpoint()
 
     async def _write_next(self) -> None:
         batch = self._queue[: self.max_group]

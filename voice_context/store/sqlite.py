@@ -23,7 +23,10 @@ transaction has committed. Each write is checked on its own first, so a turn
 at the wrong index fails alone, not its group. The recall index's writes
 (``index_turns``, ``index_note``) are grouped the same way, in transactions
 of their own that need no fsync (what they hold can be derived again from the
-turns). ``VOICE_CONTEXT_TEST_COMMIT_PAUSE``
+turns), and they give way to the turns': an index group waits while turns are
+queued or being written, up to ``DERIVED_YIELD`` (0.2 s), so a burst of
+appends is acknowledged at the pace of its own commits and the index catches
+up in larger groups (the indexing lag on ``/metrics`` shows it). ``VOICE_CONTEXT_TEST_COMMIT_PAUSE``
 (seconds, tests only) holds each group between its last statement and its
 ``COMMIT``, so a test can kill the process there.
 
@@ -97,6 +100,8 @@ BUSY_TIMEOUT = 5.0
 #: Sessions deleted per transaction by ``expire`` (each with all its turns): 25 sessions of 200
 #: turns hold the write lock for about 8 ms (100 held it for 36 ms), so a turn append waits little.
 EXPIRE_BATCH = 25
+#: Seconds at most a recall index write waits for the turns' writes queued or in flight.
+DERIVED_YIELD = 0.2
 
 _LANDMARKS = """
     CREATE TABLE IF NOT EXISTS landmarks (
@@ -660,6 +665,12 @@ class SQLiteStore:
         )
 
     async def _write_derived(self, batch: list[Pending[_Index]]) -> None:
+        if self._closed:
+            raise StoreError("the sqlite store is closed", retryable=False)
+        # the turns' own writes go first: during a burst of appends the index waits (and
+        # its next group grows), at most DERIVED_YIELD, so acknowledgements keep their pace
+        with anyio.move_on_after(DERIVED_YIELD):
+            await self.group.idle()
         if self._closed:
             raise StoreError("the sqlite store is closed", retryable=False)
         await anyio.to_thread.run_sync(
