@@ -129,9 +129,11 @@ def rewritten_lines(digest: str, answer: str) -> tuple[list[str], int]:
 
     A rewrite is the answer's line with the same head (``[8 May 2023, 13:56]``; list marks
     before it are ignored). It is kept when it holds every name, number and date of its
-    note (one may go when the note has five or more), does not echo the prompt, and is
-    not more than about twice as long: otherwise the note stands, so a fact is never lost
-    to a rewrite and a line never loses its date.
+    note (one may go when the note has five or more), tells it in the third person (no
+    ``Name:`` label of the note left in it: a model that copies the note with a "said" in
+    front has not rewritten it), does not echo the prompt, and is not more than about twice
+    as long: otherwise the note stands, so a fact is never lost to a rewrite and a line
+    never loses its date.
     """
     answered: dict[str, str] = {}
     for raw in answer.splitlines():
@@ -153,7 +155,13 @@ def rewritten_lines(digest: str, answer: str) -> tuple[list[str], int]:
         missing = facts - {w.lower().rstrip(".,") for w in _TOKEN.findall(rewrite)}
         allowed = 1 if len(facts) >= 5 else 0
         growth, extra = REWRITE_GROWTH
-        if len(missing) > allowed or _ECHO.search(rewrite) or len(rewrite) > growth * len(note) + extra:
+        voiced = {label.lower() for label in _LABEL.findall(rewrite)} & facts
+        if (
+            len(missing) > allowed
+            or voiced  # a speaker still speaks in it ("Bob: I'll tank"): copied, not told
+            or _ECHO.search(rewrite)
+            or len(rewrite) > growth * len(note) + extra
+        ):
             out.append(line)
             continue
         out.append(f"{match[1]} {rewrite}")
