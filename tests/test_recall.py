@@ -110,6 +110,16 @@ async def test_a_server_recalls_a_question_with_its_answer_from_the_stores_index
     assert ctx.recalled[0].line.endswith("Melanie: The Thursday wheel-throwing one at the community center!")
 
 
+def test_an_answer_a_recalled_question_carries_is_not_shown_again_on_its_own() -> None:
+    index = RecallIndex()
+    index.add_turns(0, [*chatter(10), QUESTION, ANSWER, *chatter(10, 12)])
+    # both turns match: whichever ranks first, the answer's words are shown once
+    for query in ("pottery class wheel-throwing community center", "Which pottery class did you sign up for"):
+        found = index.search(query)
+        assert sum("wheel-throwing" in hit.line for hit in found) == 1
+        assert sum("pottery class" in hit.line for hit in found) == 1
+
+
 def test_weak_matches_are_noise_and_left_out() -> None:
     index = RecallIndex()
     index.add_turns(0, chatter(30, detail_at=7))

@@ -260,6 +260,30 @@ def render(
     return Recalled(passage.kind, passage.turn, line, score, granularity, passage.at)
 
 
+def render_hits(
+    hits: Iterable[tuple[Passage, float]],
+    reply_to: Callable[[int], Passage | None],
+    wanted: set[str],
+    weight: Callable[[str], float],
+) -> list[Recalled]:
+    """The ranked hits as the lines a context shows, best first: a hit that asks a question
+    carries its answer (``reply_to(turn)``, the turn after it), and a turn already shown in
+    an earlier line, as a hit or as an answer, is not shown again."""
+    out: list[Recalled] = []
+    shown: set[int] = set()
+    for passage, score in hits:
+        turn = passage.turn
+        if turn is not None and turn in shown:
+            continue
+        reply = reply_to(turn) if turn is not None and turn + 1 not in shown and asks(passage.text) else None
+        if turn is not None:
+            shown.add(turn)
+            if reply is not None:
+                shown.add(turn + 1)
+        out.append(render(passage, score, wanted, weight, reply=reply))
+    return out
+
+
 def best_span(
     text: str, wanted: set[str], weight: Callable[[str], float]
 ) -> tuple[str, Literal["turn", "sentences"]]:
@@ -449,16 +473,14 @@ class RecallIndex:
         close: list[int] = []
         if query_vector is not None and self.vectors:
             close = nearest(self.vectors, query_vector, self._keep(before) or (lambda _: True), limit * 2)
-        wanted = set(terms)
-        out = []
-        for doc, score in fuse(lexical, close, limit=limit, min_share=min_share):
-            passage = self.docs[doc].passage
-            reply = None
-            if passage.turn is not None and asks(passage.text):
-                answer = self._turn_doc.get(passage.turn + 1)
-                reply = self.docs[answer].passage if answer is not None else None
-            out.append(render(passage, score, wanted, self.idf, reply=reply))
-        return out
+        ranked = fuse(lexical, close, limit=limit, min_share=min_share)
+        hits = [(self.docs[doc].passage, score) for doc, score in ranked]
+
+        def reply_to(turn: int) -> Passage | None:
+            answer = self._turn_doc.get(turn + 1)
+            return self.docs[answer].passage if answer is not None else None
+
+        return render_hits(hits, reply_to, set(terms), self.idf)
 
 
 def summary_passages(summary: str) -> list[str]:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from voice_context.core.recalled import Recalled
-from voice_context.recall.index import asks, bm25, choose_terms, fuse, idf, index_terms, nearest, render
+from voice_context.recall.index import bm25, choose_terms, fuse, idf, index_terms, nearest, render_hits
 from voice_context.store.base import Store
 
 
@@ -55,15 +55,8 @@ async def search_store(
     keys = [key for key, _ in top]
     passages = await store.recall_passages(name, [*keys, *(key + 1 for key in keys if key >= 0)])
     weight: Callable[[str], float] = lambda t: idf(stats.docs, df.get(t, 0))  # noqa: E731
-    wanted = set(terms)
-    out = []
-    for key, score in top:
-        passage = passages.get(key)
-        if passage is None:
-            continue
-        reply = passages.get(key + 1) if key >= 0 and asks(passage.text) else None
-        out.append(render(passage, score, wanted, weight, reply=reply))
-    return out
+    hits = [(passages[key], score) for key, score in top if key in passages]
+    return render_hits(hits, lambda turn: passages.get(turn + 1), set(terms), weight)
 
 
 __all__ = ["search_store"]
