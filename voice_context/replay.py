@@ -655,6 +655,7 @@ async def replay_file(
     ``questions`` are asked at the end (see :class:`OfflineReplay`). ``budget_chars`` and
     ``budget_tokens`` replace every request's own budgets."""
     point = apply_values(settings, values or {})
+    owned = summarizer is None
     summarizer = summarizer or make_summarizer(point.summarizer)
     engine = OfflineReplay(
         summarizer,
@@ -665,7 +666,19 @@ async def replay_file(
         questions=questions,
         embedder=load_embedder(point.recall.embedder),
     )
-    return await engine.run(read_recording(path, max_text_chars=point.server.max_text_chars))
+    try:
+        return await engine.run(read_recording(path, max_text_chars=point.server.max_text_chars))
+    finally:
+        if owned:
+            await _close(summarizer)
+
+
+async def _close(summarizer: object) -> None:
+    """Close a summarizer made here (a model's HTTP client) before its event loop ends."""
+    close = getattr(summarizer, "aclose", None)
+    if close is not None:
+        with anyio.move_on_after(5, shield=True):
+            await close()
 
 
 # -- live replays: real time, or a real server ----------------------------------------------
@@ -982,6 +995,7 @@ async def replay_realtime(
             budget_chars=budget_chars,
             result=result,
         )
+    await _close(summarizer.inner)
     result.summarizer_ms = summarizer.ms
     return result
 
