@@ -18,7 +18,7 @@ from voice_context.core.turns import Note, Turn
 from voice_context.errors import SummarizerError
 from voice_context.replay import replay_file
 from voice_context.summarizers.base import Summarizer, SummaryRequest
-from voice_context.summarizers.check import missing_batch
+from voice_context.summarizers.check import missing_batch, speaks_for_itself
 from voice_context.summarizers.openai_compat import OpenAISummarizer, clean_summary, output_token_cap
 from voice_context.summarizers.prompt import (
     FIRST_COMPACTION,
@@ -224,15 +224,28 @@ async def test_a_rewrite_that_loses_a_fact_keeps_a_speaker_talking_or_lacks_its_
     lost_number = PROSE.replace("showed 3 potions", "showed some potions")
     # what Qwen2.5-Coder-1.5B did to a LoCoMo note: "said" put in front, the rest copied
     copied = PROSE.replace("Bob asked who was tanking", "Bob: Who's tanking? Nobody answered")
-    server.script(Reply(lost_number), Reply(PROSE.removeprefix("[1 May 2024, 14:03] ")), Reply(copied))
+    # and what it did to another: the labels gone, the speakers' "I" and "you" kept
+    unlabelled = PROSE.replace("said she would bring potions", "says I'll bring potions")
+    server.script(
+        Reply(lost_number),
+        Reply(PROSE.removeprefix("[1 May 2024, 14:03] ")),
+        Reply(copied),
+        Reply(unlabelled),
+    )
     async with summarizer_for(server, fold="lines") as summarizer:
-        first = await summarizer.summarize(request())
-        second = await summarizer.summarize(request())
-        third = await summarizer.summarize(request())
+        outcomes = [await summarizer.summarize(request()) for _ in range(4)]
 
     note = "[1 May 2024, 14:03] Alice: Let's do the dragon raid tonight, I'll bring potions."
-    assert first == second == third
+    first = outcomes[0]
+    assert all(outcome == first for outcome in outcomes)
     assert first.splitlines()[1].startswith(note), "the dated note stands in: nothing is lost"
+
+
+def test_a_speaker_quoted_in_prose_may_say_i_but_the_prose_may_not() -> None:
+    assert not speaks_for_itself('Alice said "I will bring potions" and Bob agreed to tank.')
+    assert not speaks_for_itself("Alice said she would bring potions. Imogen agreed.")
+    assert speaks_for_itself("Alice said she would bring potions. I'll tank, Bob said.")
+    assert speaks_for_itself("Melanie says my kids loved the beach.")
 
 
 @pytest.mark.asyncio

@@ -22,7 +22,14 @@ from voice_context.core.text import normalize
 from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.deterministic import content_words
 
-__all__ = ["anchors", "dropped_previous", "missing_batch", "note_facts", "rewritten_lines"]
+__all__ = [
+    "anchors",
+    "dropped_previous",
+    "missing_batch",
+    "note_facts",
+    "rewritten_lines",
+    "speaks_for_itself",
+]
 
 _TIME = re.compile(r"\b\d{1,2}:\d{2}\b")
 _ECHO = re.compile(r"<<<[A-Z_]+\b|\b[A-Z_]+>>>|\[#\d+ \d{4}-\d{2}-\d{2} \d{2}:\d{2}(?::\d{2})?\]")
@@ -117,6 +124,16 @@ def note_facts(note: str) -> set[str]:
     return facts
 
 
+_QUOTED = re.compile(r'"[^"\n]*"|“[^”\n]*”')
+_FIRST_PERSON = re.compile(r"\b(?:I(?:['’](?:m|ve|ll|d))?|[Mm]e|[Mm]y|[Mm]ine|[Mm]yself)\b")
+
+
+def speaks_for_itself(rewrite: str) -> bool:
+    """Whether a rewrite says "I", "me" or "my" outside quotation marks: nobody can tell who
+    that is once the ``Name:`` labels are gone ("Melanie says I'll do my best")."""
+    return bool(_FIRST_PERSON.search(_QUOTED.sub(" ", rewrite)))
+
+
 _LINE_HEAD = re.compile(r"^\s*(?:[-*•]\s*|\d+[.)]\s*)?(\[[^\]\n]+\])\s*(.*)$")
 #: A rewrite may be this much longer than its note (and this many chars more) before it counts
 #: as rambling, not rewriting.
@@ -131,7 +148,8 @@ def rewritten_lines(digest: str, answer: str) -> tuple[list[str], int]:
     before it are ignored). It is kept when it holds every name, number and date of its
     note (one may go when the note has five or more), tells it in the third person (no
     ``Name:`` label of the note left in it: a model that copies the note with a "said" in
-    front has not rewritten it), does not echo the prompt, and is not more than about twice
+    front has not rewritten it; and no "I", "me" or "my" outside quotation marks, whose
+    speaker the prose no longer names), does not echo the prompt, and is not more than about twice
     as long: otherwise the note stands, so a fact is never lost to a rewrite and a line
     never loses its date.
     """
@@ -159,6 +177,7 @@ def rewritten_lines(digest: str, answer: str) -> tuple[list[str], int]:
         if (
             len(missing) > allowed
             or voiced  # a speaker still speaks in it ("Bob: I'll tank"): copied, not told
+            or speaks_for_itself(rewrite)  # "I" with no label: whose?
             or _ECHO.search(rewrite)
             or len(rewrite) > growth * len(note) + extra
         ):
