@@ -87,6 +87,7 @@ from voice_context.recall.index import (
     default_query,
     indexed,
     note_passage,
+    query_time,
     turn_passage,
 )
 from voice_context.recall.stored import search_store
@@ -840,6 +841,7 @@ class SessionManager:
                 limit=limit,
                 query_vector=query_vector,
                 vectors=recall.vectors,
+                now=query_time(session),
             )
         except StoreError:
             log.warning("voice_context_recall_failed", session=session.name, exc_info=True)

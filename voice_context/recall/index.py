@@ -37,6 +37,7 @@ from voice_context.core.session import Session
 from voice_context.core.text import ELLIPSIS, clip, normalize, sentences
 from voice_context.core.times import utc
 from voice_context.core.turns import Note, Role, Turn
+from voice_context.recall.dates import DATE_TERMS, MAX_DATE_TERMS, date_terms, is_date_term, query_date_terms
 from voice_context.summarizers.deterministic import _RELATIVE as RELATIVE_DATE
 from voice_context.summarizers.deterministic import resolve_dates, spoken_numbers
 
@@ -120,18 +121,20 @@ def annotate_dates(text: str, at: float) -> str:
     return "".join(out)
 
 
-def doc_terms(text: str, speaker: str) -> list[str]:
-    """The words a doc is indexed under: its text's, and its speaker's name."""
+def doc_terms(text: str, speaker: str, at: float) -> list[str]:
+    """The words a doc is indexed under: its text's, its speaker's name, and the day and month
+    it was said (see :mod:`voice_context.recall.dates`)."""
     terms = index_terms(text)
     if speaker:
         terms.extend(index_terms(speaker))
+    terms.extend(date_terms(at))
     return terms
 
 
 def indexed(passage: Passage) -> IndexedDoc:
     """A passage ready for a store's recall index."""
-    terms = doc_terms(passage.text, passage.speaker)
-    return IndexedDoc(passage, tuple(Counter(terms).items()), len(terms))
+    terms = doc_terms(passage.text, passage.speaker, passage.at)
+    return IndexedDoc(passage, tuple(Counter(terms).items()), len(terms) - DATE_TERMS)
 
 
 def turn_passage(index: int, turn: Turn) -> Passage:
@@ -147,18 +150,22 @@ def idf(docs: int, df: int) -> float:
     return math.log(1 + (docs - df + 0.5) / (df + 0.5))
 
 
-def query_terms(query: str, df: Callable[[str], int], docs: int) -> list[str]:
+def query_terms(query: str, df: Callable[[str], int], docs: int, now: float | None = None) -> list[str]:
     """The words a search uses: the rarest :data:`MAX_QUERY_TERMS` of the query's, which carry
     its meaning and bound the postings walked; a word held by more than :data:`MAX_TERM_DOCS`
     docs says little (its idf is near the floor) and is left out, so a search reads at most
-    ``MAX_QUERY_TERMS * MAX_TERM_DOCS`` postings however long the session."""
-    return choose_terms(set(index_terms(query)), df, docs)
+    ``MAX_QUERY_TERMS * MAX_TERM_DOCS`` postings however long the session. Then the date words
+    of the times the query names (``now``: when it is asked; see :mod:`voice_context.recall.dates`)."""
+    return choose_terms([*set(index_terms(query)), *query_date_terms(query, now)], df, docs)
 
 
 def choose_terms(words: Iterable[str], df: Callable[[str], int], docs: int) -> list[str]:
-    """:func:`query_terms` for words already folded: the rarest that are not too common."""
-    kept = [t for t in words if df(t) <= MAX_TERM_DOCS]
-    return sorted(kept, key=lambda t: (-idf(docs, df(t)), t))[:MAX_QUERY_TERMS]
+    """:func:`query_terms` for words already folded: the rarest that are not too common, then
+    the date words (at most a week of days and a few months, outside the cap)."""
+    kept = [t for t in dict.fromkeys(words) if df(t) <= MAX_TERM_DOCS]
+    dates = [t for t in kept if is_date_term(t)]
+    plain = [t for t in kept if not is_date_term(t)]
+    return sorted(plain, key=lambda t: (-idf(docs, df(t)), t))[:MAX_QUERY_TERMS] + dates[:MAX_DATE_TERMS]
 
 
 def bm25(
@@ -423,12 +430,13 @@ class RecallIndex:
         return self.embedder.embed([query])[0]
 
     def _add(self, passage: Passage) -> int:
-        terms = doc_terms(passage.text, passage.speaker)
+        terms = doc_terms(passage.text, passage.speaker, passage.at)
         doc_id = len(self.docs)
-        self.docs.append(_Doc(passage, len(terms)))
-        self.total_length += len(terms)
+        length = len(terms) - DATE_TERMS  # a doc's length is its words': every doc has its dates
+        self.docs.append(_Doc(passage, length))
+        self.total_length += length
         for term, tf in Counter(terms).items():
-            self.postings.setdefault(term, []).append((doc_id, tf, len(terms)))
+            self.postings.setdefault(term, []).append((doc_id, tf, length))
         return doc_id
 
     # -- searching -----------------------------------------------------------------------
@@ -459,16 +467,19 @@ class RecallIndex:
         limit: int = 24,
         query_vector: Any = None,
         min_share: float = 0.25,
+        now: float | None = None,
     ) -> list[Recalled]:
         """The passages that bear on ``query``, best first, each rendered to show.
 
         ``before`` excludes turns at that index or later (the ones a context
-        shows verbatim anyway). A lexical hit scoring under ``min_share`` of the
-        best is noise and left out. ``query_vector`` (a unit vector) adds the
-        vector ranking, fused by reciprocal rank.
+        shows verbatim anyway); ``now`` is when the query is asked (a time it
+        names without its year, or "yesterday", is resolved from it). A lexical
+        hit scoring under ``min_share`` of the best is noise and left out.
+        ``query_vector`` (a unit vector) adds the vector ranking, fused by
+        reciprocal rank.
         """
         docs = len(self.docs)
-        terms = query_terms(query, lambda t: len(self.postings.get(t, ())), docs)
+        terms = query_terms(query, lambda t: len(self.postings.get(t, ())), docs, now)
         lexical = self.lexical(terms, before=before)
         close: list[int] = []
         if query_vector is not None and self.vectors:
@@ -533,6 +544,12 @@ def default_query(turns: Sequence[Turn]) -> str:
     return ""
 
 
+def query_time(session: Session) -> float | None:
+    """When a context's query is asked: the time of the session's newest turn."""
+    turns = session.verbatim_turns
+    return turns[-1].at if turns else None
+
+
 def recall_candidates(
     index: RecallIndex, session: Session, query: str | None, *, query_vector: Any = None, embed: bool = False
 ) -> tuple[str, list[Recalled]]:
@@ -549,7 +566,9 @@ def recall_candidates(
     limit = max(1, config.recall_limit) + 4  # a few spare for those shown verbatim anyway
     if embed and query_vector is None:
         query_vector = index.query_vector(text)
-    found = index.search(text, before=session.total_turns - 1, limit=limit, query_vector=query_vector)
+    found = index.search(
+        text, before=session.total_turns - 1, limit=limit, query_vector=query_vector, now=query_time(session)
+    )
     found.extend(search_summary(session.summary, text, limit=config.recall_limit))
     return text, found
 
@@ -570,6 +589,7 @@ __all__ = [
     "default_query",
     "index_terms",
     "older_turns",
+    "query_time",
     "recall_candidates",
     "search_summary",
     "stamp",

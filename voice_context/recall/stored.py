@@ -16,7 +16,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from voice_context.core.recalled import Recalled
-from voice_context.recall.index import bm25, choose_terms, fuse, idf, index_terms, nearest, render_hits
+from voice_context.recall.dates import query_date_terms
+from voice_context.recall.index import (
+    bm25,
+    choose_terms,
+    fuse,
+    idf,
+    index_terms,
+    nearest,
+    render_hits,
+)
 from voice_context.store.base import Store
 
 
@@ -30,18 +39,20 @@ async def search_store(
     query_vector: Any = None,
     vectors: Mapping[int, Any] | None = None,
     min_share: float = 0.25,
+    now: float | None = None,
 ) -> list[Recalled]:
     """The passages of session ``name`` that bear on ``query``, best first, rendered to show.
 
     Turns at ``before`` or later are left out (a context shows them verbatim);
     ``query_vector`` with the session's ``vectors`` (doc key -> unit vector) adds
-    the vector ranking.
+    the vector ranking; ``now`` is when the query is asked (see :func:`query_terms`).
     """
     words = sorted(set(index_terms(query)))
-    if not words and query_vector is None:
+    dates = query_date_terms(query, now)
+    if not words and not dates and query_vector is None:
         return []
-    stats, df, postings = await store.recall_postings(name, words, choose_terms)
-    terms = choose_terms(words, lambda t: df.get(t, 0), stats.docs)
+    stats, df, postings = await store.recall_postings(name, [*words, *dates], choose_terms)
+    terms = choose_terms([*words, *dates], lambda t: df.get(t, 0), stats.docs)
 
     def keep(key: int) -> bool:
         return key < 0 or key < before
