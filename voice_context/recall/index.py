@@ -132,7 +132,8 @@ def doc_terms(text: str, speaker: str, at: float) -> list[str]:
 
 
 def indexed(passage: Passage) -> IndexedDoc:
-    """A passage ready for a store's recall index."""
+    """A passage ready for a store's recall index (or this process's). Its length for BM25 is
+    its words', not its date words': every doc has the same two."""
     terms = doc_terms(passage.text, passage.speaker, passage.at)
     return IndexedDoc(passage, tuple(Counter(terms).items()), len(terms) - DATE_TERMS)
 
@@ -430,13 +431,12 @@ class RecallIndex:
         return self.embedder.embed([query])[0]
 
     def _add(self, passage: Passage) -> int:
-        terms = doc_terms(passage.text, passage.speaker, passage.at)
+        doc = indexed(passage)
         doc_id = len(self.docs)
-        length = len(terms) - DATE_TERMS  # a doc's length is its words': every doc has its dates
-        self.docs.append(_Doc(passage, length))
-        self.total_length += length
-        for term, tf in Counter(terms).items():
-            self.postings.setdefault(term, []).append((doc_id, tf, length))
+        self.docs.append(_Doc(passage, doc.length))
+        self.total_length += doc.length
+        for term, tf in doc.terms:
+            self.postings.setdefault(term, []).append((doc_id, tf, doc.length))
         return doc_id
 
     # -- searching -----------------------------------------------------------------------

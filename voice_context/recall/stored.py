@@ -17,15 +17,7 @@ from typing import Any
 
 from voice_context.core.recalled import Recalled
 from voice_context.recall.dates import query_date_terms
-from voice_context.recall.index import (
-    bm25,
-    choose_terms,
-    fuse,
-    idf,
-    index_terms,
-    nearest,
-    render_hits,
-)
+from voice_context.recall.index import bm25, choose_terms, fuse, idf, index_terms, nearest, render_hits
 from voice_context.store.base import Store
 
 
