@@ -20,7 +20,9 @@
    in process over an in-memory index (what a replay runs), and through
    ``SessionManager.context`` over the index a SQLite store keeps beside the
    turns (what a server runs); what indexing one turn costs; and what the
-   served session holds in the process.
+   served session holds in the process. Then a user turn stored and its context
+   asked for 5 ms later, with recall ahead off (the context searches) and on
+   (the search ran when the turn was stored).
 7. Token budgets: ``build_context`` under a token budget in ``o200k_base`` (a
    warm count cache, as on a live session), against the same context under the
    char budget of the same size (4 chars a token).
@@ -55,7 +57,7 @@ import anyio.to_thread
 import structlog
 
 from voice_context import DeterministicSummarizer, SessionConfig, SessionManager, Turn
-from voice_context.config import Settings
+from voice_context.config import AheadMode, Settings
 from voice_context.core.budget import build_context
 from voice_context.core.session import Session
 from voice_context.recall.index import RecallIndex, recall_candidates
@@ -366,6 +368,7 @@ async def bench_recall_served(n: int, size: int, texts: list[tuple[str, str]], q
         async with SessionManager(DeterministicSummarizer(), store=store, close_timeout=30) as manager:
             tracemalloc.start()
             await manager.open("bench")
+            manager.recall_ahead = "off"  # every context below searches on the reply path, until after_turn
             tick = time.perf_counter()
             for i in range(size):
                 speaker, text = texts[i % len(texts)]
@@ -389,8 +392,25 @@ async def bench_recall_served(n: int, size: int, texts: list[tuple[str, str]], q
                     out.append(time.perf_counter() - t0)
                 return out
 
+            async def after_turn(ahead: AheadMode) -> list[float]:
+                """A user turn is stored, the bot asks for its context a moment later: recall
+                ahead has searched meanwhile (or, off, the context searches itself)."""
+                manager.recall_ahead = ahead
+                out = []
+                for k in range(n):
+                    speaker, text = texts[(size + k) % len(texts)]
+                    said = Turn(speaker, "user", f"{text} (again {k})", at=1_700_000_000.0 + 4 * (size + k))
+                    await manager.append_turn("bench", said)
+                    await anyio.sleep(0.005)
+                    t0 = time.perf_counter()
+                    await manager.context("bench", "instructions", budget_chars=8000)
+                    out.append(time.perf_counter() - t0)
+                return out
+
             plain = await timed_async(None)
             asked = await timed_async("query")
+            searched = await after_turn("off")
+            ahead = await after_turn("first")
         print(
             f"{'served: append + index one turn (SQLite, fsync)':<52} mean {appended / size * 1e6:8.1f} us"
             f"  cursor {session.cursor:,} of {session.total_turns:,}"
@@ -401,6 +421,8 @@ async def bench_recall_served(n: int, size: int, texts: list[tuple[str, str]], q
         )
         print(row("served: context, the newest user turn as query", plain))
         print(row("served: context with a query (SQLite index)", asked, plain))
+        print(row("served: user turn, then its context (ahead off)", searched))
+        print(row("  the same, recall ahead (the default)", ahead, searched))
 
 
 def bench_tokens(n: int) -> None:

@@ -824,7 +824,23 @@ def main() -> None:
     )
     parser.add_argument("--samples", type=int, default=200, help="context requests per length")
     parser.add_argument("--keep", action="store_true", help="keep the servers' files and logs")
+    parser.add_argument(
+        "--dialogue",
+        action="store_true",
+        help="a conversation of two: the recordings' lines said by a user and a bot in turn "
+        "(by default their own roles: a group, about 7 user turns to each bot turn)",
+    )
+    parser.add_argument(
+        "--recall-ahead", choices=("first", "every", "off"), help="the servers' [recall] ahead"
+    )
     args = parser.parse_args()
+    if args.dialogue:
+        LINES[:] = [
+            Line(line.speaker, "user", line.text) if k % 2 == 0 else Line("Bot", "assistant", line.text)
+            for k, line in enumerate(LINES)
+        ]
+    if args.recall_ahead:
+        SERVER_ENV["VOICE_CONTEXT_RECALL_AHEAD"] = args.recall_ahead
     if args.trivial:
         asyncio.run(trivial_main())
         return

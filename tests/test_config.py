@@ -28,6 +28,8 @@ def test_a_file_then_the_environment_override_the_defaults(tmp_path: Path) -> No
     assert settings.session.recent_window == 30
     assert settings.session_explicit == {"recent_window"}
     assert Settings().session == SessionConfig()
+    assert Settings().recall.ahead == "first"
+    assert load_settings(env={"VOICE_CONTEXT_RECALL_AHEAD": "every"}).recall.ahead == "every"
 
 
 @pytest.mark.parametrize(
@@ -40,6 +42,7 @@ def test_a_file_then_the_environment_override_the_defaults(tmp_path: Path) -> No
         ("[summarizer]\ntimeout = 20\n", "3 attempts of timeout=20s .* outlast compaction_timeout=60s"),
         ("[summarizer]\ncompaction_timeout = 4\nmax_retries = 2\n", "leaves no time for 3 attempts"),
         ("[server\n", "cannot read config file"),
+        ("[recall]\nahead = 'sometimes'\n", "recall.ahead must be first, every or off"),
     ],
 )
 def test_a_bad_file_is_a_clear_config_error(tmp_path: Path, text: str, message: str) -> None:

@@ -26,7 +26,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, Literal, get_type_hints
 
 from voice_context.core.config import SessionConfig
 from voice_context.errors import ConfigError
@@ -190,16 +190,29 @@ class StoreSettings:
         return self.sweep_interval or min(self.session_ttl / 4, MAX_SWEEP_INTERVAL)
 
 
+AheadMode = Literal["first", "every", "off"]
+AHEAD_MODES: tuple[AheadMode, ...] = ("first", "every", "off")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RecallSettings:
     """How recall ranks: ``embedder`` is ``none`` (lexical only, the default), ``minilm-static``
     (a static table distilled from all-MiniLM-L6-v2, about 10,000 turns a second), ``minilm``
     (the full model: better on meeting queries, about 100 turns a second a core) or ``auto``
-    (``minilm-static`` when the ``recall`` extra is installed)."""
+    (``minilm-static`` when the ``recall`` extra is installed).
+
+    ``ahead`` starts recall for a user turn as soon as it is stored, so that the context asked
+    for before the reply finds it done (see :mod:`voice_context.manager`): ``first`` (the
+    default) for the first user turn after each context, the one a bot in a conversation of two
+    answers; ``every`` for every user turn (a group's bot answers the newest of several: its
+    replies wait less, at the cost of a search per turn); ``off``."""
 
     embedder: str = "none"
+    ahead: AheadMode = "first"
 
     def __post_init__(self) -> None:
+        if self.ahead not in AHEAD_MODES:
+            raise ConfigError(f"recall.ahead must be first, every or off, got {self.ahead!r}")
         if self.embedder not in ("none", "auto", "minilm", "minilm-static"):
             raise ConfigError(
                 f"recall.embedder must be none, auto, minilm or minilm-static, got {self.embedder!r}"

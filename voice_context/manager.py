@@ -14,6 +14,16 @@ Lifetimes are lexical::
 
 Leaving the block stops new compactions, gives those in flight
 ``close_timeout`` seconds to land, then cancels the rest.
+
+Recall runs ahead of the reply (``recall_ahead``): when a user turn is stored,
+the search for it (a context's default query) starts in the background, so that
+the context asked for before the bot answers finds its passages ready instead of
+reading the store's index on the reply path. ``first`` (the default) searches
+ahead for the first user turn after each context: in a conversation of two, the
+turn the bot answers; in a group, at most one search per reply goes unused.
+``every`` searches for every user turn, so a group's bot finds the newest ready
+too, at the cost of a search per turn; ``off`` never. A context for another
+query, or after a fold replaced the summary, recalls for itself as before.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ import anyio.to_thread
 import structlog
 from anyio.abc import TaskGroup
 
-from voice_context.config import session_defaults
+from voice_context.config import AheadMode, session_defaults
 from voice_context.core.budget import Context, Format, build_context
 from voice_context.core.config import SessionConfig
 from voice_context.core.emergency import safety_start
@@ -137,6 +147,25 @@ class _Recall:
     """The turns just before the cursor last read for a context: (cursor, count, turns)."""
     summary: SummaryIndex | None = None
     """The words of the summary's lines, indexed once per summary."""
+    ahead: _Ahead | None = None
+    """Recall for a user turn, run when it was stored (see :meth:`SessionManager.context`)."""
+    armed: bool = True
+    """Whether the next user turn starts a recall ahead: not while one started since the last
+    context is waiting unused (in a group, most turns are not the one the bot answers)."""
+
+
+@dataclass(eq=False)
+class _Ahead:
+    """Recall run ahead of the reply: for a user turn as soon as it is stored, so that the
+    context the bot asks for before answering it finds its passages ready. It answers a
+    context whose query is that turn's text, while the summary (and the tiers) it searched
+    are still the session's."""
+
+    query: str
+    summary: str
+    tiers: tuple[TierSummary, ...]
+    done: anyio.Event = field(default_factory=anyio.Event)
+    found: list[Recalled] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,11 +245,13 @@ class SessionManager:
         replica: str | None = None,
         embedder: Embedder | None = None,
         lease_ttl: float = LEASE_TTL,
+        recall_ahead: AheadMode = "first",
     ) -> None:
         if lease_ttl <= 0:
             raise ValueError("lease_ttl must be positive")
         self.summarizer = summarizer
         self.embedder = embedder
+        self.recall_ahead = recall_ahead
         self.config = config or session_defaults(summarizer)
         self.store: Store = store if store is not None else MemoryStore()
         self.compaction_timeout = compaction_timeout
@@ -421,6 +452,7 @@ class SessionManager:
                     raise StoreError(text, retryable=True) from conflict
             index = live.session.append_turn(turn)
             self._maybe_index(live)
+            self._maybe_recall_ahead(live, turn)
             config = live.session.config
             if config.tiers and before is not None and turn.at - before > config.conversation_gap_seconds:
                 self._maybe_roll(live, now=True)  # a conversation just ended: roll it
@@ -474,11 +506,11 @@ class SessionManager:
         self._maybe_compact(live, FillBudget(budget_chars, budget_tokens, counter))
         self._maybe_roll(live)
         session = live.session
-        if session.total_turns - live.recall.indexed > INDEX_SLACK and live.recall.running:
-            with anyio.move_on_after(INDEX_WAIT):  # a burst of appends: let recall see it
-                await live.recall.done.wait()
         text = default_query(session.verbatim_turns) if query is None else query
-        recalled = await self._recall(live, text) if session.config.recall and text.strip() else []
+        recalled = await self._recalled_ahead(live, text) if session.config.recall else None
+        if recalled is None and session.config.recall and text.strip():
+            await self._catch_up_index(live)
+            recalled = await self._recall(live, text)
         older = await self._older(live, older_chars(budget_chars, budget_tokens))
         live = self._get(name, owner)  # decide again after the awaits
         return build_context(
@@ -489,7 +521,7 @@ class SessionManager:
             tokens=counter if budget_tokens is not None else None,  # a whole count costs ~45 us/kchar
             base_instructions=base_instructions,
             facts=facts,
-            recalled=recalled,
+            recalled=recalled or [],
             query=text,
             older=older,
         )
@@ -822,6 +854,57 @@ class SessionManager:
             keys = [*range(stats.turns), *range(-1, -stats.notes - 1, -1)]
             recall.unembedded = [key for key in keys if key not in recall.vectors]
         return recall
+
+    async def _catch_up_index(self, live: _Live) -> None:
+        """After a burst of appends, give indexing a moment (at most ``INDEX_WAIT``) so that
+        recall sees the turns just stored."""
+        recall = live.recall
+        if live.session.total_turns - recall.indexed > INDEX_SLACK and recall.running:
+            with anyio.move_on_after(INDEX_WAIT):
+                await recall.done.wait()
+
+    def _maybe_recall_ahead(self, live: _Live, turn: Turn) -> None:
+        """Recall for a user turn just stored, in the background: the bot's next context will
+        ask for it (its default query is the newest user turn)."""
+        session = live.session
+        if (
+            self.recall_ahead == "off"
+            or turn.role != "user"
+            or not session.config.recall
+            or not turn.text.strip()
+            or self._tg is None
+            or self._closing
+        ):
+            return
+        if self.recall_ahead == "first" and not live.recall.armed:
+            return
+        ahead = _Ahead(turn.text, session.summary, live.tiers)
+        live.recall.ahead = ahead
+        live.recall.armed = False
+        self._tg.start_soon(self._recall_ahead, live, ahead)
+
+    async def _recall_ahead(self, live: _Live, ahead: _Ahead) -> None:
+        try:
+            await self._catch_up_index(live)
+            if live.recall.ahead is ahead:  # no newer user turn meanwhile
+                ahead.found = await self._recall(live, ahead.query)
+        except Exception:  # the context will recall for itself
+            log.warning("voice_context_recall_ahead_failed", session=live.session.name, exc_info=True)
+        finally:
+            ahead.done.set()
+
+    async def _recalled_ahead(self, live: _Live, text: str) -> list[Recalled] | None:
+        """What recall ahead found for ``text``, waiting for it if it is still running; ``None``
+        when it was for another query, failed, or searched a summary the session has since replaced.
+        Either way the next user turn may start a recall ahead again."""
+        ahead = live.recall.ahead
+        live.recall.armed = True
+        if ahead is None or ahead.query != text:
+            return None
+        await ahead.done.wait()
+        if ahead.found is None or ahead.summary is not live.session.summary or ahead.tiers is not live.tiers:
+            return None
+        return ahead.found
 
     async def _recall(self, live: _Live, text: str) -> list[Recalled]:
         """What recall offers a context for ``text``: passages from the store's index, then

@@ -431,6 +431,7 @@ class Server:
                 close_timeout=cfg.shutdown_timeout,
                 replica=replica_name(cfg.replica, cfg.port),
                 lease_ttl=cfg.lease_ttl,
+                recall_ahead=self.settings.recall.ahead,
                 # loading (a first use distils the static table: some 20 s) runs off the event loop
                 embedder=await anyio.to_thread.run_sync(load_embedder, self.settings.recall.embedder),
             )

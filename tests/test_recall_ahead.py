@@ -1,0 +1,184 @@
+"""Recall runs ahead of the reply: the search for a user turn starts when the turn is stored,
+so the context the bot asks for before answering finds its passages ready.
+
+Every test runs on a real SQLite store; the store only counts the searches it serves."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import wait_until
+from voice_context.core.turns import Turn
+from voice_context.manager import SessionManager
+from voice_context.store.sqlite import SQLiteStore
+from voice_context.summarizers.deterministic import DeterministicSummarizer
+
+pytestmark = pytest.mark.asyncio
+
+
+class CountingStore(SQLiteStore):
+    """The real SQLite store, counting the recall searches it serves (one postings read each)."""
+
+    searches = 0
+
+    async def recall_postings(self, name: str, terms: Sequence[str], choose: Any = None) -> Any:
+        self.searches += 1
+        return await super().recall_postings(name, terms, choose)
+
+
+def history() -> list[Turn]:
+    """A locker code said early, then enough chatter that it leaves the verbatim window."""
+    said = [Turn("Ana", "user", "My gym locker code is 4417, write that down.", 0.0)]
+    said += [
+        Turn("Ana" if k % 2 else "Bot", "user" if k % 2 else "assistant", f"We talk about plan {k}.", 1.0 + k)
+        for k in range(40)
+    ]
+    return said
+
+
+QUESTION = Turn("Ana", "user", "What was my gym locker code again?", 100.0)
+
+
+async def told(manager: SessionManager, turns: Sequence[Turn]) -> None:
+    """The session so far; the bot has just replied (it asked for a context first)."""
+    await manager.open("gym", {"recent_window": 6, "batch_size": 4})
+    for turn in turns:
+        await manager.append_turn("gym", turn)
+    await manager.wait_indexed("gym")
+    for _ in range(8):  # and the folds it started have landed: the summary stands still
+        await manager.context("gym", "messages")
+        await wait_until(lambda: manager.in_flight == 0)
+
+
+async def asked(manager: SessionManager, store: CountingStore) -> int:
+    """The user asks; returns the searches the store has served once the search ahead ran."""
+    searches = store.searches + 1
+    await manager.append_turn("gym", QUESTION)
+    await wait_until(lambda: store.searches == searches)
+    return searches
+
+
+async def test_the_search_for_a_user_turn_runs_before_the_context_is_asked(tmp_path: Path) -> None:
+    store = CountingStore(tmp_path / "sessions.db")
+    async with SessionManager(DeterministicSummarizer(), store=store) as manager:
+        await told(manager, history())
+        searches = store.searches
+        await manager.append_turn("gym", QUESTION)
+        await wait_until(lambda: store.searches == searches + 1)  # nobody asked for a context yet
+
+        ctx = await manager.context("gym", "instructions", budget_chars=1500)
+
+        assert ctx.query == QUESTION.text
+        assert "locker code is 4417" in ctx.instructions
+        assert store.searches == searches + 1  # the context used what was found ahead
+    await store.aclose()
+
+
+async def test_in_a_group_only_the_first_user_turn_after_a_reply_is_searched_ahead(tmp_path: Path) -> None:
+    store = CountingStore(tmp_path / "sessions.db")
+    async with SessionManager(DeterministicSummarizer(), store=store) as manager:
+        await told(manager, history())
+        searches = store.searches
+        for k, who in enumerate(("Ben", "Cy", "Ana")):
+            await manager.append_turn(
+                "gym", Turn(who, "user", f"{who} has a question about plan {k}.", 90.0 + k)
+            )
+        await manager.append_turn("gym", QUESTION)
+        await wait_until(lambda: store.searches == searches + 1)  # Ben's turn, the first after the reply
+
+        ctx = await manager.context("gym", "instructions", budget_chars=1500)
+
+        assert "locker code is 4417" in ctx.instructions
+        assert store.searches == searches + 2  # the question itself is searched on the reply path
+        await manager.append_turn("gym", Turn("Ana", "user", "And my locker number?", 110.0))
+        await wait_until(lambda: store.searches == searches + 3)  # a context re-arms recall ahead
+    await store.aclose()
+
+
+async def test_searching_ahead_for_every_user_turn_has_a_group_s_newest_ready(tmp_path: Path) -> None:
+    store = CountingStore(tmp_path / "sessions.db")
+    async with SessionManager(DeterministicSummarizer(), store=store, recall_ahead="every") as manager:
+        await told(manager, history())
+        searches = store.searches
+        group = [
+            Turn(who, "user", f"{who} has a question about plan {k}.", 90.0 + k)
+            for k, who in enumerate("BCD")
+        ]
+        for k, turn in enumerate([*group, QUESTION], start=1):
+            await manager.append_turn("gym", turn)
+            searched = searches + k
+            await wait_until(lambda: store.searches == searched)  # noqa: B023 - awaited here, each, as it is stored
+
+        ctx = await manager.context("gym", "instructions", budget_chars=1500)
+
+        assert "locker code is 4417" in ctx.instructions
+        assert store.searches == searches + 4  # none on the reply path
+    await store.aclose()
+
+
+async def test_a_bot_turn_keeps_what_was_found_for_the_user_turn_before_it(tmp_path: Path) -> None:
+    store = CountingStore(tmp_path / "sessions.db")
+    async with SessionManager(DeterministicSummarizer(), store=store) as manager:
+        await told(manager, history())
+        searches = await asked(manager, store)
+        await manager.append_turn("gym", Turn("Bot", "assistant", "Let me check that for you.", 101.0))
+
+        ctx = await manager.context("gym", "instructions", budget_chars=1500)
+
+        assert "locker code is 4417" in ctx.instructions
+        assert store.searches == searches  # a bot turn starts no search, and the default query is unchanged
+    await store.aclose()
+
+
+async def test_a_context_for_another_query_searches_for_itself(tmp_path: Path) -> None:
+    store = CountingStore(tmp_path / "sessions.db")
+    async with SessionManager(DeterministicSummarizer(), store=store) as manager:
+        await told(manager, history())
+        searches = await asked(manager, store)
+
+        ctx = await manager.context("gym", "instructions", budget_chars=1500, query="the locker code")
+
+        assert ctx.query == "the locker code"
+        assert "locker code is 4417" in ctx.instructions
+        assert store.searches == searches + 1
+    await store.aclose()
+
+
+async def test_a_summary_replaced_since_the_search_makes_the_context_search_again(tmp_path: Path) -> None:
+    store = CountingStore(tmp_path / "sessions.db")
+    async with SessionManager(DeterministicSummarizer(), store=store) as manager:
+        await told(manager, history())
+        searches = await asked(manager, store)
+        for k in range(10):  # the bot talks on: the question stays the newest user turn
+            await manager.append_turn("gym", Turn("Bot", "assistant", f"Looking in record {k}.", 101.0 + k))
+        before = manager.session("gym").summary
+        await manager.context("gym", "messages")  # uses the search ahead; a fold starts in the background
+        assert store.searches == searches
+        await wait_until(lambda: manager.session("gym").summary != before and manager.in_flight == 0)
+        searches = store.searches
+
+        ctx = await manager.context("gym", "instructions", budget_chars=1500)
+
+        assert store.searches == searches + 1  # the summary's lines it searched are gone
+        assert "locker code is 4417" in ctx.instructions
+    await store.aclose()
+
+
+async def test_with_recall_ahead_off_the_context_searches_on_the_reply_path(tmp_path: Path) -> None:
+    store = CountingStore(tmp_path / "sessions.db")
+    async with SessionManager(DeterministicSummarizer(), store=store, recall_ahead="off") as manager:
+        await told(manager, history())
+        searches = store.searches
+        await manager.append_turn("gym", QUESTION)
+        await manager.wait_indexed("gym")
+        assert store.searches == searches
+
+        ctx = await manager.context("gym", "instructions", budget_chars=1500)
+
+        assert "locker code is 4417" in ctx.instructions
+        assert store.searches == searches + 1
+    await store.aclose()
