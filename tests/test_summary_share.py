@@ -258,3 +258,40 @@ def test_the_floor_counts_every_screen_note_a_plain_tail_shows_not_only_the_live
     )
     assert overcounted.turns_shown > ctx.turns_shown
     assert len(overcounted.recalled) < len(ctx.recalled)
+
+
+def test_without_a_query_the_summary_takes_the_room_an_asked_query_gives_recall() -> None:
+    # a query asked for: recall_share (0.25) before the summary's summary_share (0.05); the newest
+    # user turn as the query: default_recall_share (0.1) before default_summary_share (0.2)
+    config = SessionConfig(max_summary_chars=20_000, recent_floor=0.0, recent_share=0.5)
+    seen = ContextView(100, SUMMARY, conversation(200), (), config)
+    found = [
+        Recalled(
+            "turn",
+            k,
+            f"[{k} April 2023, 09:00] Bob: the harbour ferry ticket number {k} is in my bag",
+            9.0 - k,
+        )
+        for k in range(1, 9)
+    ]
+
+    asked = build_context(seen, "instructions", budget_chars=4000, recalled=found, query="ferry ticket")
+    default = build_context(
+        seen, "instructions", budget_chars=4000, recalled=found, query="ferry ticket", asked=False
+    )
+
+    assert len(default.recalled) < len(asked.recalled) == 8
+    assert len(default.summary) > len(asked.summary) + 200
+    assert asked.chars <= 4000 and default.chars <= 4000
+
+
+def test_a_small_recall_share_still_holds_one_passage() -> None:
+    # the section's header is paid from the budget, not from recall's share
+    config = SessionConfig(max_summary_chars=20_000)
+    seen = ContextView(100, "", conversation(60), (), config)
+    locker = Recalled("turn", 3, "[2 May 2023, 10:00] Ana: My gym locker code is 4417.", 5.0)
+
+    ctx = build_context(seen, "instructions", budget_chars=1500, recalled=[locker], asked=False)
+
+    assert [r.turn for r in ctx.recalled] == [3]  # 0.1 of 1,500 chars: 150, less than header and line
+    assert "locker code is 4417" in ctx.instructions

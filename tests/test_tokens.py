@@ -179,7 +179,13 @@ def test_no_context_ever_exceeds_its_token_budget_or_its_char_budget(
     counter: TokenCounter,
     shares: tuple[float, float, float],
 ) -> None:
-    config = SessionConfig(recent_share=shares[0], recall_share=shares[1], summary_share=shares[2])
+    config = SessionConfig(
+        recent_share=shares[0],
+        recall_share=shares[1],
+        summary_share=shares[2],
+        default_recall_share=shares[2],  # a context without a query trades the two
+        default_summary_share=shares[1],
+    )
     conversation = tuple(
         Turn(("Alice", "Nova")[i % 2], ("user", "assistant")[i % 2], t, T0 + i) for i, t in enumerate(texts)
     )
@@ -200,6 +206,7 @@ def test_no_context_ever_exceeds_its_token_budget_or_its_char_budget(
         facts=facts,
         recalled=passages,
         older=older,
+        asked=len(texts) % 2 == 0,
     )
     assert ctx.tokens == size_in(counter, ctx) <= budget_tokens
     if budget_chars is not None:

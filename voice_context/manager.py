@@ -524,6 +524,7 @@ class SessionManager:
             recalled=recalled or [],
             query=text,
             older=older,
+            asked=query is not None,
         )
 
     def indexing_lag(self, name: str, *, owner: str | None = None) -> int:

@@ -380,6 +380,7 @@ class OfflineReplay:
                 session,
                 budget if budget is not None or message.format != "instructions" else config_budget,
             ),
+            asked=message.query is not None,
         )
         result.context_ms.append((time.perf_counter() - tick) * 1000)
         stats = session.stats()

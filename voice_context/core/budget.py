@@ -40,9 +40,11 @@ budget):
    whatever comes after never pushes the verbatim run below that floor,
 4. the durable facts,
 5. recall: the passages of older history that bear on the query, best first,
-   up to ``recall_share`` of the budget,
+   up to ``recall_share`` of the budget (``default_recall_share`` when no query
+   was asked and the query is the newest user turn: ``asked`` is false),
 6. the session summary, up to ``summary_share`` of the budget plus whatever
-   of recall's share recall left unused (and at most ``summary_priority_chars``),
+   of recall's share recall left unused (and at most ``summary_priority_chars``;
+   ``default_summary_share`` when no query was asked),
 7. the live screen notes, newest first,
 8. the older verbatim turns back to the cursor, newest first, then (when
    ``older`` turns are given) past it (a recalled passage of a turn that
@@ -234,7 +236,7 @@ class _Fill:
         tokens = sum(self._count(p) for p in pieces) + (self._count(self.layout.join) if opened else 0)
         return chars, tokens
 
-    def _item(self, section: str, text: str) -> Size:
+    def item(self, section: str, text: str) -> Size:
         prefix = self.layout.prefix[section]
         if self.counter is None:
             return len(prefix) + len(text), 0
@@ -242,7 +244,7 @@ class _Fill:
         return len(prefix) + len(text), self._count(prefix) + self._count(shown)
 
     def cost(self, section: str, text: str) -> Size:
-        chars, tokens = self._item(section, text)
+        chars, tokens = self.item(section, text)
         if not self.items[section]:
             opened = any(self.items[name] for name in _SECTIONS)
             head_chars, head_tokens = self._header(section, opened)
@@ -255,7 +257,7 @@ class _Fill:
         chars, tokens = self._header(section, False)
         count = 0
         for text, counts in lines:
-            item = self._item(section, text)
+            item = self.item(section, text)
             chars, tokens = chars + item[0], tokens + item[1]
             if chars > room[0] or tokens > room[1]:
                 break
@@ -292,7 +294,7 @@ class _Fill:
         if not self.fits(extra):
             return False
         self.items[section].append(text)
-        self.item_tokens[section].append(self._item(section, text)[1] if self.counter is not None else 0)
+        self.item_tokens[section].append(self.item(section, text)[1] if self.counter is not None else 0)
         self.total += extra[0]
         self.tokens += extra[1]
         return True
@@ -520,6 +522,7 @@ def build_context(
     recalled: Sequence[Recalled] = (),
     query: str = "",
     older: Sequence[Turn] = (),
+    asked: bool = True,
 ) -> Context:
     """Assemble the context for one reply; see the module docstring for the rules.
 
@@ -532,7 +535,9 @@ def build_context(
     shows verbatim are skipped). ``older`` are the turns just before the cursor
     (the store keeps them, the summary covers them): under a budget, room left
     once every turn from the cursor is shown extends the verbatim run into
-    them, so short turns are never shown fewer than the budget holds. Raises
+    them, so short turns are never shown fewer than the budget holds. ``asked``
+    says whether ``query`` was asked for; when it is the newest user turn
+    instead, recall and the summary take their ``default_*`` shares. Raises
     ``ValueError`` for an unknown format or a negative budget.
     """
     if format not in FORMATS:
@@ -547,7 +552,7 @@ def build_context(
         tokens = CharEstimate()
     if budget_chars is None and budget_tokens is None:
         older = ()  # without a budget every turn from the cursor is shown; the summary has the rest
-    args = (view, format, base_instructions, facts, recalled, query, older)
+    args = (view, format, base_instructions, facts, recalled, query, older, asked)
     limit = budget_tokens
     while True:
         context = _assemble(*args, budget_chars, limit, tokens if budget_tokens is not None else None)
@@ -603,11 +608,14 @@ def _assemble(
     recalled: Sequence[Recalled],
     query: str,
     older: Sequence[Turn],
+    asked: bool,
     budget_chars: int | None,
     budget_tokens: int | None,
     tokens: TokenCounter | None,
 ) -> Context:
     config = view.config
+    recall_fraction = config.recall_share if asked else config.default_recall_share
+    summary_fraction = config.summary_share if asked else config.default_summary_share
     turns = (*older, *view.turns)
     n = len(turns)
     start = view.cursor - len(older)  # the transcript index of turns[0]
@@ -781,7 +789,9 @@ def _assemble(
         return start + n - len(fill.items["turns"])
 
     def recall(limit: Size) -> Size:
-        """Add offered passages in rank order within ``limit``; returns what they took."""
+        """Add offered passages in rank order within ``limit``; returns what they took (the
+        section's header is paid from the budget, not from ``limit``: a small share still
+        holds a passage)."""
         spent: Size = (0, 0)
         for passage in list(offered):
             if len(chosen) >= config.recall_limit:
@@ -789,7 +799,7 @@ def _assemble(
             if passage.turn is not None and passage.turn >= verbatim_from():
                 offered.remove(passage)
                 continue
-            cost = fill.cost("recall", passage.line)
+            cost = fill.item("recall", passage.line)
             if over(spent, cost, limit):
                 continue
             if fill.add("recall", passage.line):
@@ -798,7 +808,7 @@ def _assemble(
                 offered.remove(passage)
         return spent
 
-    recall_share = share(config.recall_share)
+    recall_share = share(recall_fraction)
     spent = recall(recall_share)
     unused_recall = (recall_share[0] - spent[0], recall_share[1] - spent[1])
 
@@ -806,7 +816,7 @@ def _assemble(
     if view.summary:
         first = view.summary
         if budget_chars is not None or budget_tokens is not None:
-            summary_share = share(config.summary_share)
+            summary_share = share(summary_fraction)
             cap = min(config.summary_priority_chars, summary_share[0] + unused_recall[0])
             if len(first) > cap:
                 first = _condense(first, cap) if cap >= MIN_SUMMARY_CUT else ""

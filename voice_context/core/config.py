@@ -23,6 +23,8 @@ RECENT_SHARE = 0.7
 RECENT_FLOOR = 0.9
 RECALL_SHARE = 0.25
 SUMMARY_SHARE = 0.05
+DEFAULT_RECALL_SHARE = 0.1
+DEFAULT_SUMMARY_SHARE = 0.2
 RECALL_LIMIT = 12
 FILL_TRIGGER = 0.7
 LANDMARK_SHARE = 0.25
@@ -61,6 +63,10 @@ class SessionConfig:
     - ``summary_share``: the share of a budget the summary takes before the older
       verbatim turns (never more than ``summary_priority_chars``); the rest of a
       longer summary only takes the room those turns leave.
+    - ``default_recall_share`` / ``default_summary_share``: the same two shares
+      for a context asked for without a query, whose query is then the newest
+      user turn: what that turn is about is less certain than what a query
+      names, and the summary, the memory of everything older, gets more room.
     - ``recall_limit``: at most this many recalled passages in one context.
     - ``min_age_seconds``: a turn becomes eligible for compaction only once it is
       this old at the time of the request (0 keeps the design's pure count rule).
@@ -107,6 +113,8 @@ class SessionConfig:
     recall: bool = True
     recall_share: float = RECALL_SHARE
     summary_share: float = SUMMARY_SHARE
+    default_recall_share: float = DEFAULT_RECALL_SHARE
+    default_summary_share: float = DEFAULT_SUMMARY_SHARE
     recall_limit: int = RECALL_LIMIT
     min_age_seconds: float = 0.0
     retry_base_seconds: float = 2.0
@@ -162,6 +170,8 @@ class SessionConfig:
             "recent_floor",
             "recall_share",
             "summary_share",
+            "default_recall_share",
+            "default_summary_share",
             "fill_trigger",
             "landmark_share",
         )
@@ -171,6 +181,8 @@ class SessionConfig:
                 raise ConfigError(f"{name} must be a number between 0 and 1, got {value!r}")
         if self.recent_share + self.recall_share + self.summary_share > 1 + 1e-9:
             raise ConfigError("recent_share + recall_share + summary_share must not exceed 1")
+        if self.recent_share + self.default_recall_share + self.default_summary_share > 1 + 1e-9:
+            raise ConfigError("recent_share + default_recall_share + default_summary_share must not exceed 1")
         gap = self.conversation_gap_seconds
         if not isinstance(gap, int | float) or isinstance(gap, bool) or not gap > 0:
             raise ConfigError(f"conversation_gap_seconds must be a positive number, got {gap!r}")
@@ -226,6 +238,8 @@ CLIENT_MAXIMA: Mapping[str, int | float] = {
     "recall": 1,
     "recall_share": 1,
     "summary_share": 1,
+    "default_recall_share": 1,
+    "default_summary_share": 1,
     "recall_limit": 32,
     "fill_trigger": 1,
     "landmarks": 1,
