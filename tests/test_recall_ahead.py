@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_until
 
-from tests.helpers import wait_until
 from voice_context.core.turns import Turn
 from voice_context.manager import SessionManager
 from voice_context.store.sqlite import SQLiteStore
