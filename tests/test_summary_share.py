@@ -74,7 +74,7 @@ def test_without_a_budget_the_whole_summary_is_given() -> None:
     assert context.turns_shown == 40
 
 
-def test_a_shrunk_summary_keeps_every_time_window_it_can_and_drops_from_the_oldest_first() -> None:
+def test_a_shrunk_summary_keeps_every_time_window_it_can_coarser_with_age() -> None:
     short = condense_summary(SUMMARY, 3000)
     assert len(short) <= 3000
     kept = short.split("\n")
@@ -84,8 +84,22 @@ def test_a_shrunk_summary_keeps_every_time_window_it_can_and_drops_from_the_olde
     assert len(kept[0]) < len(LINES[0])  # the oldest is coarser
 
     tiny = condense_summary(SUMMARY, 400).split("\n")
-    assert tiny[-1].startswith(LINES[-1][:20])  # when lines must go, the oldest go first
+    assert tiny[-1].startswith(LINES[-1][:20])  # when lines must go, the newest stays
     assert len(tiny) < len(LINES)
+
+
+def test_when_lines_must_go_small_talk_goes_before_an_older_fact() -> None:
+    passport = "[1 May 2023, 10:00] Ana: My passport number is 4471 and it expires on 9 June."
+    newest = "[4 May 2023, 10:00] Ben: Okay."
+    summary = "\n".join(
+        [
+            passport,
+            "[2 May 2023, 10:00] Ben: Haha that is so funny to me.",
+            "[3 May 2023, 10:00] Ana: Sounds good to me.",
+            newest,
+        ]
+    )
+    assert condense_summary(summary, len(passport) + 1 + len(newest)).split("\n") == [passport, newest]
 
 
 def test_a_shrunk_line_keeps_its_date_and_what_tells_most_in_the_order_it_was_said() -> None:
@@ -281,7 +295,7 @@ def test_without_a_query_the_summary_takes_the_room_an_asked_query_gives_recall(
     )
 
     assert len(default.recalled) < len(asked.recalled) == 8
-    assert len(default.summary) > len(asked.summary) + 200
+    assert len(default.summary) > len(asked.summary) + 100
     assert asked.chars <= 4000 and default.chars <= 4000
 
 

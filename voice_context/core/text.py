@@ -181,7 +181,9 @@ def condense_summary(text: str, limit: int, *, half_life: float = 48.0) -> str:
     date, begun less than :data:`JOIN_WITHIN` apart) join, oldest first, until the
     text fits (one head for both, the earlier time: heads must not crowd out
     what they date); when no lines can join, the joined lines lose sentences
-    again the same way, and then the oldest lines go. When the newest line alone, down to
+    again the same way, and then whole lines go, the one that tells least first
+    (:func:`information`; the newest never; of equals, the older): a dated fact
+    of any age outlasts small talk. When the newest line alone, down to
     one sentence, is longer than ``limit``, nothing is left (``""``).
 
     Cached: one summary serves every context until the next compaction.
@@ -199,6 +201,7 @@ def condense_summary(text: str, limit: int, *, half_life: float = 48.0) -> str:
     infos = [[information(sentence) for sentence in line] for line in lines]
     lengths = [len(heads[i]) + len(" ".join(lines[i])) for i in range(n)]
     after = list(range(1, n + 1))  # the next line still shown (n: none)
+    before = list(range(-1, n - 1))  # the line shown before it (-1: none)
     alive = [True] * n
     total = sum(lengths) + n - 1
 
@@ -232,15 +235,28 @@ def condense_summary(text: str, limit: int, *, half_life: float = 48.0) -> str:
             latest[i] = latest[j]
             alive[j] = False
             after[i] = after[j]
+            if after[j] < n:
+                before[after[j]] = i
             continue
         joined = [k for k in range(first, n) if alive[k] and len(lines[k]) > 1]
         if joined:  # no two lines share a date any more: the joined lines lose sentences again
             heap = [weight(k) for k in joined]
             heapq.heapify(heap)
             continue
-        total -= lengths[first] + 1
-        alive[first] = False
-        first = after[first]
+        # a line goes whole: the one that tells least per char, the newest never, of equals the older
+        gone, k = first, after[first]
+        while after[k] < n:
+            if _told(infos[k]) < _told(infos[gone]):
+                gone = k
+            k = after[k]
+        total -= lengths[gone] + 1
+        alive[gone] = False
+        if after[gone] < n:
+            before[after[gone]] = before[gone]
+        if gone == first:
+            first = after[gone]
+        else:
+            after[before[gone]] = after[gone]
     while total > limit and len(lines[first]) > 1:  # one line left: it still keeps its head
         total -= _drop_one(lines[first], infos[first])
     shown: list[str] = []
@@ -254,6 +270,11 @@ def condense_summary(text: str, limit: int, *, half_life: float = 48.0) -> str:
     # a dated line down to one sentence that still does not fit is left out: a sentence is shown
     # whole or not at all, never cut into a fragment that may say something else
     return "" if heads[first] else keep_newest_sentences(result, limit)
+
+
+def _told(infos: list[float]) -> float:
+    """What a line tells per char: the mean :func:`information` of its sentences."""
+    return sum(infos) / len(infos) if infos else 0.0
 
 
 _HEAD_DATE = re.compile(r"^\[(.+?),? (\d{1,2}):(\d{2})\]\s+$")
