@@ -1,8 +1,12 @@
 """The embedded store: one SQLite file in WAL mode, the default.
 
-Access model: one ``sqlite3`` connection per store, used by one operation at
-a time in a worker thread (``anyio.to_thread.run_sync`` behind a capacity
-limiter of one). Each store method is a single function that runs a whole
+Access model: one ``sqlite3`` connection per store for everything that
+writes, used by one operation at a time in a worker thread
+(``anyio.to_thread.run_sync`` behind a capacity limiter of one). The reads on
+a reply's path (recall's postings and passages, the turns before the cursor)
+have a second, read-only connection and a worker of their own: in WAL mode a
+reader sees the last commit without waiting for the writer, so a context is
+never queued behind a group's fsync. Each store method is a single function that runs a whole
 transaction in the thread, from ``BEGIN`` to ``COMMIT``; no transaction ever
 spans an ``await``. A cancelled caller therefore never leaves a transaction
 open: the thread finishes (or rolls back) before the cancellation is
@@ -259,6 +263,8 @@ class SQLiteStore:
         self._clock = clock
         self._conn: sqlite3.Connection | None = None
         self._limiter = anyio.CapacityLimiter(1)
+        self._reader: sqlite3.Connection | None = None
+        self._read_limiter = anyio.CapacityLimiter(1)
         self._closed = False
         self.group: GroupCommit[_Write] = GroupCommit(self._write_group)
         #: the recall index's writes, grouped the same way across sessions (without an fsync)
@@ -384,7 +390,7 @@ class SQLiteStore:
                     raise SessionNotStored(name)
                 return _select_turns(conn, name, max(start, 0), end)
 
-        return await self._run("read_turns", op)
+        return await self._run_read("read_turns", op)
 
     async def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
         if ttl <= 0:
@@ -527,7 +533,7 @@ class SQLiteStore:
                         out.setdefault(term, []).append((key, tf, length))
                 return stats, df, out
 
-        return await self._run("recall_postings", op)
+        return await self._run_read("recall_postings", op)
 
     async def recall_passages(self, name: str, keys: Sequence[int]) -> dict[int, Passage]:
         turn_keys = sorted({k for k in keys if k >= 0})
@@ -555,7 +561,7 @@ class SQLiteStore:
                         out[key] = Passage("note", None, at, speaker, text)
             return out
 
-        return await self._run("recall_passages", op)
+        return await self._run_read("recall_passages", op)
 
     async def save_vectors(self, name: str, vectors: dict[int, bytes]) -> None:
         def op(conn: sqlite3.Connection) -> None:
@@ -652,7 +658,13 @@ class SQLiteStore:
                 conn, self._conn = self._conn, None
                 conn.close()
 
+        def close_reader() -> None:
+            if self._reader is not None:
+                reader, self._reader = self._reader, None
+                reader.close()
+
         with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(close_reader, limiter=self._read_limiter)
             await anyio.to_thread.run_sync(op, limiter=self._limiter)
 
     # -- internals -------------------------------------------------------------
@@ -754,11 +766,20 @@ class SQLiteStore:
             raise StoreError("the sqlite store is closed", retryable=False)
         return await anyio.to_thread.run_sync(self._call, where, op, limiter=self._limiter)
 
-    def _call(self, where: str, op: Callable[[sqlite3.Connection], T]) -> T:
-        """Runs in the worker thread, one call at a time."""
+    async def _run_read(self, where: str, op: Callable[[sqlite3.Connection], T]) -> T:
+        """A read on a reply's path: on the read-only connection, beside the writes. Until the
+        writer has opened the file (and migrated it), on the writer's connection."""
+        if self._closed:
+            raise StoreError("the sqlite store is closed", retryable=False)
+        if self._conn is None:
+            return await self._run(where, op)
+        return await anyio.to_thread.run_sync(self._call, where, op, True, limiter=self._read_limiter)
+
+    def _call(self, where: str, op: Callable[[sqlite3.Connection], T], read: bool = False) -> T:
+        """Runs in a worker thread, one call at a time per connection."""
         self.operations += 1
         try:
-            return op(self._connection())
+            return op(self._read_connection() if read else self._connection())
         except sqlite3.Error as exc:
             self.errors += 1
             raise translate(exc, where) from exc
@@ -784,6 +805,16 @@ class SQLiteStore:
             raise
         self._conn = conn
         return conn
+
+    def _read_connection(self) -> sqlite3.Connection:
+        if self._reader is not None:
+            return self._reader
+        reader = sqlite3.connect(
+            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        reader.execute("PRAGMA query_only = ON")
+        self._reader = reader
+        return reader
 
 
 @contextlib.contextmanager
