@@ -201,7 +201,6 @@ def condense_summary(text: str, limit: int, *, half_life: float = 48.0) -> str:
     infos = [[information(sentence) for sentence in line] for line in lines]
     lengths = [len(heads[i]) + len(" ".join(lines[i])) for i in range(n)]
     after = list(range(1, n + 1))  # the next line still shown (n: none)
-    before = list(range(-1, n - 1))  # the line shown before it (-1: none)
     alive = [True] * n
     total = sum(lengths) + n - 1
 
@@ -235,8 +234,6 @@ def condense_summary(text: str, limit: int, *, half_life: float = 48.0) -> str:
             latest[i] = latest[j]
             alive[j] = False
             after[i] = after[j]
-            if after[j] < n:
-                before[after[j]] = i
             continue
         joined = [k for k in range(first, n) if alive[k] and len(lines[k]) > 1]
         if joined:  # no two lines share a date any more: the joined lines lose sentences again
@@ -244,19 +241,17 @@ def condense_summary(text: str, limit: int, *, half_life: float = 48.0) -> str:
             heapq.heapify(heap)
             continue
         # a line goes whole: the one that tells least per char, the newest never, of equals the older
-        gone, k = first, after[first]
+        gone, shown_before, previous, k = first, -1, first, after[first]
         while after[k] < n:
             if _told(infos[k]) < _told(infos[gone]):
-                gone = k
-            k = after[k]
+                gone, shown_before = k, previous
+            previous, k = k, after[k]
         total -= lengths[gone] + 1
         alive[gone] = False
-        if after[gone] < n:
-            before[after[gone]] = before[gone]
         if gone == first:
             first = after[gone]
         else:
-            after[before[gone]] = after[gone]
+            after[shown_before] = after[gone]
     while total > limit and len(lines[first]) > 1:  # one line left: it still keeps its head
         total -= _drop_one(lines[first], infos[first])
     shown: list[str] = []
