@@ -210,6 +210,11 @@ def test_spoken_numbers_become_digits_but_counts_and_pronouns_stay_words() -> No
     assert spoken_numbers("the one I like") == "the one I like"
 
 
+def test_letters_that_only_fold_to_a_number_word_s_are_left_as_they_are() -> None:
+    # Unicode case folding takes a long s for "s" and a dotless i for "i": no number words
+    assert spoken_numbers("ſix fıve and Twenty Two") == "ſix fıve and 22"
+
+
 def test_filler_and_small_talk_are_dropped_and_sentences_shortened() -> None:
     for filler in ("hi", "yeah", "haha", "ok", "That's awesome!", "Good to see you!", "Thanks so much!"):
         assert is_filler(filler), filler

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
+import hypothesis
 import pytest
+import Stemmer
+from hypothesis import given
+from hypothesis import strategies as st
 from serving import running, settings, wire
 
 from voice_context.core.budget import RECALL_HEADER, build_context
@@ -17,10 +22,11 @@ from voice_context.core.session import ContextView
 from voice_context.core.turns import Note, Turn
 from voice_context.manager import SessionManager
 from voice_context.recall.embedding import load_embedder
+from voice_context.recall.index import _STOP as STOPWORDS
 from voice_context.recall.index import RecallIndex, annotate_dates, default_query, index_terms, stamp
 from voice_context.store.redis import RedisStore
 from voice_context.store.sqlite import SQLiteStore
-from voice_context.summarizers.deterministic import DeterministicSummarizer
+from voice_context.summarizers.deterministic import DeterministicSummarizer, spoken_numbers
 from voice_context.testing.redis_server import RedisServer
 
 T0 = 1683554160.0  # 8 May 2023, 13:56 UTC
@@ -58,6 +64,48 @@ def test_words_are_folded_the_same_way_for_turns_and_queries() -> None:
     ]
     assert index_terms("running to de-stress") == ["run", "de", "stress", "destress"]
     assert index_terms("Did you go?") == []  # nothing but stopwords
+
+
+WORDS = [
+    "one",
+    "Twenty",
+    "five",
+    "hundred",
+    "and",
+    "point",
+    "Caroline's",
+    "it’s",
+    "de-stress",
+    "ſix",
+    "fıve",
+    "SİX",
+    "tK",
+    "İstanbul",
+    "007",
+    "runs",
+    "-",
+    "'",
+    "the",
+    "Group",
+    "three-four",
+]
+
+
+@hypothesis.settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(WORDS) | st.text(max_size=6), max_size=12).map(" ".join))
+def test_the_words_of_a_text_are_what_the_whole_folding_gives_whatever_it_skips(text: str) -> None:
+    """index_terms skips the steps a text cannot need (no number word, no apostrophe, no hyphen):
+    it gives exactly what running every step gives."""
+    lowered = spoken_numbers(text).lower()
+    lowered = re.sub(r"['’]", "", re.sub(r"['’]s\b", "", lowered))
+    words = [
+        w for w in re.findall(r"[a-z0-9]+", lowered) if w not in STOPWORDS and (len(w) > 1 or w.isdigit())
+    ]
+    words += [h.replace("-", "") for h in re.findall(r"[a-z]+(?:-[a-z]+)+", lowered)]
+    every_step = [
+        w.lstrip("0") or "0" if w.isdigit() else w for w in Stemmer.Stemmer("english").stemWords(words)
+    ]
+    assert index_terms(text) == every_step
 
 
 def test_a_search_finds_the_turn_and_shows_its_matching_sentence_and_the_next_dated_and_attributed() -> None:

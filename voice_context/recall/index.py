@@ -23,6 +23,7 @@ session's length (about the size of its transcript).
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 import re
 from collections import Counter
@@ -39,7 +40,7 @@ from voice_context.core.times import utc
 from voice_context.core.turns import Note, Role, Turn
 from voice_context.recall.dates import DATE_TERMS, MAX_DATE_TERMS, date_terms, is_date_term, query_date_terms
 from voice_context.summarizers.deterministic import _RELATIVE as RELATIVE_DATE
-from voice_context.summarizers.deterministic import resolve_dates, spoken_numbers
+from voice_context.summarizers.deterministic import NUMBER_TOKENS, resolve_dates, spoken_numbers_lower
 
 K1 = 1.2
 B = 0.75
@@ -85,9 +86,20 @@ def index_terms(text: str) -> list[str]:
     """The words recall matches on: lowercased, numbers said as words as digits, possessives
     dropped, Snowball-stemmed (English), stopwords dropped; a hyphenated word also counts
     written together. The same for turns and queries."""
-    lowered = _APOSTROPHE.sub("", _POSSESSIVE.sub("", spoken_numbers(text).lower()))
-    words = [w for w in _TOKEN.findall(lowered) if w not in _STOP and (len(w) > 1 or w.isdigit())]
-    words.extend(h.replace("-", "") for h in _HYPHENATED.findall(lowered))  # "de-stress" is "destress"
+    # every step but the tokenizing and the stemmer is skipped when its text cannot apply:
+    # this runs for every turn stored and every sentence a search shows
+    lowered = text.lower()
+    found: list[str] = _TOKEN.findall(lowered)
+    tokens: list[str] | None = found
+    if not NUMBER_TOKENS.isdisjoint(found):  # a number said as words starts with one of these
+        lowered, tokens = spoken_numbers_lower(lowered), None
+    if "'" in lowered or "’" in lowered:
+        lowered, tokens = _APOSTROPHE.sub("", _POSSESSIVE.sub("", lowered)), None
+    if tokens is None:
+        tokens = _TOKEN.findall(lowered)
+    words = [w for w in tokens if w not in _STOP and (len(w) > 1 or w.isdigit())]
+    if "-" in lowered:  # "de-stress" is also "destress"
+        words.extend(h.replace("-", "") for h in _HYPHENATED.findall(lowered))
     return [w.lstrip("0") or "0" if w.isdigit() else w for w in _STEMMER.stemWords(words)]
 
 
@@ -174,25 +186,26 @@ def bm25(
     postings: Mapping[str, Sequence[Posting]],
     docs: int,
     total_length: int,
-    keep: Callable[[int], bool] | None = None,
+    *,
+    below: int | None = None,
 ) -> dict[int, float]:
-    """The BM25 score of every doc key that holds a query word (and that ``keep`` keeps)."""
+    """The BM25 score of every doc key that holds a query word (and is under ``below``, if given)."""
     if not docs:
         return {}
     avg = total_length / docs or 1.0
     scores: dict[int, float] = {}
     get = scores.get
+    scale = K1 * (1 - B)
+    per_length = K1 * B / avg
     for term in set(terms):
         held = postings.get(term)
         if not held:
             continue
-        weight = idf(docs, len(held))
-        scale = K1 * (1 - B)
-        per_length = K1 * B / avg
+        weight = idf(docs, len(held)) * (K1 + 1)
         for key, tf, length in held:
-            scores[key] = get(key, 0.0) + weight * tf * (K1 + 1) / (tf + scale + per_length * length)
-    if keep is not None:  # once per doc scored, not once per posting
-        return {key: score for key, score in scores.items() if keep(key)}
+            scores[key] = get(key, 0.0) + weight * tf / (tf + scale + per_length * length)
+    if below is not None:  # once per doc scored, not once per posting
+        return {key: score for key, score in scores.items() if key < below}
     return scores
 
 
@@ -203,11 +216,12 @@ def fuse(
     ``min_share`` of the best is noise and left out) and the vector ranking, best first."""
     ranked: dict[int, float] = {}
     if lexical:
-        best = max(lexical.values())
-        order = sorted(
-            (d for d, s in lexical.items() if s >= min_share * best), key=lambda d: (-lexical[d], -d)
+        floor = min_share * max(lexical.values())
+        # the best first (of equals, the newer): a heap, as a long session scores thousands
+        order = heapq.nlargest(
+            limit * 2, (d for d, s in lexical.items() if s >= floor), key=lambda d: (lexical[d], d)
         )
-        for rank, doc in enumerate(order[: limit * 2]):
+        for rank, doc in enumerate(order):
             ranked[doc] = ranked.get(doc, 0.0) + 1.0 / (RRF_K + rank + 1)
     for rank, doc in enumerate(nearest[: limit * 2]):
         ranked[doc] = ranked.get(doc, 0.0) + 1.0 / (RRF_K + rank + 1)
@@ -230,8 +244,12 @@ def nearest(
 
 @functools.lru_cache(maxsize=SPLIT_CACHE)
 def split(text: str) -> tuple[tuple[str, frozenset[str]], ...]:
-    """A doc's sentences with their words (cached for the docs searched most recently)."""
-    return tuple((p, frozenset(index_terms(p))) for p in sentences(normalize(text).replace("\n", " ")))
+    """A doc's sentences with their words (cached for the docs searched most recently); a doc
+    of one sentence is shown whole, so its words are not needed (an empty set)."""
+    parts = sentences(normalize(text).replace("\n", " "))
+    if len(parts) < 2:
+        return tuple((p, frozenset()) for p in parts)
+    return tuple((p, frozenset(index_terms(p))) for p in parts)
 
 
 REPLY_CHARS = 240
@@ -279,6 +297,7 @@ def render_hits(
     an earlier line, as a hit or as an answer, is not shown again."""
     out: list[Recalled] = []
     shown: set[int] = set()
+    weight = {t: weight(t) for t in wanted}.__getitem__  # once per word, not once per sentence
     for passage, score in hits:
         turn = passage.turn
         if turn is not None and turn in shown:
@@ -296,10 +315,12 @@ def best_span(
     text: str, wanted: set[str], weight: Callable[[str], float]
 ) -> tuple[str, Literal["turn", "sentences"]]:
     """The turn's sentences that hold most of its match, when they are clearly shorter."""
-    parts_words = split(text)
-    parts = [p for p, _ in parts_words]
-    if len(parts) < 2 or not wanted:
+    if not wanted:
         return text, "turn"
+    parts_words = split(text)
+    if len(parts_words) < 2:
+        return text, "turn"
+    parts = [p for p, _ in parts_words]
     weights = [sum(weight(t) for t in words & wanted) for _, words in parts_words]
     total = sum(weights)
     if total <= 0:
@@ -350,6 +371,8 @@ class RecallIndex:
     embedder: Any = None
     """An :class:`~voice_context.recall.embedding.Embedder`, or ``None`` for lexical recall only."""
     _turn_doc: dict[int, int] = field(default_factory=dict)
+    _turn_end: int = 0
+    """One past the highest turn index indexed."""
 
     def __repr__(self) -> str:
         return f"<RecallIndex docs={len(self.docs)} terms={len(self.postings)} vectors={len(self.vectors)}>"
@@ -366,6 +389,7 @@ class RecallIndex:
             return known
         doc = self._add(turn_passage(index, turn))
         self._turn_doc[index] = doc
+        self._turn_end = max(self._turn_end, index + 1)
         return doc
 
     def add_turns(self, start: int, turns: Iterable[Turn]) -> None:
@@ -446,7 +470,11 @@ class RecallIndex:
 
     def lexical(self, terms: Sequence[str], *, before: int | None = None) -> dict[int, float]:
         """BM25 score of every doc that holds a query word (turns at ``before`` or later excluded)."""
-        return bm25(terms, self.postings, len(self.docs), self.total_length, self._keep(before))
+        scores = bm25(terms, self.postings, len(self.docs), self.total_length)
+        if before is not None:  # the few turns a context shows verbatim anyway
+            for turn in range(max(0, before), self._turn_end):
+                scores.pop(self._turn_doc.get(turn, -1), None)
+        return scores
 
     def _keep(self, before: int | None) -> Callable[[int], bool] | None:
         if before is None:

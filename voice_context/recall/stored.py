@@ -49,7 +49,7 @@ async def search_store(
     def keep(key: int) -> bool:
         return key < 0 or key < before
 
-    lexical = bm25(terms, postings, stats.docs, stats.length, keep)
+    lexical = bm25(terms, postings, stats.docs, stats.length, below=max(before, 0))  # notes' keys are < 0
     close = nearest(vectors, query_vector, keep, limit * 2) if query_vector is not None and vectors else []
     top = fuse(lexical, close, limit=limit, min_share=min_share)
     if not top:

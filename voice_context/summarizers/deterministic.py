@@ -53,7 +53,7 @@ from __future__ import annotations
 import heapq
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -165,12 +165,21 @@ LINE_CHARS = 600
 CACHE_CHARS = 1_000_000
 #: A line's last sentence is worth this much more, so windows grow coarser before they go.
 LAST_SENTENCE = 2.0
-_NUMBER_RUN = re.compile(
-    r"\b(?:(?:"
-    + "|".join(sorted(_NUMBER_WORDS, key=len, reverse=True))
-    + r"|hundred(?:\s+and)?|thousand(?:\s+and)?|point)(?:[\s-]+|\b)){1,8}",
-    re.IGNORECASE,
-)
+
+
+def _number_run(case: Callable[[str], str]) -> re.Pattern[str]:
+    """A run of number words; ``case`` writes each word's letters (as given, or either case)."""
+    scales = [case(scale) + r"(?:\s+" + case("and") + ")?" for scale in ("hundred", "thousand")]
+    words = [*map(case, sorted(_NUMBER_WORDS, key=len, reverse=True)), *scales, case("point")]
+    return re.compile(r"\b(?:(?:" + "|".join(words) + r")(?:[\s-]+|\b)){1,8}")
+
+
+# Either case of the ASCII letters only: re.IGNORECASE would also match "ſix" (long s) or "fıve"
+# (dotless i), which are no number words. Recall's index lowercases first and skips the classes.
+_NUMBER_RUN = _number_run(lambda word: re.sub(r"[a-z]", lambda m: f"[{m[0]}{m[0].upper()}]", word))
+_NUMBER_RUN_LOWER = _number_run(lambda word: word)
+NUMBER_TOKENS = frozenset([*_NUMBER_WORDS, "hundred", "thousand", "point"])
+"""The words a number said as words is made of (lowercase)."""
 
 
 # -- words and their value ----------------------------------------------------------------
@@ -406,6 +415,11 @@ def _digits(match: re.Match[str]) -> str:
 def spoken_numbers(text: str) -> str:
     """Numbers said as words written as digits: "twenty five" -> "25", "twelve point five" -> "12.5"."""
     return _NUMBER_RUN.sub(_digits, text)
+
+
+def spoken_numbers_lower(lowered: str) -> str:
+    """:func:`spoken_numbers` of a lowercased text (what recall's index does to every text)."""
+    return _NUMBER_RUN_LOWER.sub(_digits, lowered)
 
 
 # -- one batch ----------------------------------------------------------------------------------
