@@ -18,12 +18,19 @@ from serving import running, settings, wire
 from voice_context.core.budget import RECALL_HEADER, build_context
 from voice_context.core.config import SessionConfig
 from voice_context.core.recalled import Recalled
-from voice_context.core.session import ContextView
+from voice_context.core.session import ContextView, Session
 from voice_context.core.turns import Note, Turn
 from voice_context.manager import SessionManager
 from voice_context.recall.embedding import load_embedder
 from voice_context.recall.index import _STOP as STOPWORDS
-from voice_context.recall.index import RecallIndex, annotate_dates, default_query, index_terms, stamp
+from voice_context.recall.index import (
+    RecallIndex,
+    annotate_dates,
+    default_query,
+    index_terms,
+    recall_candidates,
+    stamp,
+)
 from voice_context.store.redis import RedisStore
 from voice_context.store.sqlite import SQLiteStore
 from voice_context.summarizers.deterministic import DeterministicSummarizer, spoken_numbers
@@ -278,6 +285,37 @@ async def test_recall_finds_an_old_detail_after_a_restart_on_sqlite(tmp_path: Pa
     assert "[8 May 2023, 13:59] Melanie: I went to a LGBTQ support group yesterday [7 May 2023]" in (
         ctx.instructions
     )
+
+
+SMALL_TALK = "The new map is pretty fun to play on."  # each of its words is said in a fifth of the turns
+
+
+@pytest.mark.asyncio
+async def test_a_context_without_a_query_recalls_nothing_for_small_talk(tmp_path: Path) -> None:
+    """The default query is the newest user turn; words said in more than 5% of the turns tell
+    nothing about which old turn it needs, so small talk leaves recall's room to the summary."""
+    store = SQLiteStore(tmp_path / "sessions.db")
+    async with SessionManager(DeterministicSummarizer(), store=store) as manager:
+        await manager.open("room", SMALL)
+        await speak(manager, "room", chatter(60, detail_at=3))
+        await manager.append_turn("room", Turn("Caroline", "user", SMALL_TALK, T0 + 3600))
+        plain = await manager.context("room", "instructions", budget_chars=3000)
+        asked = await manager.context("room", "instructions", budget_chars=3000, query=SMALL_TALK)
+        await manager.append_turn("room", Turn("Melanie", "user", "How did the LGBTQ group go?", T0 + 3660))
+        detail = await manager.context("room", "instructions", budget_chars=3000)
+    await store.aclose()
+    assert [p.turn for p in plain.recalled if p.kind != "summary"] == []
+    assert [p.turn for p in asked.recalled if p.kind == "turn"]  # a query named is searched by every word
+    assert [p.turn for p in detail.recalled][:1] == [3]  # a rare word still finds its turn
+
+
+def test_replay_recalls_for_the_default_query_as_a_server_does() -> None:
+    index = RecallIndex()
+    turns = [*chatter(60, detail_at=3), Turn("Caroline", "user", SMALL_TALK, T0 + 3600)]
+    index.add_turns(0, turns)
+    session = Session("room", SessionConfig(), cursor=50, turns=turns[50:])
+    assert recall_candidates(index, session, None) == (SMALL_TALK, [])
+    assert recall_candidates(index, session, SMALL_TALK)[1]
 
 
 @pytest.fixture

@@ -92,6 +92,7 @@ from voice_context.errors import (
 )
 from voice_context.recall.embedding import Embedder
 from voice_context.recall.index import (
+    DEFAULT_QUERY_COMMON,
     MAX_OLDER_TURNS,
     SummaryIndex,
     default_query,
@@ -507,10 +508,11 @@ class SessionManager:
         self._maybe_roll(live)
         session = live.session
         text = default_query(session.verbatim_turns) if query is None else query
-        recalled = await self._recalled_ahead(live, text) if session.config.recall else None
+        ahead = session.config.recall and query is None  # recall ahead is for the default query
+        recalled = await self._recalled_ahead(live, text) if ahead else None
         if recalled is None and session.config.recall and text.strip():
             await self._catch_up_index(live)
-            recalled = await self._recall(live, text)
+            recalled = await self._recall(live, text, default=query is None)
         older = await self._older(live, older_chars(budget_chars, budget_tokens))
         live = self._get(name, owner)  # decide again after the awaits
         return build_context(
@@ -888,7 +890,7 @@ class SessionManager:
         try:
             await self._catch_up_index(live)
             if live.recall.ahead is ahead:  # no newer user turn meanwhile
-                ahead.found = await self._recall(live, ahead.query)
+                ahead.found = await self._recall(live, ahead.query, default=True)
         except Exception:  # the context will recall for itself
             log.warning("voice_context_recall_ahead_failed", session=live.session.name, exc_info=True)
         finally:
@@ -907,9 +909,10 @@ class SessionManager:
             return None
         return ahead.found
 
-    async def _recall(self, live: _Live, text: str) -> list[Recalled]:
-        """What recall offers a context for ``text``: passages from the store's index, then
-        summary lines. A store that fails leaves the context without them, never without a reply."""
+    async def _recall(self, live: _Live, text: str, *, default: bool) -> list[Recalled]:
+        """What recall offers a context for ``text`` (``default``: the newest user turn, no query
+        named): passages from the store's index, then summary lines. A store that fails leaves
+        the context without them, never without a reply."""
         session, recall = live.session, live.recall
         limit = max(1, session.config.recall_limit) + 4  # a few spare for those shown verbatim anyway
         query_vector = None
@@ -926,6 +929,7 @@ class SessionManager:
                 query_vector=query_vector,
                 vectors=recall.vectors,
                 now=query_time(session),
+                common=DEFAULT_QUERY_COMMON if default else 1.0,
             )
         except StoreError:
             log.warning("voice_context_recall_failed", session=session.name, exc_info=True)

@@ -52,6 +52,10 @@ when they hold at least this share of its match and are clearly shorter than the
 
 MAX_QUERY_TERMS = 12
 """A search uses at most this many of the query's words: its rarest."""
+DEFAULT_QUERY_COMMON = 0.05
+"""A context that names no query recalls for the newest user turn by its words held by at most
+this share of the session's docs: small talk ("1-0, easy", "thanks, see you") then recalls
+nothing, and the room goes to the summary. A query a context names is searched by all its words."""
 MAX_OLDER_TURNS = 400
 """At most this many folded turns are offered to extend a context's verbatim run."""
 SPLIT_CACHE = 512
@@ -163,21 +167,27 @@ def idf(docs: int, df: int) -> float:
     return math.log(1 + (docs - df + 0.5) / (df + 0.5))
 
 
-def query_terms(query: str, df: Callable[[str], int], docs: int, now: float | None = None) -> list[str]:
+def query_terms(
+    query: str, df: Callable[[str], int], docs: int, now: float | None = None, *, common: float = 1.0
+) -> list[str]:
     """The words a search uses: the rarest :data:`MAX_QUERY_TERMS` of the query's, which carry
     its meaning and bound the postings walked; a word held by more than :data:`MAX_TERM_DOCS`
     docs says little (its idf is near the floor) and is left out, so a search reads at most
     ``MAX_QUERY_TERMS * MAX_TERM_DOCS`` postings however long the session. Then the date words
     of the times the query names (``now``: when it is asked; see :mod:`voice_context.recall.dates`)."""
-    return choose_terms([*set(index_terms(query)), *query_date_terms(query, now)], df, docs)
+    return choose_terms([*set(index_terms(query)), *query_date_terms(query, now)], df, docs, common=common)
 
 
-def choose_terms(words: Iterable[str], df: Callable[[str], int], docs: int) -> list[str]:
-    """:func:`query_terms` for words already folded: the rarest that are not too common, then
-    the date words (at most a week of days and a few months, outside the cap)."""
+def choose_terms(
+    words: Iterable[str], df: Callable[[str], int], docs: int, *, common: float = 1.0
+) -> list[str]:
+    """:func:`query_terms` for words already folded: the rarest that are not too common (held
+    by at most ``common`` of the docs, and by at most :data:`MAX_TERM_DOCS`), then the date
+    words (at most a week of days and a few months, outside the caps)."""
     kept = [t for t in dict.fromkeys(words) if df(t) <= MAX_TERM_DOCS]
     dates = [t for t in kept if is_date_term(t)]
-    plain = [t for t in kept if not is_date_term(t)]
+    most = max(2, common * docs)
+    plain = [t for t in kept if not is_date_term(t) and df(t) <= most]
     return sorted(plain, key=lambda t: (-idf(docs, df(t)), t))[:MAX_QUERY_TERMS] + dates[:MAX_DATE_TERMS]
 
 
@@ -496,6 +506,7 @@ class RecallIndex:
         query_vector: Any = None,
         min_share: float = 0.25,
         now: float | None = None,
+        common: float = 1.0,
     ) -> list[Recalled]:
         """The passages that bear on ``query``, best first, each rendered to show.
 
@@ -507,7 +518,7 @@ class RecallIndex:
         reciprocal rank.
         """
         docs = len(self.docs)
-        terms = query_terms(query, lambda t: len(self.postings.get(t, ())), docs, now)
+        terms = query_terms(query, lambda t: len(self.postings.get(t, ())), docs, now, common=common)
         lexical = self.lexical(terms, before=before)
         close: list[int] = []
         if query_vector is not None and self.vectors:
@@ -595,7 +606,12 @@ def recall_candidates(
     if embed and query_vector is None:
         query_vector = index.query_vector(text)
     found = index.search(
-        text, before=session.total_turns - 1, limit=limit, query_vector=query_vector, now=query_time(session)
+        text,
+        before=session.total_turns - 1,
+        limit=limit,
+        query_vector=query_vector,
+        now=query_time(session),
+        common=DEFAULT_QUERY_COMMON if query is None else 1.0,
     )
     found.extend(search_summary(session.summary, text, limit=config.recall_limit))
     return text, found
@@ -610,6 +626,7 @@ def older_turns(index: RecallIndex, session: Session, budget_chars: int | None) 
 
 
 __all__ = [
+    "DEFAULT_QUERY_COMMON",
     "RecallIndex",
     "Recalled",
     "SummaryIndex",

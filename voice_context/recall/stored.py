@@ -12,6 +12,7 @@ never read).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,19 +33,22 @@ async def search_store(
     vectors: Mapping[int, Any] | None = None,
     min_share: float = 0.25,
     now: float | None = None,
+    common: float = 1.0,
 ) -> list[Recalled]:
     """The passages of session ``name`` that bear on ``query``, best first, rendered to show.
 
     Turns at ``before`` or later are left out (a context shows them verbatim);
     ``query_vector`` with the session's ``vectors`` (doc key -> unit vector) adds
-    the vector ranking; ``now`` is when the query is asked (see :func:`query_terms`).
+    the vector ranking; ``now`` is when the query is asked (see :func:`query_terms`);
+    words held by more than ``common`` of the docs are not searched by (see :func:`choose_terms`).
     """
     words = sorted(set(index_terms(query)))
     dates = query_date_terms(query, now)
     if not words and not dates and query_vector is None:
         return []
-    stats, df, postings = await store.recall_postings(name, [*words, *dates], choose_terms)
-    terms = choose_terms([*words, *dates], lambda t: df.get(t, 0), stats.docs)
+    choose = functools.partial(choose_terms, common=common)
+    stats, df, postings = await store.recall_postings(name, [*words, *dates], choose)
+    terms = choose([*words, *dates], lambda t: df.get(t, 0), stats.docs)
 
     def keep(key: int) -> bool:
         return key < 0 or key < before
