@@ -4,6 +4,7 @@ how it shrinks (coarser with age, never past the budget)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,6 +14,7 @@ from voice_context.core.config import SessionConfig
 from voice_context.core.recalled import Recalled
 from voice_context.core.session import ContextView, Session
 from voice_context.core.text import condense_summary
+from voice_context.core.times import stamp
 from voice_context.core.turns import Note, Turn
 
 LINES = [
@@ -173,11 +175,12 @@ def test_no_context_exceeds_its_budget_whatever_the_share(budget: int, share: in
 
 
 def plain_tail(turns: tuple[Turn, ...], fmt: Format, budget: int) -> int:
-    """How many of the newest turns a context of nothing but turns holds in ``budget``: what a
-    bot that keeps the tail of its transcript shows."""
+    """How many of the newest turns a context of nothing but dated turns holds in ``budget``:
+    what a bot that keeps the tail of its transcript, each line with when it was said, shows."""
+    dated = tuple(replace(t, speaker=f"[{stamp(t.at)}] {t.speaker}") for t in turns)
     count = 0
     while count < len(turns):
-        alone = ContextView(0, "", turns[len(turns) - count - 1 :], (), SessionConfig())
+        alone = ContextView(0, "", dated[len(turns) - count - 1 :], (), SessionConfig())
         if build_context(alone, fmt, budget_chars=10**9).chars > budget:
             break
         count += 1
@@ -238,14 +241,14 @@ def test_the_floor_counts_every_screen_note_a_plain_tail_shows_not_only_the_live
     # a call with a screen note every third turn: the live buffer holds 8 of them, but a plain
     # tail of the transcript shows every note seen among its turns, and takes their room
     hungry = SessionConfig(
-        max_summary_chars=20_000, recall_limit=30, recent_share=0.3, recall_share=0.7, summary_share=0.0
+        max_summary_chars=20_000, recall_limit=60, recent_share=0.3, recall_share=0.7, summary_share=0.0
     )
     session = Session("stream", hungry)  # recall would take everything the floor leaves
     transcript: list[str] = []
     for i in range(60):
         turn = Turn("Alice" if i % 2 else "Bob", "user", f"turn {i}: " + "we were saying " * 3, float(i))
         session.append_turn(turn)
-        transcript.append(f"{turn.speaker}: {turn.text}")
+        transcript.append(f"[{stamp(turn.at)}] {turn.speaker}: {turn.text}")
         if i % 3 == 0:
             seen = f"the map shows the harbour from the north side, frame {i}"
             note = Note(seen, float(i), "Alice", "screen")
@@ -253,8 +256,8 @@ def test_the_floor_counts_every_screen_note_a_plain_tail_shows_not_only_the_live
             transcript.append(note.render())
     assert len(session.live_notes) == 8 and len(session.view().seen_notes) == 20
 
-    budget = 3000
-    ctx = build_context(session.view(), "instructions", budget_chars=budget, recalled=recalled(30), query="x")
+    budget = 3500
+    ctx = build_context(session.view(), "instructions", budget_chars=budget, recalled=recalled(60), query="x")
     tail_turns = 0  # the newest lines of the transcript that fit, counting only turns
     size = len("Recent conversation:")
     for line in reversed(transcript):
@@ -268,7 +271,7 @@ def test_the_floor_counts_every_screen_note_a_plain_tail_shows_not_only_the_live
     # than 0.9 of what the transcript's tail shows, and give recall less
     live_only = ContextView(0, "", session.verbatim_turns, session.live_notes, hungry)
     overcounted = build_context(
-        live_only, "instructions", budget_chars=budget, recalled=recalled(30), query="x"
+        live_only, "instructions", budget_chars=budget, recalled=recalled(60), query="x"
     )
     assert overcounted.turns_shown > ctx.turns_shown
     assert len(overcounted.recalled) < len(ctx.recalled)

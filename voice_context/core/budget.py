@@ -84,6 +84,7 @@ from voice_context.core.landmarks import Landmark, render
 from voice_context.core.recalled import Recalled
 from voice_context.core.session import ContextView
 from voice_context.core.text import clip, condense_summary
+from voice_context.core.times import stamp
 from voice_context.core.tokens import CachedCounter, CharEstimate, TokenCounter
 from voice_context.core.tools import placeholder, tool_iterations, units
 from voice_context.core.turns import Note, Turn
@@ -589,15 +590,18 @@ def _exact(counter: TokenCounter, context: Context) -> int:
 def _plain_tail(
     turns: Sequence[Turn], notes: Sequence[Note], rendered: Callable[[int], tuple[str, int]]
 ) -> Iterator[tuple[str, bool]]:
-    """What a plain tail of the transcript shows, newest first: each turn's line (which counts),
-    with the screen notes seen among them (which take room but do not count)."""
+    """What a plain dated tail of the transcript shows, newest first: each turn's line with
+    when it was said (``[8 May 2023, 13:56] Ann: ...``, which counts), with the screen notes
+    seen among them (which take room but do not count). A context shows its verbatim turns
+    without the date each, so the floor measured against this is the plain tail's recency,
+    not more: what the dates would have taken goes to older evidence."""
     seen = sorted(notes, key=attrgetter("at"), reverse=True)
     k = 0
     for i in range(len(turns) - 1, -1, -1):
         while k < len(seen) and seen[k].at > turns[i].at:
             yield seen[k].render(), False
             k += 1
-        yield rendered(i)[0], True
+        yield f"[{stamp(turns[i].at)}] {rendered(i)[0]}", True
 
 
 def _assemble(

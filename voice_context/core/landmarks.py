@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 
-from voice_context.core.times import utc
+from voice_context.core.times import stamp
 from voice_context.core.turns import ROLES, Role, Turn
 
 LandmarkSource = Literal["heuristic", "llm", "manual"]
@@ -151,15 +151,6 @@ def detect(text: str) -> Found | None:
         if link:
             return Found("link", f"links a spec or design doc: {link}"[:MAX_REASON_CHARS])
     return None
-
-
-_MONTHS = "January February March April May June July August September October November December".split()
-
-
-def stamp(at: float) -> str:
-    """``8 May 2023, 13:56`` (UTC)."""
-    when = utc(at)
-    return f"{when.day} {_MONTHS[when.month - 1]} {when.year}, {when.hour:02d}:{when.minute:02d}"
 
 
 def render(landmark: Landmark) -> str:

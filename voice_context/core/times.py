@@ -22,3 +22,13 @@ def utc(at: float) -> datetime:
     if math.isnan(at):
         at = 0.0
     return datetime.fromtimestamp(min(max(at, EARLIEST_RENDERED), LATEST_RENDERED), tz=UTC)
+
+
+_MONTHS = "January February March April May June July August September October November December".split()
+
+
+def stamp(at: float) -> str:
+    """``8 May 2023, 13:56`` (UTC): how a dated line of a context (a recalled passage, a
+    landmark, a line of a plain dated transcript) says when it was said."""
+    when = utc(at)
+    return f"{when.day} {_MONTHS[when.month - 1]} {when.year}, {when.hour:02d}:{when.minute:02d}"

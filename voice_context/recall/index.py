@@ -36,11 +36,16 @@ import Stemmer
 from voice_context.core.recalled import MAX_TERM_DOCS, IndexedDoc, Passage, Posting, Recalled
 from voice_context.core.session import Session
 from voice_context.core.text import ELLIPSIS, clip, normalize, sentences
-from voice_context.core.times import utc
+from voice_context.core.times import stamp
 from voice_context.core.turns import Note, Role, Turn
 from voice_context.recall.dates import DATE_TERMS, MAX_DATE_TERMS, date_terms, is_date_term, query_date_terms
 from voice_context.summarizers.deterministic import _RELATIVE as RELATIVE_DATE
-from voice_context.summarizers.deterministic import NUMBER_TOKENS, resolve_dates, spoken_numbers_lower
+from voice_context.summarizers.deterministic import (
+    NUMBER_TOKENS,
+    resolve_dates,
+    spoken_numbers_lower,
+    without_small_talk,
+)
 
 K1 = 1.2
 B = 0.75
@@ -50,6 +55,13 @@ SENTENCE_SHARE = 0.75
 """A turn is shown as its matching sentences (and the one after them, where answers tend to be)
 when they hold at least this share of its match and are clearly shorter than the turn."""
 
+NEIGHBOUR_SHARE = 0.5
+"""A turn's score takes this share of its better adjacent turn's: a question and its answer, a
+remark and the reply to it, share a topic, and the turn that holds the answer often repeats none
+of the query's words ("What did you research?" ... "Adoption agencies!"). Only the better
+neighbour counts, and only half of it, so a turn never outranks the one it borrows from. On
+LoCoMo's questions (the rank of an evidence turn among the older turns) it puts the evidence in
+the first 10 for 0.78 of them, against 0.71 without, and first as often."""
 MAX_QUERY_TERMS = 12
 """A search uses at most this many of the query's words: its rarest."""
 DEFAULT_QUERY_COMMON = 0.05
@@ -79,7 +91,6 @@ _STOP = frozenset(
 _RELATIVE_HINT = re.compile(
     r"\b(?:yesterday|tomorrow|tonight|last|next|ago|this past|the other)\b", re.IGNORECASE
 )
-_MONTHS = "January February March April May June July August September October November December".split()
 
 
 _STEMMER = Stemmer.Stemmer("english")
@@ -105,12 +116,6 @@ def index_terms(text: str) -> list[str]:
     if "-" in lowered:  # "de-stress" is also "destress"
         words.extend(h.replace("-", "") for h in _HYPHENATED.findall(lowered))
     return [w.lstrip("0") or "0" if w.isdigit() else w for w in _STEMMER.stemWords(words)]
-
-
-def stamp(at: float) -> str:
-    """``8 May 2023, 13:56`` (UTC); a time no calendar can show is shown as the nearest one that can."""
-    when = utc(at)
-    return f"{when.day} {_MONTHS[when.month - 1]} {when.year}, {when.hour:02d}:{when.minute:02d}"
 
 
 def annotate_dates(text: str, at: float) -> str:
@@ -219,6 +224,34 @@ def bm25(
     return scores
 
 
+def with_neighbours(
+    scores: Mapping[int, float],
+    turn_of: Callable[[int], int | None],
+    key_of: Callable[[int], int | None],
+) -> dict[int, float]:
+    """``scores`` with each turn's :data:`NEIGHBOUR_SHARE` of its better adjacent turn's added
+    (keys are doc keys; ``turn_of(key)`` is a doc's turn index, ``None`` for a note, which has
+    no neighbours; ``key_of(turn)`` the key of a turn, ``None`` where it is not a doc)."""
+    best: dict[int, float] = {}
+    for key, score in scores.items():
+        turn = turn_of(key)
+        if turn is None:
+            continue
+        for near in (turn - 1, turn + 1):
+            other = key_of(near) if near >= 0 else None
+            if other is not None and score > best.get(other, 0.0):
+                best[other] = score
+    out = dict(scores)
+    for key, score in best.items():
+        out[key] = out.get(key, 0.0) + NEIGHBOUR_SHARE * score
+    return out
+
+
+def turn_key(key: int) -> int | None:
+    """A store's doc key as a turn index: a turn's key is its index; a note's is negative."""
+    return key if key >= 0 else None
+
+
 def fuse(
     lexical: Mapping[int, float], nearest: Sequence[int], *, limit: int, min_share: float = 0.25
 ) -> list[tuple[int, float]]:
@@ -278,11 +311,16 @@ def render(
     weight: Callable[[str], float],
     *,
     reply: Passage | None = None,
-) -> Recalled:
+    speakers: Iterable[str] = (),
+) -> Recalled | None:
     """The line a context shows for a hit: dated, attributed, cut to its matching sentences
     when they carry the match in clearly fewer chars (``weight`` is a word's idf). A hit that
-    asks a question carries the start of its ``reply`` (the next turn), where the answer is."""
+    asks a question carries the start of its ``reply`` (the next turn), where the answer is.
+    ``None`` when what it would show is small talk (``speakers``' names aside): a greeting or
+    a goodbye that shares the query's words answers nothing."""
     text, granularity = best_span(passage.text, wanted, weight)
+    if not without_small_talk(text, speakers):
+        return None  # what matched is small talk ("... Take care of yourself."): no evidence of anything
     text = annotate_dates(text, passage.at) if passage.kind == "turn" else text
     if reply is not None and reply.speaker != passage.speaker:
         answer = clip(annotate_dates(reply.text, reply.at), REPLY_CHARS)
@@ -308,16 +346,21 @@ def render_hits(
     out: list[Recalled] = []
     shown: set[int] = set()
     weight = {t: weight(t) for t in wanted}.__getitem__  # once per word, not once per sentence
+    hits = list(hits)
+    speakers = {passage.speaker for passage, _ in hits if passage.speaker}
     for passage, score in hits:
         turn = passage.turn
         if turn is not None and turn in shown:
             continue
         reply = reply_to(turn) if turn is not None and turn + 1 not in shown and asks(passage.text) else None
+        line = render(passage, score, wanted, weight, reply=reply, speakers=speakers)
+        if line is None:
+            continue
         if turn is not None:
             shown.add(turn)
             if reply is not None:
                 shown.add(turn + 1)
-        out.append(render(passage, score, wanted, weight, reply=reply))
+        out.append(line)
     return out
 
 
@@ -479,8 +522,14 @@ class RecallIndex:
         return idf(len(self.docs), len(self.postings.get(term, ())))
 
     def lexical(self, terms: Sequence[str], *, before: int | None = None) -> dict[int, float]:
-        """BM25 score of every doc that holds a query word (turns at ``before`` or later excluded)."""
-        scores = bm25(terms, self.postings, len(self.docs), self.total_length)
+        """BM25 score of every doc that holds a query word, with its neighbours' share (see
+        :func:`with_neighbours`; turns at ``before`` or later excluded)."""
+        docs = self.docs
+        scores = with_neighbours(
+            bm25(terms, self.postings, len(docs), self.total_length),
+            lambda doc: docs[doc].passage.turn,
+            self._turn_doc.get,
+        )
         if before is not None:  # the few turns a context shows verbatim anyway
             for turn in range(max(0, before), self._turn_end):
                 scores.pop(self._turn_doc.get(turn, -1), None)
@@ -576,10 +625,12 @@ def search_summary(summary: str, query: str, *, limit: int = 4) -> list[Recalled
 
 
 def default_query(turns: Sequence[Turn]) -> str:
-    """The newest user turn's text: what a reply is about when the bot names nothing else."""
+    """The newest user turn's text without its small talk: what a reply is about when the bot
+    names nothing else. A greeting, a goodbye, thanks, a laugh or a backchannel leaves nothing
+    (``""``), and a context then recalls nothing: its room goes to the summary."""
     for turn in reversed(turns):
         if turn.role == "user" and turn.text.strip():
-            return turn.text
+            return without_small_talk(turn.text, {t.speaker for t in turns if t.speaker})
     return ""
 
 

@@ -18,7 +18,17 @@ from typing import Any
 
 from voice_context.core.recalled import Recalled
 from voice_context.recall.dates import query_date_terms
-from voice_context.recall.index import bm25, choose_terms, fuse, idf, index_terms, nearest, render_hits
+from voice_context.recall.index import (
+    bm25,
+    choose_terms,
+    fuse,
+    idf,
+    index_terms,
+    nearest,
+    render_hits,
+    turn_key,
+    with_neighbours,
+)
 from voice_context.store.base import Store
 
 
@@ -53,7 +63,11 @@ async def search_store(
     def keep(key: int) -> bool:
         return key < 0 or key < before
 
-    lexical = bm25(terms, postings, stats.docs, stats.length, below=max(before, 0))  # notes' keys are < 0
+    scored = bm25(terms, postings, stats.docs, stats.length)
+    below = max(before, 0)  # notes' keys are < 0
+    lexical = {
+        key: score for key, score in with_neighbours(scored, turn_key, turn_key).items() if key < below
+    }
     close = nearest(vectors, query_vector, keep, limit * 2) if query_vector is not None and vectors else []
     top = fuse(lexical, close, limit=limit, min_share=min_share)
     if not top:

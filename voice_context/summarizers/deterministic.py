@@ -98,6 +98,14 @@ _FAREWELL = re.compile(
     r"(?:see|catch) (?:you|ya|u) (?:later|soon|then|around|tomorrow)|take care(?: of yourself)?|"
     r"have (?:a|an) (?:good|great|nice|wonderful|lovely|awesome|fun) (?:one|day|night|evening|weekend|time)|"
     r"(?:good|nighty?) ?night|sweet dreams|peace out|bye(?:[ -]?bye)*|goodbye|ttyl|cya|xo(?:xo)*|"
+    r"feel free to (?:reach out|ask|call|text|message|ping)(?: (?:to )?(?:me|us))?(?: any ?time)?|"
+    r"(?:your|those|such) kind words|means? (?:a lot|so much|the world)(?: to (?:me|us))?|"
+    r"loud and clear|good game|gg|no (?:problem|prob|worries)|you'?re (?:very )?welcome|any ?time|"
+    r"let me know if (?:you need|there'?s) anything(?: else)?(?: i can (?:do|help with))?|i owe you(?: one)?|"
+    r"(?:i'?m |i am )?always here (?:for you|to help|if you (?:ever )?need (?:me|anything|to (?:talk|chat)))|"
+    r"look after yourself|take it easy|have fun|can'?t wait|thanks for asking|keep (?:it up|in touch)|"
+    r"stay in touch|(?:nice|good|great|lovely) (?:catching up|chatting|talking|to (?:chat|talk|catch up))"
+    r"(?: with you)?|(?:good|nice|great) to (?:hear from|see) you|cheers|later|"
     r"w(?:oo)+h(?:oo)+|wo+h?o+|yay+|hooray|yippee|phew|whew|ugh+|aw+|yess+)\b"
     r"|<3+|[:;=]-?[()DPp]\B|\bx[Dd]\b|[\U0001F300-\U0001FAFF\u2600-\u27BF]",
     re.IGNORECASE,
@@ -193,6 +201,14 @@ def content_words(text: str) -> list[str]:
 def is_filler(text: str) -> bool:
     """True for greetings, goodbyes, laughter, backchannels and other sentences that change nothing."""
     return _value(_FAREWELL.sub(" ", text)) < 1.0
+
+
+def without_small_talk(text: str, speakers: Iterable[str] = ()) -> str:
+    """``text`` without its sentences of small talk (greetings, goodbyes, thanks, laughter,
+    backchannels: :func:`is_filler`, the names of ``speakers`` aside, so "Thanks, Mel!" is
+    filler too): what in it could be asked about, ``""`` when nothing is."""
+    names = tuple(speakers)
+    return " ".join(s for s in sentences(text) if not is_filler(_without_names(s, names)))
 
 
 def _fold(word: str) -> str:
@@ -851,4 +867,5 @@ __all__ = [
     "resolve_dates",
     "shorten",
     "spoken_numbers",
+    "without_small_talk",
 ]
