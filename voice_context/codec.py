@@ -9,7 +9,10 @@ replies become JSON again. It is pure: no I/O, no clock.
   :class:`Ping`). Whatever the input, it returns a message or raises
   :class:`DecodeError` (a :class:`ProtocolError`) with code ``bad_request``,
   ``unknown_type`` or ``too_large``, carrying the message's ``id`` and
-  ``session`` when those could be read.
+  ``session`` when those could be read. Every integer field takes a JSON integer
+  within its range in :data:`INTEGER_FIELDS` (turn indexes and ids up to
+  2^53 - 1, budgets up to :data:`MAX_BUDGET`), so nothing out of range reaches
+  a session or a store.
 - :func:`encode` is its inverse, for clients and for recordings:
   ``decode(encode(m)) == m``.
 - The ``encode_*`` helpers build every server message; :func:`decode_reply`
@@ -24,7 +27,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, cast
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, cast
 
 import orjson
 
@@ -52,6 +56,13 @@ MAX_AT: Final = 1e11
 #: Objects and arrays inside a message nest at most this deep (unknown fields included):
 #: a recording must be able to write any accepted message back as JSON.
 MAX_DEPTH: Final = 32
+#: The largest integer every reader and store keeps exact: a JSON reader that holds numbers
+#: as doubles (JavaScript's ``Number.MAX_SAFE_INTEGER``, Redis's Lua scripts) loses the next
+#: ones, and SQLite's INTEGER (signed 64-bit) holds it. Turn indexes and integer ids stay in it.
+MAX_SAFE_INTEGER: Final = 2**53 - 1
+#: The most characters or tokens a budget or a limit may name: far more than any model's
+#: context window holds (and a budget larger than the session is no budget at all).
+MAX_BUDGET: Final = 1_000_000_000
 
 # error codes (the contract: never renamed)
 BAD_REQUEST: Final = "bad_request"
@@ -241,6 +252,34 @@ CLIENT_TYPES: Final = (
 )
 
 
+class IntRange(NamedTuple):
+    """The integers a field takes, both ends included."""
+
+    low: int
+    high: int
+
+
+ID_RANGE: Final = IntRange(-MAX_SAFE_INTEGER, MAX_SAFE_INTEGER)
+INDEX_RANGE: Final = IntRange(0, MAX_SAFE_INTEGER)
+BUDGET_RANGE: Final = IntRange(0, MAX_BUDGET)
+
+#: The integer fields of each client message besides ``id``, and the integers each takes.
+_INTEGERS: Final[Mapping[str, Mapping[str, IntRange]]] = {
+    "context.get": {"budget_chars": BUDGET_RANGE, "budget_tokens": BUDGET_RANGE},
+    "context.overflow": {"limit_tokens": BUDGET_RANGE, "budget_chars": BUDGET_RANGE},
+    "session.handoff": {"limit_chars": BUDGET_RANGE, "last_turns": IntRange(0, MAX_LAST_TURNS)},
+    "landmark.pin": {"index": INDEX_RANGE},
+    "landmark.unpin": {"index": INDEX_RANGE},
+}
+#: Every integer field of every client message, by message type, and the integers it takes;
+#: anything else there (a float such as ``1.0``, ``true``, a number out of range) is a
+#: ``bad_request``, answered before the message reaches a session or a store. Integers are
+#: read only through this table (the session ``config`` is checked by the session's own rules).
+INTEGER_FIELDS: Final[Mapping[str, Mapping[str, IntRange]]] = MappingProxyType(
+    {kind: MappingProxyType({"id": ID_RANGE, **_INTEGERS.get(kind, {})}) for kind in CLIENT_TYPES}
+)
+
+
 # -- decoding --------------------------------------------------------------------
 
 
@@ -273,10 +312,13 @@ def _read_id(obj: Mapping[str, object]) -> MessageId:
     raw = obj.get("id")
     if raw is None:
         return None
-    if isinstance(raw, bool) or not isinstance(raw, str | int):
-        raise DecodeError(BAD_REQUEST, "id must be a string or an integer")
-    if isinstance(raw, str) and len(raw) > MAX_ID_CHARS:
-        raise DecodeError(BAD_REQUEST, f"id must be at most {MAX_ID_CHARS} characters")
+    if isinstance(raw, str):
+        if len(raw) > MAX_ID_CHARS:
+            raise DecodeError(BAD_REQUEST, f"id must be at most {MAX_ID_CHARS} characters")
+        return raw
+    low, high = ID_RANGE
+    if isinstance(raw, bool) or not isinstance(raw, int) or not low <= raw <= high:
+        raise DecodeError(BAD_REQUEST, f"id must be a string or an integer from {low} to {high}")
     return raw
 
 
@@ -319,6 +361,19 @@ class _Reader:
         if max_chars is not None and len(raw) > max_chars:
             code = TOO_LARGE if too_large else BAD_REQUEST
             raise self.fail(f"{where}{key} is {len(raw)} characters, over the limit of {max_chars}", code)
+        return raw
+
+    def integer(self, kind: str, key: str, *, required: bool = False) -> int | None:
+        """The integer field ``key`` of a ``kind`` message, within its range in :data:`INTEGER_FIELDS`
+        (``None`` when it is absent and not required)."""
+        low, high = INTEGER_FIELDS[kind][key]
+        raw = self.obj.get(key)
+        if raw is None:
+            if required:
+                raise self.fail(f"{key} is required")
+            return None
+        if isinstance(raw, bool) or not isinstance(raw, int) or not low <= raw <= high:
+            raise self.fail(f"{key} must be an integer from {low} to {high}")
         return raw
 
     def time(self, obj: Mapping[str, object], key: str, where: str) -> float:
@@ -450,34 +505,36 @@ def _message(obj: dict[str, Any], max_text_chars: int) -> ClientMessage:
         assert text is not None
         return NoteAppend(session, Note(text, at, speaker, source), msg_id)
     if kind == "context.overflow":
-        limit = obj.get("limit_tokens")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-            raise r.fail("limit_tokens must be a non-negative integer")
-        got = _message({**obj, "type": "context.get", "budget_tokens": None}, max_text_chars)
+        limit = r.integer(kind, "limit_tokens")
+        budget = r.integer(kind, "budget_chars")
+        # the rest is read as context.get reads it; limit_tokens is the token budget
+        framing = {**obj, "type": "context.get", "budget_chars": None, "budget_tokens": None}
+        got = _message(framing, max_text_chars)
         assert isinstance(got, ContextGet)
         return ContextOverflow(
-            session, limit, got.format, got.budget_chars, got.base_instructions, got.facts, got.query, msg_id
+            session, limit, got.format, budget, got.base_instructions, got.facts, got.query, msg_id
         )
     if kind == "session.handoff":
-        limit = obj.get("limit_chars")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-            raise r.fail("limit_chars must be a non-negative integer")
-        last = obj.get("last_turns", LAST_TURNS)
-        if isinstance(last, bool) or not isinstance(last, int) or not 0 <= last <= MAX_LAST_TURNS:
-            raise r.fail(f"last_turns must be an integer from 0 to {MAX_LAST_TURNS}")
-        got = _message({**obj, "type": "context.get", "format": "instructions"}, max_text_chars)
+        limit = r.integer(kind, "limit_chars")
+        last = r.integer(kind, "last_turns")
+        # the rest is read as context.get reads it; the budgets are limit_chars's to set
+        framing = {
+            **obj,
+            "type": "context.get",
+            "format": "instructions",
+            "budget_chars": None,
+            "budget_tokens": None,
+        }
+        got = _message(framing, max_text_chars)
         assert isinstance(got, ContextGet)
-        return SessionHandoff(session, limit, got.base_instructions, got.facts, got.query, last, msg_id)
+        last_turns = LAST_TURNS if last is None else last
+        return SessionHandoff(session, limit, got.base_instructions, got.facts, got.query, last_turns, msg_id)
     if kind == "context.get":
         fmt = obj.get("format", "messages")
         if not isinstance(fmt, str) or fmt not in FORMATS:
             raise r.fail(f"format must be one of {', '.join(sorted(FORMATS))}")
-        budget = obj.get("budget_chars")
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
-            raise r.fail("budget_chars must be a non-negative integer")
-        tokens = obj.get("budget_tokens")
-        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0):
-            raise r.fail("budget_tokens must be a non-negative integer")
+        budget = r.integer(kind, "budget_chars")
+        tokens = r.integer(kind, "budget_tokens")
         base = r.string(obj, "base_instructions", "", required=False, non_empty=False)
         raw_facts = obj.get("facts")
         if raw_facts is None:
@@ -489,9 +546,8 @@ def _message(obj: dict[str, Any], max_text_chars: int) -> ClientMessage:
         query = r.string(obj, "query", "", required=False, non_empty=False, max_chars=max_text_chars)
         return ContextGet(session, cast(Format, fmt), budget, base or "", facts, msg_id, query, tokens)
     if kind in ("landmark.pin", "landmark.unpin"):
-        index = obj.get("index")
-        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise r.fail("index must be a non-negative integer (a turn's index)")
+        index = r.integer(kind, "index", required=True)
+        assert index is not None
         if kind == "landmark.unpin":
             return LandmarkUnpin(session, index, msg_id)
         pin_kind = r.string(obj, "kind", "", required=False, max_chars=MAX_KIND_CHARS) or "other"
@@ -823,7 +879,10 @@ __all__ = [
     "BAD_REQUEST",
     "CLIENT_TYPES",
     "ERROR_CODES",
+    "INTEGER_FIELDS",
     "INTERNAL",
+    "MAX_BUDGET",
+    "MAX_SAFE_INTEGER",
     "PROTOCOL_VERSION",
     "RATE_LIMITED",
     "TOO_LARGE",
@@ -834,6 +893,7 @@ __all__ = [
     "ContextGet",
     "ContextOverflow",
     "DecodeError",
+    "IntRange",
     "LandmarkPin",
     "LandmarkUnpin",
     "NoteAppend",

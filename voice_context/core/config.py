@@ -29,6 +29,33 @@ RECALL_LIMIT = 24
 FILL_TRIGGER = 0.7
 LANDMARK_SHARE = 0.25
 
+#: The least each integer field of :class:`SessionConfig` may be: an integer below it (or a
+#: float, or a boolean) is a ``ConfigError``. A summary needs room for one dated line (40).
+INTEGER_MINIMA: Mapping[str, int] = {
+    "recent_window": 1,
+    "batch_size": 1,
+    "max_summary_chars": 40,
+    "summary_priority_chars": 40,
+    "max_note_chars": 0,
+    "live_note_entries": 1,
+    "live_note_chars": 1,
+    "max_pending_notes": 0,
+    "instructions_budget_chars": 1,
+    "max_turn_chars": 1,
+    "priority_turns": 0,
+    "recall_limit": 0,
+    "tool_result_iterations": 0,
+    "session_summary_chars": 1,
+    "day_summary_chars": 1,
+    "week_summary_chars": 1,
+}
+
+
+def _integer_of_at_least(least: int) -> str:
+    return {0: "a non-negative integer", 1: "a positive integer"}.get(
+        least, f"an integer of at least {least}"
+    )
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SessionConfig:
@@ -134,33 +161,10 @@ class SessionConfig:
     week_summary_chars: int = 2000
 
     def __post_init__(self) -> None:
-        positive = (
-            "recent_window",
-            "batch_size",
-            "max_summary_chars",
-            "summary_priority_chars",
-            "live_note_entries",
-            "live_note_chars",
-            "max_turn_chars",
-            "instructions_budget_chars",
-            "session_summary_chars",
-            "day_summary_chars",
-            "week_summary_chars",
-        )
-        for name in positive:
+        for name, least in INTEGER_MINIMA.items():
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        for name in (
-            "max_note_chars",
-            "max_pending_notes",
-            "priority_turns",
-            "recall_limit",
-            "tool_result_iterations",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ConfigError(f"{name} must be {_integer_of_at_least(least)}, got {value!r}")
         for name in ("min_age_seconds", "retry_base_seconds", "retry_max_seconds"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
@@ -195,10 +199,6 @@ class SessionConfig:
         if self.tokenizer not in TOKENIZERS:
             known = ", ".join(sorted(TOKENIZERS))
             raise ConfigError(f"tokenizer must be one of {known}, got {self.tokenizer!r}")
-        if self.max_summary_chars < 40:
-            raise ConfigError("max_summary_chars must be at least 40")
-        if self.summary_priority_chars < 40:
-            raise ConfigError("summary_priority_chars must be at least 40")
 
     def with_overrides(self, overrides: dict[str, Any] | None) -> SessionConfig:
         """A copy with some fields changed; unknown names raise ``ConfigError``."""
