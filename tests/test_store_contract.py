@@ -28,7 +28,7 @@ from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import ConfigError, SessionNotStored, StoreError
 from voice_context.recall.index import index_terms, indexed, note_passage, turn_passage
-from voice_context.store import MemoryStore, SessionRecord, Store, open_store
+from voice_context.store import Created, MemoryStore, SessionRecord, Store, open_store
 from voice_context.store.common import TurnConflict
 from voice_context.store.group import GroupCommit
 from voice_context.store.redis import RedisStore
@@ -123,8 +123,10 @@ async def a_session_with_turns(store: Store, name: str, count: int, **record: ob
 async def test_a_store_has_never_seen_a_session_until_it_is_created(store: Store) -> None:
     assert await store.load("room-1") is None
 
-    await store.create(SessionRecord("room-1", config={"recent_window": 4}, owner="bot-a"))
+    created = await store.create(SessionRecord("room-1", config={"recent_window": 4}, owner="bot-a"))
     record = await store.load("room-1")
+
+    assert created == Created(made=True, owner="bot-a")
 
     assert record is not None
     assert (record.name, record.cursor, record.summary, record.total_turns) == ("room-1", 0, "", 0)
@@ -137,12 +139,41 @@ async def test_a_store_has_never_seen_a_session_until_it_is_created(store: Store
 async def test_creating_a_session_twice_keeps_the_first(store: Store) -> None:
     await a_session_with_turns(store, "room-1", 3, config={"batch_size": 2}, owner=None)
 
-    await store.create(SessionRecord("room-1", config={"batch_size": 9}, owner="someone-else"))
+    created = await store.create(SessionRecord("room-1", config={"batch_size": 9}, owner="someone-else"))
 
+    assert created == Created(made=False, owner=None), "told who owns the name: nobody's token"
     record = await store.load("room-1")
     assert record is not None
     assert record.config == {"batch_size": 2} and record.owner is None
     assert record.total_turns == 3
+    again = await store.create(SessionRecord("room-1", owner=None))
+    assert again == Created(made=False, owner=None), "the same owner is told it did not make it either"
+
+
+@pytest.mark.asyncio
+async def test_of_two_owners_creating_one_name_at_once_one_makes_it_and_both_learn_whose_it_is(
+    backend: Backend,
+) -> None:
+    stores = [backend.open(), backend.open()]  # two connections (one store object for memory)
+    for store in stores:  # connected first: redis-py's cluster client cannot race its own setup
+        assert await store.load("nobody") is None
+    names = [f"room-{i}" for i in range(20)]
+    found: dict[tuple[str, str], Created] = {}
+
+    async def create(store: Store, name: str, owner: str) -> None:
+        found[name, owner] = await store.create(SessionRecord(name, owner=owner))
+
+    async with anyio.create_task_group() as tg:
+        for name in names:
+            tg.start_soon(create, stores[0], name, "bot-a")
+            tg.start_soon(create, stores[1], name, "bot-b")
+    for name in names:
+        a, b = found[name, "bot-a"], found[name, "bot-b"]
+        assert a.made != b.made, (name, a, b)
+        winner = "bot-a" if a.made else "bot-b"
+        assert a.owner == b.owner == winner, (name, a, b)
+        record = await stores[1].load(name)
+        assert record is not None and record.owner == winner
 
 
 @pytest.mark.asyncio

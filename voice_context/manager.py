@@ -125,6 +125,9 @@ INDEX_SLACK = 8
 TIER_CHECK_SECONDS = 60.0
 """How often (by the manager's clock) a session with tiers on checks for rolls made due by the
 time of day alone; a conversation that ends when a turn comes after a silence is rolled at once."""
+OPEN_ATTEMPTS = 3
+"""An open that finds no session, fails to create it (another replica did, for the same owner)
+and then finds none again (deleted meanwhile) tries this many times before a retryable error."""
 INDEX_WAIT = 2.0
 """The longest a context waits for that indexing (seconds) before it recalls without it."""
 
@@ -346,8 +349,11 @@ class SessionManager:
         when the session belongs to another owner, ``StoreError`` when the store
         cannot be read.
 
-        Opens of one name run one at a time, so of two owners racing for a new
-        name exactly one gets it; a ``close`` during an open's awaits makes it
+        The store decides who owns a name, once: the first ``create`` of it wins,
+        atomically, so of two owners racing for a new name through any number of
+        replicas exactly one gets it (opens of one name here also run one at a
+        time). A copy of the session held here is served only while the store's
+        session is its owner's; a ``close`` during an open's awaits makes it
         decide again (from the store).
         """
         async with self._opening(name):
@@ -358,11 +364,16 @@ class SessionManager:
                 if live is None:
                     return await self._open_from_store(name, overrides, owner)
                 if live.owner != owner:
-                    raise UnknownSession(name)
+                    if not await self._disowned(live):
+                        raise UnknownSession(name)
+                    continue  # the copy here was stale: the store decides
                 async with live.lock:
                     if self._live.get(name) is not live:
                         continue  # closed while this open waited for the lock
-                    await self._catch_up_locked(live)
+                    try:
+                        await self._catch_up_locked(live)
+                    except UnknownSession:
+                        continue  # the store's session is another owner's now: it decides
                     if overrides:
                         merged = {**live.overrides, **overrides}
                         config = self.config.with_overrides(merged)
@@ -394,10 +405,8 @@ class SessionManager:
     ) -> Opened:
         # in use from now on: a retention sweep between this read and the next must not forget it
         await self.store.touch([name])
-        record = await self.store.load(name)
+        record = await self._claim(name, overrides, owner)
         if record is not None:
-            if record.owner != owner:
-                raise UnknownSession(name)
             merged = {**record.config, **(overrides or {})}
             landmarks = await self.store.load_landmarks(name)
             session = _restore(record, self.config.with_overrides(merged), landmarks)
@@ -408,9 +417,7 @@ class SessionManager:
             resumed = True
         else:
             merged = dict(overrides or {})
-            config = self.config.with_overrides(merged)
-            await self.store.create(SessionRecord(name, config=merged, owner=owner))
-            session = Session(name, config)
+            session = Session(name, self.config.with_overrides(merged))
             recall = _Recall(vectors={} if self.embedder is not None else None)
             resumed = False
         if self._closing:  # the shutdown began during the awaits above
@@ -422,6 +429,30 @@ class SessionManager:
         )
         self._maybe_index(live)
         return Opened(name, resumed, live.session.stats())
+
+    async def _claim(
+        self, name: str, overrides: dict[str, Any] | None, owner: str | None
+    ) -> SessionRecord | None:
+        """The store's record of the session for ``owner`` to resume, or ``None`` when this call
+        created it. The store decides who owns a name, in one step: of replicas creating one
+        name at once, one creates it, and the others resume it (the same owner) or raise
+        ``UnknownSession`` (another owner), as they do for a session they find stored."""
+        for _ in range(OPEN_ATTEMPTS):
+            record = await self.store.load(name)
+            if record is None:
+                merged = dict(overrides or {})
+                self.config.with_overrides(merged)  # an invalid override creates nothing
+                created = await self.store.create(SessionRecord(name, config=merged, owner=owner))
+                if created.made:
+                    return None
+                if created.owner != owner:
+                    raise UnknownSession(name)
+                continue  # created elsewhere meanwhile, for this owner: resume what it stored
+            if record.owner != owner:
+                raise UnknownSession(name)
+            return record
+        text = f"session {name!r} is being created and deleted elsewhere at the same time: try again"
+        raise StoreError(text, retryable=True)
 
     async def _save_notes_if_changed(
         self, session: Session, before: tuple[Sequence[Note], Sequence[Note]]
@@ -775,6 +806,11 @@ class SessionManager:
         """
         async with self._opening(name):
             await self.close(name, owner=owner)
+            record = await self.store.load(name)
+            if record is not None and record.owner != owner:
+                # the copy closed here was stale: the store's session by this name is another's
+                log.warning("voice_context_session_disowned", session=name, reason="delete")
+                raise UnknownSession(name)
             await self.store.delete(name)
 
     async def retain(self) -> list[str]:
@@ -790,6 +826,28 @@ class SessionManager:
 
     # -- internals -------------------------------------------------------------
 
+    async def _disowned(self, live: _Live) -> bool:
+        """Whether the copy held here is of a session the store no longer gives its owner (it
+        was deleted or forgotten elsewhere, and maybe its name taken by another owner since);
+        such a copy is dropped, and an open by another owner decides from the store."""
+        record = await self.store.load(live.session.name)
+        if record is not None and record.owner == live.owner:
+            return False
+        if self._live.get(live.session.name) is live:
+            self._disown(live)
+        return True
+
+    def _disown(self, live: _Live) -> None:
+        """Stop serving a copy whose session the store gives another owner (or nobody): this
+        replica must not act for its owner on what the store now keeps under that name."""
+        session = live.session
+        log.warning("voice_context_session_disowned", session=session.name)
+        session.begin_ending()
+        if live.scope is not None:
+            live.scope.cancel()
+        if self._live.get(session.name) is live:
+            del self._live[session.name]
+
     async def _catch_up_locked(self, live: _Live) -> None:
         """Adopt the store's copy of the session if another replica moved it on.
 
@@ -803,6 +861,9 @@ class SessionManager:
         """
         session = live.session
         record = await self.store.load(session.name)
+        if record is not None and record.owner != live.owner:
+            self._disown(live)
+            raise UnknownSession(session.name)
         if record is None or record.total_turns < session.total_turns or record.cursor < session.cursor:
             return
         seen = (session.total_turns, session.cursor, session.live_notes, session.pending_notes)
@@ -1268,6 +1329,9 @@ class SessionManager:
         except StoreError as exc:
             self._record_failure(live, session, plan, "store", exc.retryable, str(exc))
             return False
+        if record is not None and record.owner != live.owner:
+            self._disown(live)
+            return False
         if record is None or record.cursor == plan.start:
             return True  # (a session gone from the store fails at its commit)
         if session.in_flight is not None and session.in_flight.plan_id == plan.plan_id:
@@ -1282,7 +1346,7 @@ class SessionManager:
             cursor=record.cursor,
         )
         async with live.lock:
-            with contextlib.suppress(StoreError):
+            with contextlib.suppress(StoreError, UnknownSession):
                 await self._catch_up_locked(live)
         return False
 
@@ -1429,7 +1493,7 @@ class SessionManager:
             self._record_failure(
                 live, session, plan, "fenced", True, "the store moved on (another replica compacted)"
             )
-            with contextlib.suppress(StoreError):
+            with contextlib.suppress(StoreError, UnknownSession):
                 await self._catch_up_locked(live)
             return None
         effects = session.receive(CompactionStored(plan.plan_id, self.clock()))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from voice_context.core.landmarks import Landmark
 from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStats
@@ -47,6 +47,16 @@ class SessionRecord:
     compactions: int = 0
 
 
+class Created(NamedTuple):
+    """What :meth:`Store.create` did: whether this call made the session, and the owner the
+    store holds for the name after it (the record's own when it made it). Of replicas racing
+    to create one name, one makes it and every other is told its owner: the opener whose
+    owner it is not must refuse the session."""
+
+    made: bool
+    owner: str | None
+
+
 ChooseTerms = Callable[[Sequence[str], Callable[[str], int], int], list[str]]
 """Picks the words a search reads the postings of, from their doc counts and the doc total."""
 
@@ -64,8 +74,10 @@ class Store(Protocol):
         """The session's record, or ``None`` if the store has never seen it."""
         ...
 
-    async def create(self, record: SessionRecord) -> None:
-        """Record a new session (its config and owner). Idempotent for the same name."""
+    async def create(self, record: SessionRecord) -> Created:
+        """Record a new session (its config and owner) unless the store holds one by that name,
+        atomically (one transaction, one script): a name is owned once, by the first create,
+        and a later create changes nothing and is told who owns it."""
         ...
 
     async def append_turn(self, name: str, index: int, turn: Turn) -> None:

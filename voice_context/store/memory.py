@@ -12,7 +12,7 @@ from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStat
 from voice_context.core.tiers import TierSummary, should_replace
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, TurnConflict
-from voice_context.store.base import ChooseTerms, SessionRecord
+from voice_context.store.base import ChooseTerms, Created, SessionRecord
 
 
 @dataclass
@@ -56,9 +56,12 @@ class MemoryStore:
         rec = entry.record
         return replace(rec, total_turns=len(entry.turns), turns=tuple(entry.turns[rec.cursor :]))
 
-    async def create(self, record: SessionRecord) -> None:
-        if record.name not in self._sessions:
-            self._sessions[record.name] = _Entry(replace(record, turns=(), total_turns=0))
+    async def create(self, record: SessionRecord) -> Created:
+        entry = self._sessions.get(record.name)
+        if entry is not None:
+            return Created(False, entry.record.owner)
+        self._sessions[record.name] = _Entry(replace(record, turns=(), total_turns=0))
+        return Created(True, record.owner)
 
     async def append_turn(self, name: str, index: int, turn: Turn) -> None:
         entry = self._entry(name)

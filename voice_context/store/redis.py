@@ -23,6 +23,9 @@ slot and every script below touches a single slot.
 
 Every change is one Lua script, atomic on the server:
 
+- ``create``: writes the meta hash only if the session has none, and answers whether
+  it did and the owner the hash holds: of replicas creating one name at once, one
+  makes it and the others learn whose it is.
 - ``append``: stores the turn only if its index equals the list's length. If
   the index is below the length and the *identical* turn is already there,
   it succeeds without storing anything: that is a retry of a write whose
@@ -84,7 +87,7 @@ from voice_context.core.recalled import MAX_TERM_DOCS, IndexedDoc, Passage, Post
 from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, StoreError, TurnConflict
-from voice_context.store.base import ChooseTerms, SessionRecord
+from voice_context.store.base import ChooseTerms, Created, SessionRecord
 from voice_context.store.common import (
     decode_config,
     decode_landmark,
@@ -125,11 +128,11 @@ _TRANSIENT_REPLIES = (
 )
 
 _CREATE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('HGET', KEYS[1], 'owner')} end
 redis.call('DEL', unpack(KEYS, 2))  -- what a forgotten session of this name left
 redis.call('HSET', KEYS[1], 'name', ARGV[1], 'cursor', 0, 'summary', '', 'config', ARGV[2],
            'owner', ARGV[3], 'fence', 0, 'compactions', 0, 'created_at', ARGV[4])
-return 1
+return {1, ARGV[3]}
 """
 
 _LOAD = """
@@ -485,10 +488,8 @@ class RedisStore:
         if reply is None:
             return None
         meta, notes = _pairs(reply[0]), _pairs(reply[1])
+        owner = _owner(name, meta.get("owner"))
         try:
-            owner = orjson.loads(meta.get("owner") or "null")
-            if owner is not None and not isinstance(owner, str):
-                raise ValueError("owner is not a string")
             return SessionRecord(
                 name,
                 cursor=int(meta["cursor"]),
@@ -504,15 +505,16 @@ class RedisStore:
         except (KeyError, ValueError, orjson.JSONDecodeError) as exc:
             raise StoreError(f"redis store: session {name!r} is unreadable: {exc}", retryable=False) from exc
 
-    async def create(self, record: SessionRecord) -> None:
+    async def create(self, record: SessionRecord) -> Created:
         k = self.keys(record.name)
         config = encode_config(record.config)
         owner = orjson.dumps(record.owner).decode()
         with self._errors("create"):
-            await self._create(
+            made, held = await self._create(
                 keys=[k.meta, k.turns, k.notes, *k.rest],
                 args=[record.name, config, owner, repr(time.time()), self._ttl],
             )
+        return Created(bool(made), _owner(record.name, held))
 
     async def append_turn(self, name: str, index: int, turn: Turn) -> None:
         k = self.keys(name)
@@ -821,3 +823,14 @@ def _posting(item: str) -> Posting:
 
 def _pairs(flat: Sequence[Any]) -> dict[str, Any]:
     return {flat[i]: flat[i + 1] for i in range(0, len(flat) - 1, 2)}
+
+
+def _owner(name: str, raw: str | None) -> str | None:
+    """A session's owner as the meta hash keeps it (JSON: a string, or null for none)."""
+    try:
+        owner = orjson.loads(raw or "null")
+        if owner is not None and not isinstance(owner, str):
+            raise ValueError("owner is not a string")
+    except (orjson.JSONDecodeError, ValueError) as exc:
+        raise StoreError(f"redis store: session {name!r} is unreadable: {exc}", retryable=False) from exc
+    return owner

@@ -38,8 +38,9 @@ Writes start with ``BEGIN IMMEDIATE``: the file's write lock is taken up
 front, so two writers never deadlock on a lock upgrade, and a writer waits up
 to ``busy_timeout`` for another one (another process on the same file,
 say) before giving up with a retryable ``StoreError`` ("database is locked").
-Several processes on one machine may share one file: leases and conditional
-commits are single transactions, so they are exclusive across processes too.
+Several processes on one machine may share one file: creating a session (which
+reads back its owner), leases and conditional commits are single transactions, so
+they are exclusive across processes too.
 (Not on a network file system: WAL needs shared memory between the processes.)
 
 Retention: with ``session_ttl``, :meth:`SQLiteStore.expire` deletes the sessions
@@ -76,7 +77,7 @@ from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStat
 from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, StoreError, TurnConflict
-from voice_context.store.base import ChooseTerms, SessionRecord
+from voice_context.store.base import ChooseTerms, Created, SessionRecord
 from voice_context.store.common import (
     decode_config,
     decode_landmark,
@@ -310,19 +311,25 @@ class SQLiteStore:
 
         return await self._run("load", op)
 
-    async def create(self, record: SessionRecord) -> None:
+    async def create(self, record: SessionRecord) -> Created:
         config = encode_config(record.config)
 
-        def op(conn: sqlite3.Connection) -> None:
+        def op(conn: sqlite3.Connection) -> Created:
             now = self._clock()
+            # one write transaction: the insert and the owner read back are exclusive across
+            # connections and processes (BEGIN IMMEDIATE), so a name is owned exactly once
             with _write(conn):
-                conn.execute(
+                made = conn.execute(
                     "INSERT INTO sessions (name, config, owner, created_at, updated_at)"
                     " VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
                     (record.name, config, record.owner, now, now),
-                )
+                ).rowcount
+                if made:
+                    return Created(True, record.owner)
+                [owner] = conn.execute("SELECT owner FROM sessions WHERE name = ?", (record.name,)).fetchone()
+                return Created(False, owner)
 
-        await self._run("create", op)
+        return await self._run("create", op)
 
     async def append_turn(self, name: str, index: int, turn: Turn) -> None:
         await self.group.submit(_AppendTurn(name, index, turn_fields(turn)))
