@@ -305,6 +305,17 @@ async def test_429_after_the_retries_is_retryable_rate_limited(server: OpenAISer
 
 
 @pytest.mark.asyncio
+async def test_a_retry_after_past_the_callers_deadline_is_raised_at_once(server: OpenAIServer) -> None:
+    server.script(Status(429, headers={"Retry-After": "30"}))
+    async with summarizer_for(server, timeout=3, max_retries=1) as summarizer:
+        with anyio.fail_after(8), pytest.raises(SummarizerError) as caught:
+            await summarizer.summarize(request())
+    error = caught.value
+    assert (error.kind, error.retryable, error.retry_after) == ("rate_limited", True, 30)
+    assert len(server.completions) == 1, "no second attempt the deadline would cut short"
+
+
+@pytest.mark.asyncio
 @pytest.mark.parametrize("stall", [Stall(5), Stall()], ids=["slow", "never"])
 async def test_a_stall_past_the_timeout_is_a_retryable_timeout(server: OpenAIServer, stall: Stall) -> None:
     server.script(stall)

@@ -20,7 +20,11 @@ Python server cuts one off when another request arrives) is ``interrupted``.
 Retries, up to ``max_retries`` after the first attempt, follow the ``openai``
 client's rules: after a timeout, a dropped connection, an interrupted stream,
 a 408, 409, 429 or 5xx, waiting what the answer's ``Retry-After`` asks (up to
-a minute) or 0.5 s, 1 s, 2 s, ... (at most 8 s, less a random quarter).
+a minute) or 0.5 s, 1 s, 2 s, ... (at most 8 s, less a random quarter). A wait
+that would not end before the deadline of the caller's scope (the compaction's
+timeout) is not begun: the last failure is raised at once, with the
+``Retry-After`` it carried, so that a 429 is told as ``rate_limited`` and the
+session waits what the provider asked rather than its own backoff.
 Whatever still fails is translated into
 :class:`~voice_context.errors.SummarizerError` once, here, so nothing from
 ``openai`` leaks past this module.
@@ -248,6 +252,14 @@ def _translate_other(exc: openai.OpenAIError) -> SummarizerError:
     return SummarizerError(f"summarizer failed: {exc}", retryable=False, kind="error")
 
 
+def _fits(wait: float) -> bool:
+    """Whether a wait of ``wait`` seconds ends before the deadline of the scope around the call
+    (the compaction's timeout, a fallback's deadline). A wait that cannot is not begun: sleeping
+    into that deadline would turn the last failure, and the ``Retry-After`` it carries, into a
+    timeout, and the session would retry after its own backoff instead of the provider's."""
+    return anyio.current_time() + wait < anyio.current_effective_deadline()
+
+
 class OpenAISummarizer:
     """Folds turns into the summary with one chat-completions call.
 
@@ -420,7 +432,7 @@ class OpenAISummarizer:
                 return await self._attempt(messages, cap)
             except SummarizerError as error:
                 wait = self._backoff(error, retries)
-                if wait is None:
+                if wait is None or not _fits(wait):
                     raise
             retries += 1
             await anyio.sleep(wait)
