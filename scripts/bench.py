@@ -31,15 +31,21 @@
    forces convergence, against reading each message once (normalizing its
    words: the floor of any de-duplication).
 
+9. A megabyte answer: an OpenAI-compatible server (the test server, in a
+   process of its own) that ignores the token cap answers every fold with
+   1 MB of prose, in 64 KB chunks and a word a chunk; the longest the event
+   loop is blocked (a task that wakes every millisecond, its longest gap) while
+   such a fold lands, folding a paragraph and by lines.
+
 ``--llm [MODEL]`` measures a real local model instead (a name from
 ``scripts/models``, smollm2 by default, or a GGUF file): it starts
 ``llama_cpp.server`` on 127.0.0.1, waits for it, and stops it at the end.
 
-9. Seconds per fold: the project's own recordings folded batch by batch
+10. Seconds per fold: the project's own recordings folded batch by batch
    (10 turns, the summary carried from fold to fold) by the model, each fold
    timed, with the folds the fold check rejected (the deterministic lines
    stood in).
-10. Over the wire with the model as the server's summarizer: ``context.get``
+11. Over the wire with the model as the server's summarizer: ``context.get``
    while idle against ``context.get`` while the model folds a batch.
 """
 
@@ -48,6 +54,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -63,6 +71,7 @@ from voice_context.core.session import Session
 from voice_context.recall.index import RecallIndex, recall_candidates
 from voice_context.summarizers.compress import _key, compress
 from voice_context.summarizers.fakes import SlowSummarizer
+from voice_context.summarizers.openai_compat import Fold
 from voice_context.tokenizers import load_tokenizer
 
 WORDS = "we should try the new team comp tonight because Bob keeps dying as Hulk on Tokyo".split()
@@ -472,6 +481,79 @@ def bench_compress(n: int) -> None:
     print(row("compress + force-converge to 2,000 chars", forced, floor))
 
 
+HUGE_ANSWER_SERVER = """
+import sys, anyio
+from voice_context.testing.openai_server import OpenAIServer, Reply
+text = ("Alice and Bob planned the dragon raid with Carol in Lisbon on Friday at 9. " * 14_000)[:1_000_000]
+async def main():
+    async with OpenAIServer(default=Reply(text, chunk_chars=int(sys.argv[1]) or None)) as server:
+        print(server.base_url, flush=True)
+        await anyio.to_thread.run_sync(sys.stdin.read)  # until the benchmark closes stdin
+anyio.run(main)
+"""
+
+
+async def longest_blocked_fold(base_url: str, fold: Fold) -> tuple[float, float]:
+    """One fold of 10 turns by a model at ``base_url``: its seconds, and the longest the event
+    loop was blocked meanwhile (the longest gap between the wake-ups of a 1 ms sleeper)."""
+    from voice_context.summarizers.openai_compat import OpenAISummarizer
+
+    gaps: list[float] = []
+    async with (
+        OpenAISummarizer(model="m", base_url=base_url, fold=fold, timeout=60, max_retries=0) as model,
+        SessionManager(model, compaction_timeout=120, close_timeout=0.1) as manager,
+    ):
+        await manager.open("room")
+        for i in range(61):
+            await manager.append_turn("room", turn(i))
+        landed = anyio.Event()
+        manager.add_listener(lambda event: landed.set())  # completed, or failed
+
+        async def sleeper() -> None:
+            last = time.perf_counter()
+            while not landed.is_set():
+                await anyio.sleep(0.001)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        started = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sleeper)
+            await manager.context("room")
+            await landed.wait()
+        return time.perf_counter() - started, max(gaps)
+
+
+def bench_huge_answer(rounds: int) -> None:
+    print("== a 1 MB answer to every fold: the longest the event loop is blocked while it lands")
+    for chunk_chars, chunks in ((65_536, "64 KB chunks"), (0, "a word a chunk")):
+        server = subprocess.Popen(
+            [sys.executable, "-c", HUGE_ANSWER_SERVER, str(chunk_chars)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert server.stdout is not None and server.stdin is not None
+            base_url = server.stdout.readline().strip()
+            folds: tuple[Fold, ...] = ("paragraph", "lines")
+            for fold in folds:  # the first fold of each imports and warms the client: not counted
+                anyio.run(longest_blocked_fold, base_url, fold)
+            for fold in folds:
+                runs = [anyio.run(longest_blocked_fold, base_url, fold) for _ in range(rounds)]
+                blocked = sorted(1000 * gap for _, gap in runs)
+                took = statistics.median(seconds for seconds, _ in runs)
+                print(
+                    f"{chunks:<15} fold={fold:<9} longest block p50 {statistics.median(blocked):6.1f} ms,"
+                    f" max {blocked[-1]:6.1f} ms; the fold took {took:.2f} s"
+                )
+        finally:
+            if server.stdin is not None:
+                server.stdin.close()
+            server.wait()
+
+
 def recorded_turns() -> list[Turn]:
     """Every turn of the project's own recordings, as recorded (times included)."""
     out: list[Turn] = []
@@ -598,6 +680,7 @@ def main() -> None:
     parser.add_argument(
         "--llm", nargs="?", const="smollm2", metavar="MODEL", help="a local model instead (see above)"
     )
+    parser.add_argument("--rounds", type=int, default=5, help="folds of a 1 MB answer timed, per fold mode")
     parser.add_argument("--folds", type=int, default=5, help="folds timed with --llm")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one fold may take with --llm")
     parser.add_argument(
@@ -617,6 +700,7 @@ def main() -> None:
     anyio.run(bench_realtime, min(args.n, 1000))
     anyio.run(bench_pipecat, min(args.n, 1000))
     anyio.run(bench_livekit, min(args.n, 1000))
+    bench_huge_answer(args.rounds)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from voice_context.manager import CompactionEvent, SessionManager
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 from voice_context.summarizers.fakes import FailingSummarizer, ScriptedSummarizer, SlowSummarizer
+from voice_context.summarizers.openai_compat import OpenAISummarizer
+from voice_context.testing.openai_server import OpenAIServer, Reply, Status
 
 Logs = list[MutableMapping[str, Any]]
 
@@ -289,6 +291,44 @@ async def test_failure_then_retry_after_backoff(clock: ManualClock, logs: Logs) 
     assert [e.kind for e in events] == ["failed", "completed"]
     assert len(scripted.requests) == 2
     assert manager.counters == {"started": 2, "completed": 1, "failed": 1, "stale": 0}
+
+
+@pytest.mark.asyncio
+async def test_a_providers_retry_after_past_the_compaction_timeout_is_rate_limited_and_waited(
+    clock: ManualClock, logs: Logs
+) -> None:
+    # The summarizer may retry, but the 45 s the provider asks for cannot end inside the
+    # compaction's timeout: the 429 is told at once, and the session waits the 45 s (not 2 s).
+    async with OpenAIServer(default=Reply("Alice booked Lisbon.")) as provider:
+        provider.script(Status(429, headers={"Retry-After": "45"}))
+        model = OpenAISummarizer(base_url=provider.base_url, model="m", timeout=TIMEOUT / 4, max_retries=1)
+        async with (
+            model,
+            SessionManager(model, clock=clock, compaction_timeout=TIMEOUT / 2) as manager,
+        ):
+            await manager.open("room")
+            await feed(manager, "room", 61)
+            await manager.context("room")
+            await settle(manager)
+            [failed] = [e for e in logs if e["event"] == "voice_context_compaction_failed"]
+            assert pick(failed, "error", "retryable", "retry_at") == {
+                "event": "voice_context_compaction_failed",
+                "error": "rate_limited",
+                "retryable": True,
+                "retry_at": clock.now + 45,
+            }
+            assert len(provider.completions) == 1, "no retry inside the compaction"
+
+            clock.advance(44.999)
+            await manager.context("room")
+            assert manager.in_flight == 0
+            assert len(provider.completions) == 1, "no second call before the provider said"
+
+            clock.advance(0.001)
+            await manager.context("room")
+            await settle(manager)
+            assert manager.state("room").cursor == 10
+            assert len(provider.completions) == 2
 
 
 @pytest.mark.parametrize(

@@ -6,20 +6,29 @@ import time
 from collections.abc import AsyncIterator, MutableMapping
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import openai
 import pytest
 import pytest_asyncio
+from helpers import TIMEOUT
 
 from voice_context.config import Settings
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SummarizerError
 from voice_context.replay import replay_file
+from voice_context.summarizers import openai_compat
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 from voice_context.summarizers.check import missing_batch, speaks_for_itself
-from voice_context.summarizers.openai_compat import OpenAISummarizer, clean_summary, output_token_cap
+from voice_context.summarizers.openai_compat import (
+    OpenAISummarizer,
+    answer_limit,
+    clean_summary,
+    output_token_cap,
+)
 from voice_context.summarizers.prompt import (
     FIRST_COMPACTION,
     build_messages,
@@ -305,6 +314,17 @@ async def test_429_after_the_retries_is_retryable_rate_limited(server: OpenAISer
 
 
 @pytest.mark.asyncio
+async def test_a_retry_after_past_the_callers_deadline_is_raised_at_once(server: OpenAIServer) -> None:
+    server.script(Status(429, headers={"Retry-After": "30"}))
+    async with summarizer_for(server, timeout=3, max_retries=1) as summarizer:
+        with anyio.fail_after(8), pytest.raises(SummarizerError) as caught:
+            await summarizer.summarize(request())
+    error = caught.value
+    assert (error.kind, error.retryable, error.retry_after) == ("rate_limited", True, 30)
+    assert len(server.completions) == 1, "no second attempt the deadline would cut short"
+
+
+@pytest.mark.asyncio
 @pytest.mark.parametrize("stall", [Stall(5), Stall()], ids=["slow", "never"])
 async def test_a_stall_past_the_timeout_is_a_retryable_timeout(server: OpenAIServer, stall: Stall) -> None:
     server.script(stall)
@@ -403,6 +423,74 @@ async def test_an_answer_that_is_not_a_summary_is_malformed(server: OpenAIServer
     server.script(answer)
     error = await failure(server)
     assert (error.kind, error.retryable) == ("malformed", True)
+
+
+# -- an answer far past what was asked for ----------------------------------------------------
+
+MEGABYTE_ANSWER = ("Alice plans the dragon raid tonight with Bob. " * 22_000)[:1_000_000]
+
+
+@pytest.mark.asyncio
+async def test_a_megabyte_answer_is_cut_at_four_times_the_ceiling_before_the_fold_check(
+    server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a server that ignores the token cap and sends a megabyte, in 64 KB chunks
+    server.script(Reply(MEGABYTE_ANSWER, chunk_chars=65_536))
+    checked: list[int] = []
+
+    def check(request: SummaryRequest, summary: str, digest: str) -> str | None:
+        checked.append(len(summary))
+        return missing_batch(request, summary, digest)
+
+    monkeypatch.setattr(openai_compat, "missing_batch", check)
+    async with summarizer_for(server) as summarizer:
+        summary = await summarizer.summarize(request(max_chars=1200))
+    limit = answer_limit(1200)
+    assert limit == 4 * 1200, "as far as the session reads a summary"
+    assert checked == [len(summary)]
+    assert len(summary) == limit + 1, "one char past the limit: the session knows it ran over"
+    assert MEGABYTE_ANSWER.startswith(summary)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("fold", ["paragraph", "lines"])
+async def test_a_megabyte_answer_a_word_a_chunk_is_hung_up_on_once_past_the_limit(
+    server: OpenAIServer, fold: str
+) -> None:
+    server.script(Reply(MEGABYTE_ANSWER))
+    async with summarizer_for(server, fold=fold, timeout=TIMEOUT) as summarizer:
+        summary = await summarizer.summarize(request(max_chars=1200))
+    assert len(summary) <= answer_limit(1200) + 1
+    with anyio.fail_after(TIMEOUT):
+        assert await server.wait_abandoned() == server.completions
+
+
+@pytest.mark.asyncio
+async def test_a_burst_of_chunks_is_read_with_the_event_loop_let_in_between_them() -> None:
+    # what the client hands over from one read of the socket comes without a wait: another
+    # session's reply must still get in between two chunks
+    order: list[str] = []
+
+    def chunk(text: str, finish: str | None = None) -> object:
+        choice = SimpleNamespace(delta=SimpleNamespace(content=text), finish_reason=finish)
+        return SimpleNamespace(choices=[choice])
+
+    async def burst() -> AsyncIterator[object]:
+        for i in range(5):
+            order.append("chunk")
+            yield chunk("word ", "stop" if i == 4 else None)
+
+    async def reply() -> None:
+        while True:
+            order.append("reply")
+            await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reply)
+        await anyio.lowlevel.checkpoint()
+        assert await openai_compat._read_stream(burst(), 1000) == "word " * 5
+        tg.cancel_scope.cancel()
+    assert "chunk,chunk" not in ",".join(order), order
 
 
 @pytest.mark.asyncio

@@ -196,6 +196,22 @@ def test_backoff_doubles_and_is_capped() -> None:
     assert session.stats().failures == 5
 
 
+def test_a_providers_retry_after_sets_the_backoff_when_it_is_the_longer_wait() -> None:
+    session = session_with(61, SessionConfig(retry_base_seconds=2.0, retry_max_seconds=60.0))
+    waits = []
+    now = 0.0
+    # (retry_after, retryable): the provider's 30 s beats the first step's 2 s; 1 s loses to the
+    # second step's 4 s; two hours are held to one; a refusal waits the ceiling all the same
+    for retry_after, retryable in ((30.0, True), (1.0, True), (7200.0, True), (30.0, False)):
+        plan = plan_of(session, now)
+        failed = session.compaction_failed(plan.plan_id, "rate_limited", retryable, now, retry_after)
+        assert isinstance(failed, Failed)
+        assert skip_of(session, failed.retry_at - 0.001).reason is SkipReason.BACKING_OFF
+        waits.append(failed.retry_at - now)
+        now = failed.retry_at
+    assert waits == [30.0, 4.0, 3600.0, 60.0]
+
+
 def test_non_retryable_failure_waits_the_maximum() -> None:
     session = session_with(61, SessionConfig(retry_base_seconds=2.0, retry_max_seconds=60.0))
     plan = plan_of(session, 5.0)

@@ -16,11 +16,19 @@ attempt that times out, or a compaction that is cancelled, closes its
 connection: the server stops generating, and a retry does not queue behind
 the abandoned work. A stream that ends without a finish reason (llama.cpp's
 Python server cuts one off when another request arrives) is ``interrupted``.
+An answer is read up to :func:`answer_limit`, four times the characters it was
+asked to fit in: a server that ignores the token cap and sends a megabyte is
+cut there (logged as ``summary_answer_cut``) and hung up on, so the fold
+check and the session never spend time on text nobody will keep.
 
 Retries, up to ``max_retries`` after the first attempt, follow the ``openai``
 client's rules: after a timeout, a dropped connection, an interrupted stream,
 a 408, 409, 429 or 5xx, waiting what the answer's ``Retry-After`` asks (up to
-a minute) or 0.5 s, 1 s, 2 s, ... (at most 8 s, less a random quarter).
+a minute) or 0.5 s, 1 s, 2 s, ... (at most 8 s, less a random quarter). A wait
+that would not end before the deadline of the caller's scope (the compaction's
+timeout) is not begun: the last failure is raised at once, with the
+``Retry-After`` it carried, so that a 429 is told as ``rate_limited`` and the
+session waits what the provider asked rather than its own backoff.
 Whatever still fails is translated into
 :class:`~voice_context.errors.SummarizerError` once, here, so nothing from
 ``openai`` leaks past this module.
@@ -39,6 +47,7 @@ from types import TracebackType
 from typing import Literal, Self
 
 import anyio
+import anyio.lowlevel
 import openai
 import structlog
 from openai.types.chat import (
@@ -47,6 +56,7 @@ from openai.types.chat import (
     ChatCompletionUserMessageParam,
 )
 
+from voice_context.core.session import MAX_REPLY_FACTOR
 from voice_context.core.text import normalize
 from voice_context.errors import SummarizerError
 from voice_context.summarizers.base import SummaryRequest
@@ -70,6 +80,7 @@ __all__ = [
     "CHARS_PER_TOKEN",
     "MIN_OUTPUT_TOKENS",
     "OpenAISummarizer",
+    "answer_limit",
     "clean_summary",
     "output_token_cap",
     "retry_after",
@@ -101,6 +112,15 @@ _LABEL = re.compile(
     r"^(?:\*\*|__)?(?:(?:updated|running|new|condensed)\s+)?summary\s*(?::\s*(?:\*\*|__)?|(?:\*\*|__)\s*:)\s*",
     re.IGNORECASE,
 )
+
+
+def answer_limit(max_chars: int) -> int:
+    """The most of an answer ever read for a summary of at most ``max_chars`` characters:
+    :data:`~voice_context.core.session.MAX_REPLY_FACTOR` times that, which is as far as the
+    session reads a summary too. The token cap keeps a model far below it; a server that
+    ignores the cap (or a runaway answer) is cut there, before the fold check and the core
+    spend time on text nobody will keep, and its connection is closed so that it stops."""
+    return MAX_REPLY_FACTOR * max_chars
 
 
 def output_token_cap(max_chars: int) -> int:
@@ -155,8 +175,10 @@ def _summary_of(content: str) -> str:
     return summary
 
 
-async def _read_stream(stream: AsyncIterator[object]) -> str:
-    """The text of the first choice of a streamed completion, once it has finished.
+async def _read_stream(stream: AsyncIterator[object], limit: int) -> str:
+    """The text of the first choice of a streamed completion, once it has finished, or its
+    first ``limit + 1`` characters as soon as more than ``limit`` have come (the rest is not
+    read: the extra character tells that the answer ran past the limit).
 
     The client does not validate chunks, so every step is checked: JSON of
     the wrong shape comes back as a model with missing or odd attributes.
@@ -164,8 +186,12 @@ async def _read_stream(stream: AsyncIterator[object]) -> str:
     stream ends before a chunk gives a finish reason).
     """
     parts: list[str] = []
+    read = 0
     finished = False
     async for chunk in stream:
+        # the client parses a chunk at a time, but a burst of them in one read would be
+        # parsed in one go: let the other sessions' replies in between
+        await anyio.lowlevel.checkpoint()
         choices = getattr(chunk, "choices", None)
         if not isinstance(choices, list):
             raise _malformed("a chunk without choices")
@@ -177,6 +203,9 @@ async def _read_stream(stream: AsyncIterator[object]) -> str:
             raise _malformed(f"content is {type(content).__name__}, not text")
         if content:
             parts.append(content)
+            read += len(content)
+            if read > limit:
+                return "".join(parts)[: limit + 1]
         if getattr(choices[0], "finish_reason", None):
             finished = True
     if not finished:
@@ -246,6 +275,14 @@ def _translate_other(exc: openai.OpenAIError) -> SummarizerError:
     if isinstance(exc, openai.APIResponseValidationError):
         return _malformed(str(exc))
     return SummarizerError(f"summarizer failed: {exc}", retryable=False, kind="error")
+
+
+def _fits(wait: float) -> bool:
+    """Whether a wait of ``wait`` seconds ends before the deadline of the scope around the call
+    (the compaction's timeout, a fallback's deadline). A wait that cannot is not begun: sleeping
+    into that deadline would turn the last failure, and the ``Retry-After`` it carries, into a
+    timeout, and the session would retry after its own backoff instead of the provider's."""
+    return anyio.current_time() + wait < anyio.current_effective_deadline()
 
 
 class OpenAISummarizer:
@@ -373,8 +410,8 @@ class OpenAISummarizer:
         digest = self.digest(request)
         if request.recompact or not digest.strip():
             return self._deterministic.summarize_now(request)
-        cap = output_token_cap(min(DIGEST_CHARS, int(len(digest) * 1.5) + 200))
-        answer = await self._complete_messages(_chat_messages(build_line_messages(digest)), cap)
+        room = min(DIGEST_CHARS, int(len(digest) * 1.5) + 200)
+        answer = await self._complete_messages(_chat_messages(build_line_messages(digest)), room)
         lines, kept = rewritten_lines(digest, answer)
         _log.info(
             "summary_lines_folded",
@@ -411,16 +448,18 @@ class OpenAISummarizer:
 
     async def _complete(self, request: SummaryRequest, digest: str) -> str:
         messages = _chat_messages(build_messages(request, digest))
-        return await self._complete_messages(messages, output_token_cap(request.max_chars))
+        return await self._complete_messages(messages, request.max_chars)
 
-    async def _complete_messages(self, messages: list[ChatCompletionMessageParam], cap: int) -> str:
+    async def _complete_messages(self, messages: list[ChatCompletionMessageParam], fit: int) -> str:
+        """The model's answer to ``messages``, asked to fit in ``fit`` characters (its token
+        cap, :func:`output_token_cap`) and read no further than :func:`answer_limit` of them."""
         retries = 0
         while True:
             try:
-                return await self._attempt(messages, cap)
+                return await self._attempt(messages, output_token_cap(fit), answer_limit(fit))
             except SummarizerError as error:
                 wait = self._backoff(error, retries)
-                if wait is None:
+                if wait is None or not _fits(wait):
                     raise
             retries += 1
             await anyio.sleep(wait)
@@ -434,8 +473,8 @@ class OpenAISummarizer:
         delay = min(INITIAL_RETRY_DELAY * 2.0**retries, MAX_RETRY_DELAY)
         return delay * (1 - 0.25 * random.random())
 
-    async def _attempt(self, messages: list[ChatCompletionMessageParam], cap: int) -> str:
-        """One request and its whole streamed answer, within ``timeout``.
+    async def _attempt(self, messages: list[ChatCompletionMessageParam], cap: int, limit: int) -> str:
+        """One request and its whole streamed answer (up to ``limit`` characters), within ``timeout``.
 
         Leaving the ``async with`` early (the timeout, or a cancellation from
         outside) closes the response, hence the connection, which is what
@@ -460,7 +499,7 @@ class OpenAISummarizer:
                         stream=True,
                     )
                 async with stream:
-                    content = await _read_stream(stream)
+                    content = await _read_stream(stream, limit)
         except TimeoutError as exc:
             raise SummarizerError(
                 f"summarizer timed out: no whole answer in {self._timeout:g}s", retryable=True, kind="timeout"
@@ -469,6 +508,8 @@ class OpenAISummarizer:
             raise _translate(exc) from exc
         except ValueError as exc:  # a body or an event that is not JSON, or not the expected shape
             raise _malformed(str(exc)) from exc
+        if len(content) > limit:
+            _log.warning("summary_answer_cut", model=self._model, limit=limit, max_tokens=cap)
         return _summary_of(content)
 
     async def aclose(self) -> None:

@@ -12,7 +12,7 @@ OpenAI client at :attr:`OpenAIServer.base_url`::
 
 A request with ``"stream": true`` gets its answer as the real API streams
 it: ``text/event-stream`` in chunked transfer encoding, one
-``chat.completion.chunk`` event per word, the finish reason in the last
+``chat.completion.chunk`` event per word (or per ``Reply.chunk_chars``), the finish reason in the last
 chunk (and a usage chunk when ``stream_options.include_usage`` asks), then
 ``data: [DONE]``. Any other request gets one ``chat.completion`` JSON body.
 A streamed or stalled answer whose client hangs up before it is complete is
@@ -21,7 +21,8 @@ server like llama.cpp would have stopped generating.
 
 Behaviours:
 
-* ``Reply(text)``: a valid ``chat.completion`` whose first choice says ``text``.
+* ``Reply(text, chunk_chars=None)``: a valid ``chat.completion`` whose first choice
+  says ``text``; streamed in pieces of ``chunk_chars`` characters when that is set.
 * ``ReplyWith(fn)``: the same, with the words computed by ``fn(request_json)``.
 * ``Stall(seconds, then=None)``: wait, then do ``then`` (by default, the
   default behaviour). ``Stall()`` never answers at all.
@@ -74,9 +75,11 @@ CHAT_COMPLETIONS = "/v1/chat/completions"
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """Answer with a valid completion saying ``text``."""
+    """Answer with a valid completion saying ``text``; streamed, in pieces of ``chunk_chars``
+    characters when that is set (a server that sends many tokens a chunk), else a word a chunk."""
 
     text: str
+    chunk_chars: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,14 +361,19 @@ class OpenAIServer:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> bool:
-        """Send ``text`` as server-sent events, a word a chunk; ``False`` if the client hung up."""
+        """Send ``text`` as server-sent events (a word a chunk, or ``Reply.chunk_chars`` a chunk);
+        ``False`` if the client hung up."""
         asked = request.json if isinstance(request.json, dict) else {}
         head = (
             "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
             "Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"
         )
         chunk_id = f"chatcmpl-{next(self._ids)}"
-        pieces = re.findall(r"\s*\S+\s*", text) or [text]
+        size = behaviour.chunk_chars if isinstance(behaviour, Reply) else None
+        if size:
+            pieces = [text[i : i + size] for i in range(0, len(text), size)] or [text]
+        else:
+            pieces = re.findall(r"\s*\S+\s*", text) or [text]
 
         def event(delta: dict[str, str], finish_reason: str | None = None) -> dict[str, Any]:
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
