@@ -19,7 +19,7 @@ from voice_context.core.budget import RECALL_HEADER, build_context
 from voice_context.core.config import SessionConfig
 from voice_context.core.recalled import Recalled
 from voice_context.core.session import ContextView, Session
-from voice_context.core.turns import Note, Turn
+from voice_context.core.turns import Note, Turn, TurnRun
 from voice_context.manager import SessionManager
 from voice_context.recall.embedding import load_embedder
 from voice_context.recall.index import _STOP as STOPWORDS
@@ -441,7 +441,8 @@ async def test_vectors_are_kept_in_the_store_and_a_restarted_server_embeds_only_
 
 
 def test_room_left_under_a_budget_extends_the_verbatim_run_past_the_cursor() -> None:
-    folded = [Turn("Alice", "user", f"Yeah {i}.", T0 + i) for i in range(60, 100)]  # short: backchannels
+    backchannels = [Turn("Alice", "user", f"Yeah {i}.", T0 + i) for i in range(60, 100)]  # short turns
+    folded = TurnRun.of(60, backchannels)
     ctx = build_context(view(n=20), "instructions", budget_chars=4000, older=folded)
     assert ctx.turns_shown > 20 and ctx.first_turn < 100  # the run goes on into turns the summary covers
     assert ctx.first_turn + ctx.turns_shown == 120  # still one run ending at the current turn

@@ -79,7 +79,7 @@ from voice_context.core.tiers import (
     tiered_summary,
 )
 from voice_context.core.tokens import TokenCounter
-from voice_context.core.turns import Note, Turn
+from voice_context.core.turns import Note, Turn, TurnRun
 from voice_context.core.window import FillBudget, Skip, SkipReason
 from voice_context.errors import (
     ConfigError,
@@ -125,6 +125,9 @@ INDEX_SLACK = 8
 TIER_CHECK_SECONDS = 60.0
 """How often (by the manager's clock) a session with tiers on checks for rolls made due by the
 time of day alone; a conversation that ends when a turn comes after a silence is rolled at once."""
+OLDER_READS = 3
+"""How many times a context reads the turns before the cursor when folds keep moving it
+meanwhile; then it shows none of them rather than wait for a still cursor."""
 INDEX_WAIT = 2.0
 """The longest a context waits for that indexing (seconds) before it recalls without it."""
 
@@ -144,8 +147,9 @@ class _Recall:
     """Doc key -> unit vector, when the manager has an embedder."""
     unembedded: list[int] = field(default_factory=list)
     """Indexed doc keys with no vector yet."""
-    older: tuple[int, int, list[Turn]] | None = None
-    """The turns just before the cursor last read for a context: (cursor, count, turns)."""
+    older: tuple[int, TurnRun] | None = None
+    """The turns just before the cursor last read for a context: (how many were asked for, the
+    run kept of them, which ends at the cursor it was read for)."""
     summary: SummaryIndex | None = None
     """The words of the summary's lines, indexed once per summary."""
     ahead: _Ahead | None = None
@@ -1055,31 +1059,45 @@ class SessionManager:
             return session.turn(session.total_turns - 1).at
         return session.folded_at
 
-    async def _older(self, live: _Live, budget_chars: int | None) -> list[Turn]:
+    async def _older(self, live: _Live, budget_chars: int | None) -> TurnRun | None:
         """The turns just before the cursor a budgeted context may extend its verbatim run into:
         as many as the budget could hold at 20 chars a line, read once per cursor (none without
-        a budget). Kept here only as far back as the budget's chars reach."""
-        cursor = live.session.cursor
-        if budget_chars is None or not cursor:
-            return []
+        a budget). Kept here only as far back as the budget's chars reach.
+
+        A fold that lands while they are read moves the cursor past them: they are read again
+        for the new cursor (a few times at most; the context joins only turns that run up to
+        its cursor, see :func:`build_context`)."""
+        if budget_chars is None:
+            return None
         count = min(MAX_OLDER_TURNS, budget_chars // 20)
-        cached = live.recall.older
-        if cached is not None and cached[0] == cursor and cached[1] >= count:
-            return cached[2]
-        try:
-            turns = await self.store.read_turns(live.session.name, max(0, cursor - count), cursor)
-        except StoreError:
-            log.warning("voice_context_older_turns_failed", session=live.session.name, exc_info=True)
-            return []
-        kept, chars = 0, 0
-        for turn in reversed(turns):
-            if chars >= budget_chars:
-                break
-            chars += len(turn.text) + len(turn.speaker) + 2
-            kept += 1
-        turns = turns[len(turns) - kept :]
-        live.recall.older = (cursor, count, turns)
-        return turns
+        run: TurnRun | None = None
+        for _ in range(OLDER_READS):
+            cursor = live.session.cursor
+            if not cursor:
+                return None
+            cached = live.recall.older
+            if cached is not None and cached[1].end == cursor and cached[0] >= count:
+                return cached[1]
+            try:
+                turns = await self.store.read_turns(live.session.name, max(0, cursor - count), cursor)
+            except StoreError:
+                log.warning("voice_context_older_turns_failed", session=live.session.name, exc_info=True)
+                return run
+            kept, chars = 0, 0
+            for turn in reversed(turns):
+                if chars >= budget_chars:
+                    break
+                chars += len(turn.text) + len(turn.speaker) + 2
+                kept += 1
+            run = TurnRun.of(cursor - kept, turns[len(turns) - kept :])
+            live.recall.older = (count, run)
+            if live.session.cursor == cursor:  # decide again after the await
+                return run
+            log.info(
+                "voice_context_older_turns_stale", session=live.session.name, read_for=cursor,
+                cursor=live.session.cursor,
+            )  # fmt: skip
+        return run
 
     def _maybe_index(self, live: _Live) -> None:
         """Index what waits for it (turns, notes; their vectors), in the background."""

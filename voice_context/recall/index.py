@@ -37,7 +37,7 @@ from voice_context.core.recalled import MAX_TERM_DOCS, IndexedDoc, Passage, Post
 from voice_context.core.session import Session
 from voice_context.core.text import ELLIPSIS, clip, normalize, sentences
 from voice_context.core.times import utc
-from voice_context.core.turns import Note, Role, Turn
+from voice_context.core.turns import Note, Role, Turn, TurnRun
 from voice_context.recall.dates import DATE_TERMS, MAX_DATE_TERMS, date_terms, is_date_term, query_date_terms
 from voice_context.summarizers.deterministic import _RELATIVE as RELATIVE_DATE
 from voice_context.summarizers.deterministic import NUMBER_TOKENS, resolve_dates, spoken_numbers_lower
@@ -617,12 +617,13 @@ def recall_candidates(
     return text, found
 
 
-def older_turns(index: RecallIndex, session: Session, budget_chars: int | None) -> list[Turn]:
+def older_turns(index: RecallIndex, session: Session, budget_chars: int | None) -> TurnRun:
     """The turns just before the cursor a budgeted context may extend its verbatim run into:
     as many as the budget could hold at 20 chars a line (none without a budget)."""
     if budget_chars is None or not session.cursor:
-        return []
-    return index.turns_before(session.cursor, min(MAX_OLDER_TURNS, budget_chars // 20))
+        return TurnRun(session.cursor)
+    turns = index.turns_before(session.cursor, min(MAX_OLDER_TURNS, budget_chars // 20))
+    return TurnRun.of(session.cursor - len(turns), turns)
 
 
 __all__ = [
