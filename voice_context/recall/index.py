@@ -207,7 +207,7 @@ def bm25(
     get = scores.get
     scale = K1 * (1 - B)
     per_length = K1 * B / avg
-    for term in set(terms):
+    for term in sorted(set(terms)):  # one order of the sum: equal scores stay equal, run after run
         held = postings.get(term)
         if not held:
             continue
@@ -245,11 +245,11 @@ def nearest(
     """The keys of the ``limit`` vectors closest to ``query_vector`` (unit vectors: by dot product)."""
     import numpy as np
 
-    ids = [d for d in vectors if keep(d)]
+    ids = sorted((d for d in vectors if keep(d)), reverse=True)  # equal vectors: the newer first
     if not ids:
         return []
     sims = np.stack([vectors[d] for d in ids]) @ query_vector
-    return [ids[int(k)] for k in np.argsort(-sims)[:limit]]
+    return [ids[int(k)] for k in np.argsort(-sims, kind="stable")[:limit]]
 
 
 @functools.lru_cache(maxsize=SPLIT_CACHE)
