@@ -20,7 +20,7 @@ from voice_context.core.budget import (
 from voice_context.core.config import SessionConfig
 from voice_context.core.session import ContextView, Session
 from voice_context.core.text import clip
-from voice_context.core.turns import Note, Turn
+from voice_context.core.turns import Note, Turn, TurnRun
 
 SUMMARY = "Alpha happened first. Beta came second. Gamma was third. Delta is newest."
 FACTS = ("Alice is vegetarian.", "Bob lives in Porto.")
@@ -358,3 +358,32 @@ def test_every_budget_keeps_the_priority_order(fmt: Format) -> None:
         full.messages,
         full.instructions,
     )
+
+
+# -- the turns before the cursor -------------------------------------------------------
+
+
+def shown_lines(ctx: Context) -> list[str]:
+    """The verbatim turns an instructions context shows, oldest first."""
+    section = ctx.instructions[ctx.instructions.index(RECENT_HEADER) :]
+    return section.split("\n")[1:]
+
+
+def test_turns_read_for_an_earlier_cursor_are_not_joined_across_the_gap() -> None:
+    view = view_of(turns(5, 20), cursor=20, summary="", live_notes=())
+    read_before_a_fold = TurnRun.of(0, turns(10))  # turns 0-9: the cursor was at 10 then
+
+    ctx = build_context(view, "instructions", budget_chars=4000, older=read_before_a_fold)
+
+    assert shown_lines(ctx) == [f"{t.speaker}: {t.text}" for t in turns(5, 20)]  # turns 20-24 only
+    assert (ctx.first_turn, ctx.turns_shown) == (20, 5)
+
+
+def test_older_turns_that_reach_past_the_cursor_are_cut_where_the_view_begins() -> None:
+    view = view_of(turns(5, 20), cursor=20, summary="", live_notes=())
+    overlapping = TurnRun.of(15, turns(8, 15))  # turns 15-22: 20-22 are the view's own
+
+    ctx = build_context(view, "instructions", budget_chars=4000, older=overlapping)
+
+    assert shown_lines(ctx) == [f"{t.speaker}: {t.text}" for t in turns(10, 15)]  # 15-24, each once
+    assert (ctx.first_turn, ctx.turns_shown) == (15, 10)

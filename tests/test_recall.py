@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,12 +19,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from serving import running, settings, wire
 
+import voice_context
 from voice_context.core.budget import RECALL_HEADER, RECENT_HEADER, build_context
 from voice_context.core.config import SessionConfig
 from voice_context.core.recalled import Recalled
 from voice_context.core.session import ContextView, Session
 from voice_context.core.times import stamp
-from voice_context.core.turns import Note, Turn
+from voice_context.core.turns import Note, Turn, TurnRun
 from voice_context.manager import SessionManager
 from voice_context.recall.embedding import load_embedder
 from voice_context.recall.index import _STOP as STOPWORDS
@@ -30,6 +34,7 @@ from voice_context.recall.index import (
     annotate_dates,
     default_query,
     index_terms,
+    nearest,
     recall_candidates,
     turn_key,
     with_neighbours,
@@ -532,9 +537,47 @@ async def test_vectors_are_kept_in_the_store_and_a_restarted_server_embeds_only_
 
 
 def test_room_left_under_a_budget_extends_the_verbatim_run_past_the_cursor() -> None:
-    folded = [Turn("Alice", "user", f"Yeah {i}.", T0 + i) for i in range(60, 100)]  # short: backchannels
+    backchannels = [Turn("Alice", "user", f"Yeah {i}.", T0 + i) for i in range(60, 100)]  # short turns
+    folded = TurnRun.of(60, backchannels)
     ctx = build_context(view(n=20), "instructions", budget_chars=4000, older=folded)
     assert ctx.turns_shown > 20 and ctx.first_turn < 100  # the run goes on into turns the summary covers
     assert ctx.first_turn + ctx.turns_shown == 120  # still one run ending at the current turn
     assert "older_turns" not in ctx.dropped
     assert build_context(view(n=20), "messages", older=folded).turns_shown == 20  # no budget: from the cursor
+
+
+# -- the same ranking, run after run ---------------------------------------------------------
+
+BM25_SCORES = """
+from voice_context.recall.index import bm25
+words = ["raid", "tokyo", "map", "shield", "luna", "winter", "soldier"]
+postings = {w: [(k, 1 + k * j % 3, 5 + k % 7) for k in range(0, 40, 1 + j)] for j, w in enumerate(words)}
+print(sorted(bm25(words, postings, 40, 300).items()))
+"""
+
+
+def test_bm25_scores_do_not_depend_on_the_process_s_hash_seed() -> None:
+    """A doc's score is a sum over the query's words in one order (a set's order follows the
+    process's hash seed, and a float sum its order): two replicas, or two runs, rank alike."""
+    env = {**os.environ, "PYTHONPATH": str(Path(voice_context.__file__).parents[1])}
+    printed = {
+        subprocess.run(
+            [sys.executable, "-c", BM25_SCORES],
+            env={**env, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("0", "1", "2")
+    }
+    assert len(printed) == 1
+
+
+def test_equal_vectors_rank_the_newer_first_whatever_order_they_were_embedded_in() -> None:
+    import numpy as np
+
+    same = np.array([0.6, 0.8], dtype=np.float32)
+    query = np.array([1.0, 0.0], dtype=np.float32)
+    for keys in ([3, 17, 9], [17, 9, 3], [9, 3, 17]):
+        vectors = {key: same for key in keys}
+        assert nearest(vectors, query, lambda _: True, 3) == [17, 9, 3]

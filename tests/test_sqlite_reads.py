@@ -1,19 +1,23 @@
 """The SQLite store's reads on a reply's path (recall's postings and passages, the turns before
 the cursor) run on a read-only connection of their own: a context is never queued behind a
-group's commit."""
+group's commit. And what a context read before an await still holds after it: a fold that
+lands meanwhile never leaves a hole in the verbatim run."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import anyio
 import pytest
-from helpers import TIMEOUT
+from helpers import TIMEOUT, turns, wait_until
 
 from voice_context.core.turns import Turn
-from voice_context.manager import SessionManager
+from voice_context.manager import CompactionEvent, SessionManager
 from voice_context.store.sqlite import SQLiteStore
+from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.deterministic import DeterministicSummarizer
+from voice_context.summarizers.fakes import ScriptedSummarizer
 
 pytestmark = pytest.mark.asyncio
 
@@ -46,4 +50,73 @@ async def test_a_reply_s_reads_do_not_wait_for_a_commit_in_flight(tmp_path: Path
             assert passages[0].text == said[0].text == "My gym locker code is 4417."
             store.pause_before_commit = 0
         assert committed.is_set()
+    await store.aclose()
+
+
+class SecondFoldHeld(ScriptedSummarizer):
+    """Folds as the scripted summarizer does by default; its second fold is held until
+    ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = anyio.Event()
+
+    async def summarize(self, request: SummaryRequest) -> str:
+        if len(self.requests) == 1:
+            await self.release.wait()
+        return await super().summarize(request)
+
+
+class WatchedReads(SQLiteStore):
+    """The real SQLite store. Once ``watch`` is called, the next read of turns tells the test
+    it has begun (``reading``), then waits for ``landed`` before it reads."""
+
+    reading: anyio.Event | None = None
+    landed: anyio.Event | None = None
+
+    def watch(self, landed: anyio.Event) -> anyio.Event:
+        self.reading, self.landed = anyio.Event(), landed
+        return self.reading
+
+    async def read_turns(self, name: str, start: int, end: int) -> list[Turn]:
+        if self.reading is not None and self.landed is not None:
+            self.reading.set()
+            self.reading = None
+            await self.landed.wait()
+        return await super().read_turns(name, start, end)
+
+
+def verbatim_indices(instructions: str) -> list[int]:
+    """The transcript indices of the turns an instructions context shows, in order."""
+    section = instructions[instructions.index("Recent conversation:") :]
+    return [int(n) for n in re.findall(r"^\w+: turn (\d+)$", section, re.MULTILINE)]
+
+
+async def test_a_fold_landing_while_a_context_reads_the_older_turns_leaves_no_hole(tmp_path: Path) -> None:
+    store = WatchedReads(tmp_path / "sessions.db")
+    summarizer = SecondFoldHeld()
+    async with SessionManager(summarizer, store=store) as manager:
+        await manager.open("room", {"recent_window": 4, "batch_size": 6, "recall": False})
+        for said in turns(12):
+            await manager.append_turn("room", said)
+        await manager.context("room", "messages")  # the first fold: turns 0-5
+        await wait_until(lambda: manager.state("room").cursor == 6)
+        for said in turns(6, 12):
+            await manager.append_turn("room", said)
+
+        landed = anyio.Event()
+
+        def on_compaction(event: CompactionEvent) -> None:
+            if event.kind == "completed":
+                landed.set()
+
+        manager.add_listener(on_compaction)
+        summarizer.release = store.watch(landed)  # the second fold lands as the context reads
+        with anyio.fail_after(TIMEOUT):
+            ctx = await manager.context("room", "instructions", budget_chars=4000)
+
+        assert ctx.cursor == 12  # the second fold landed while the context awaited its read
+        shown = verbatim_indices(ctx.instructions)
+        assert shown == list(range(ctx.first_turn, 18))  # one run, ending at the newest turn
+        assert ctx.turns_shown == len(shown)
     await store.aclose()

@@ -14,7 +14,7 @@ from voice_context.core.config import SessionConfig
 from voice_context.core.recalled import Recalled
 from voice_context.core.session import ContextView
 from voice_context.core.tokens import CachedCounter, CharEstimate, TokenCounter
-from voice_context.core.turns import Note, Turn
+from voice_context.core.turns import Note, Turn, TurnRun
 from voice_context.errors import ConfigError
 from voice_context.tokenizers import EXPECTED_SHA256, _bpe_openai, _loaded, bpe_ranks, load_tokenizer
 from voice_context.tokenizers import _tiktoken as tiktoken_counter
@@ -189,7 +189,7 @@ def test_no_context_ever_exceeds_its_token_budget_or_its_char_budget(
     conversation = tuple(
         Turn(("Alice", "Nova")[i % 2], ("user", "assistant")[i % 2], t, T0 + i) for i, t in enumerate(texts)
     )
-    older = (Turn("Bob", "user", "Earlier: the raid is at nine.", T0 - 5),)
+    older = TurnRun.of(9, [Turn("Bob", "user", "Earlier: the raid is at nine.", T0 - 5)])
     passages = (
         [Recalled("turn", 9, "[1 May 2024, 14:00] Bob: the raid is at nine", 2.0, at=T0 - 9)]
         if recalled

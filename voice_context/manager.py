@@ -22,8 +22,14 @@ reading the store's index on the reply path. ``first`` (the default) searches
 ahead for the first user turn after each context: in a conversation of two, the
 turn the bot answers; in a group, at most one search per reply goes unused.
 ``every`` searches for every user turn, so a group's bot finds the newest ready
-too, at the cost of a search per turn; ``off`` never. A context for another
-query, or after a fold replaced the summary, recalls for itself as before.
+too, at the cost of a search per turn; ``off`` never.
+
+What a search finds is a function of the session, not of timing: every search
+(ahead or on the reply path) waits for the background indexing to hold every turn
+stored and every note seen, and a search ahead is used only when it was made on
+the basis the context would search (:class:`_Basis`: the same index, bound,
+summary and tiers). A context for another query, or after a turn, a note or a
+fold since the search, recalls for itself.
 """
 
 from __future__ import annotations
@@ -79,7 +85,7 @@ from voice_context.core.tiers import (
     tiered_summary,
 )
 from voice_context.core.tokens import TokenCounter
-from voice_context.core.turns import Note, Turn
+from voice_context.core.turns import Note, Turn, TurnRun
 from voice_context.core.window import FillBudget, Skip, SkipReason
 from voice_context.errors import (
     ConfigError,
@@ -119,17 +125,18 @@ EMBED_BATCH = 256
 """At most this many docs embedded by one model call in the background."""
 INDEX_BATCH = 256
 """At most this many turns indexed by one store write in the background."""
-INDEX_SLACK = 8
-"""A context waits for the background indexing only when more turns than this wait for it
-(a burst of appends): the newest few are shown verbatim anyway."""
 TIER_CHECK_SECONDS = 60.0
 """How often (by the manager's clock) a session with tiers on checks for rolls made due by the
 time of day alone; a conversation that ends when a turn comes after a silence is rolled at once."""
 OPEN_ATTEMPTS = 3
 """An open that finds no session, fails to create it (another replica did, for the same owner)
 and then finds none again (deleted meanwhile) tries this many times before a retryable error."""
+OLDER_READS = 3
+"""How many times a context reads the turns before the cursor when folds keep moving it
+meanwhile; then it shows none of them rather than wait for a still cursor."""
 INDEX_WAIT = 2.0
-"""The longest a context waits for that indexing (seconds) before it recalls without it."""
+"""The longest a search waits for the background indexing (seconds) before it searches the
+index as it stands."""
 
 
 @dataclass(eq=False)
@@ -139,6 +146,8 @@ class _Recall:
 
     indexed: int = 0
     """Turns ``0 .. indexed-1`` are in the store's index."""
+    noted: int = 0
+    """How many notes are in the store's index."""
     notes: list[Note] = field(default_factory=list)
     """Notes waiting to be indexed."""
     running: bool = False
@@ -147,8 +156,9 @@ class _Recall:
     """Doc key -> unit vector, when the manager has an embedder."""
     unembedded: list[int] = field(default_factory=list)
     """Indexed doc keys with no vector yet."""
-    older: tuple[int, int, list[Turn]] | None = None
-    """The turns just before the cursor last read for a context: (cursor, count, turns)."""
+    older: tuple[int, TurnRun] | None = None
+    """The turns just before the cursor last read for a context: (how many were asked for, the
+    run kept of them, which ends at the cursor it was read for)."""
     summary: SummaryIndex | None = None
     """The words of the summary's lines, indexed once per summary."""
     ahead: _Ahead | None = None
@@ -158,18 +168,33 @@ class _Recall:
     context is waiting unused (in a group, most turns are not the one the bot answers)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Basis:
+    """What a search's passages are a function of, besides its query: the index it read
+    (how many turns and notes it held, and vectors with an embedder: its word counts, so
+    its ranking, follow from them), the bound from which turns are shown verbatim and not
+    searched, and the summary, cursor and tiers whose lines it searched. Two searches for
+    one query on one basis find the same passages."""
+
+    turns: int
+    notes: int
+    vectors: int
+    before: int
+    cursor: int
+    summary: str
+    tiers: tuple[TierSummary, ...]
+
+
 @dataclass(eq=False)
 class _Ahead:
     """Recall run ahead of the reply: for a user turn as soon as it is stored, so that the
     context the bot asks for before answering it finds its passages ready. It answers a
-    context whose query is that turn's text, while the summary (and the tiers) it searched
-    are still the session's."""
+    context whose query is that turn's text and whose basis is the one it searched."""
 
     query: str
-    summary: str
-    tiers: tuple[TierSummary, ...]
     done: anyio.Event = field(default_factory=anyio.Event)
     found: list[Recalled] | None = None
+    basis: _Basis | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -543,7 +568,7 @@ class SessionManager:
         recalled = await self._recalled_ahead(live, text) if ahead else None
         if recalled is None and session.config.recall and text.strip():
             await self._catch_up_index(live)
-            recalled = await self._recall(live, text, default=query is None)
+            _, recalled = await self._recall(live, text, default=query is None)
         older = await self._older(live, older_chars(budget_chars, budget_tokens))
         live = self._get(name, owner)  # decide again after the awaits
         return build_context(
@@ -563,7 +588,9 @@ class SessionManager:
     def indexing_lag(self, name: str, *, owner: str | None = None) -> int:
         """How many of the session's turns and notes wait for the recall index, or (with an
         embedder) for their vectors: work done in the background; 0 when recall sees everything."""
-        live = self._get(name, owner)
+        return self._lag(self._get(name, owner))
+
+    def _lag(self, live: _Live) -> int:
         recall = live.recall
         waiting = live.session.total_turns - recall.indexed + len(recall.notes)
         return waiting + (len(recall.unembedded) if self.embedder is not None else 0)
@@ -613,11 +640,7 @@ class SessionManager:
 
     def indexing_lags(self) -> tuple[int, int]:
         """The largest :meth:`indexing_lag` of the live sessions, and their sum."""
-        lags = [
-            live.session.total_turns - live.recall.indexed + len(live.recall.notes)
-            + (len(live.recall.unembedded) if self.embedder is not None else 0)
-            for live in self._live.values()
-        ]  # fmt: skip
+        lags = [self._lag(live) for live in self._live.values()]
         return max(lags, default=0), sum(lags)
 
     async def wait_indexed(self, name: str, *, owner: str | None = None) -> int:
@@ -909,7 +932,7 @@ class SessionManager:
     async def _recall_state(self, name: str) -> _Recall:
         """Where a stored session's recall index stands (and its vectors, with an embedder)."""
         stats, _, _ = await self.store.recall_postings(name, ())
-        recall = _Recall(indexed=stats.turns)
+        recall = _Recall(indexed=stats.turns, noted=stats.notes)
         if self.embedder is not None:
             import numpy as np
 
@@ -920,12 +943,23 @@ class SessionManager:
         return recall
 
     async def _catch_up_index(self, live: _Live) -> None:
-        """After a burst of appends, give indexing a moment (at most ``INDEX_WAIT``) so that
-        recall sees the turns just stored."""
+        """Wait (at most ``INDEX_WAIT``) for the background indexing to hold every turn stored
+        and every note seen: a search made then finds what the session holds, however far
+        behind the indexing was when it was asked for. The turn just stored takes about
+        a millisecond; a burst of appends, longer."""
         recall = live.recall
-        if live.session.total_turns - recall.indexed > INDEX_SLACK and recall.running:
-            with anyio.move_on_after(INDEX_WAIT):
+        with anyio.move_on_after(INDEX_WAIT):
+            while recall.running and self._lag(live):
                 await recall.done.wait()
+
+    def _basis(self, live: _Live) -> _Basis:
+        """The basis a search for a context would have now (see :class:`_Basis`)."""
+        recall, session = live.recall, live.session
+        vectors = len(recall.vectors or ()) if self.embedder is not None else 0
+        return _Basis(
+            recall.indexed, recall.noted, vectors, session.total_turns - 1, session.cursor,
+            session.summary, live.tiers,
+        )  # fmt: skip
 
     def _maybe_recall_ahead(self, live: _Live, turn: Turn) -> None:
         """Recall for a user turn just stored, in the background: the bot's next context will
@@ -942,7 +976,7 @@ class SessionManager:
             return
         if self.recall_ahead == "first" and not live.recall.armed:
             return
-        ahead = _Ahead(turn.text, session.summary, live.tiers)
+        ahead = _Ahead(turn.text)
         live.recall.ahead = ahead
         live.recall.armed = False
         self._tg.start_soon(self._recall_ahead, live, ahead)
@@ -951,7 +985,7 @@ class SessionManager:
         try:
             await self._catch_up_index(live)
             if live.recall.ahead is ahead:  # no newer user turn meanwhile
-                ahead.found = await self._recall(live, ahead.query, default=True)
+                ahead.basis, ahead.found = await self._recall(live, ahead.query, default=True)
         except Exception:  # the context will recall for itself
             log.warning("voice_context_recall_ahead_failed", session=live.session.name, exc_info=True)
         finally:
@@ -959,33 +993,41 @@ class SessionManager:
 
     async def _recalled_ahead(self, live: _Live, text: str) -> list[Recalled] | None:
         """What recall ahead found for ``text``, waiting for it if it is still running; ``None``
-        when it was for another query, failed, or searched a summary the session has since replaced.
-        Either way the next user turn may start a recall ahead again."""
+        when it was for another query, failed, or was made on another basis than this context's
+        search would be (a turn, a note or a fold since; the indexing still behind): then the
+        context searches for itself, and finds what the session holds. Either way the next user
+        turn may start a recall ahead again."""
         ahead = live.recall.ahead
         live.recall.armed = True
         if ahead is None or ahead.query != text:
             return None
         await ahead.done.wait()
-        if ahead.found is None or ahead.summary is not live.session.summary or ahead.tiers is not live.tiers:
+        await self._catch_up_index(live)  # what this context's own search would read
+        if ahead.found is None or ahead.basis != self._basis(live):
+            log.debug("voice_context_recall_ahead_unused", session=live.session.name)
             return None
         return ahead.found
 
-    async def _recall(self, live: _Live, text: str, *, default: bool) -> list[Recalled]:
+    async def _recall(self, live: _Live, text: str, *, default: bool) -> tuple[_Basis | None, list[Recalled]]:
         """What recall offers a context for ``text`` (``default``: the newest user turn, no query
-        named): passages from the store's index, then summary lines. A store that fails leaves
-        the context without them, never without a reply."""
+        named): passages from the store's index, then summary lines; and the basis they were
+        found on (``None`` when it is not known: the store failed, vectors came meanwhile). A
+        store that fails leaves the context without them, never without a reply."""
         session, recall = live.session, live.recall
         limit = max(1, session.config.recall_limit) + 4  # a few spare for those shown verbatim anyway
+        before = session.total_turns - 1
+        vectors = len(recall.vectors or ()) if self.embedder is not None else 0
         query_vector = None
         if self.embedder is not None and recall.vectors:
             # a model's forward pass must not hold up the event loop
             query_vector = (await anyio.to_thread.run_sync(self.embedder.embed, [text]))[0]
+        known = True
         try:
-            found = await search_store(
+            stats, found = await search_store(
                 self.store,
                 session.name,
                 text,
-                before=session.total_turns - 1,
+                before=before,
                 limit=limit,
                 query_vector=query_vector,
                 vectors=recall.vectors,
@@ -994,7 +1036,14 @@ class SessionManager:
             )
         except StoreError:
             log.warning("voice_context_recall_failed", session=session.name, exc_info=True)
-            found = []
+            stats, found, known = None, [], False
+        if vectors != (len(recall.vectors or ()) if self.embedder is not None else 0):
+            known = False  # vectors came during the search: which of them it saw is not known
+        basis = None
+        if known:
+            basis = replace(self._basis(live), before=before)
+            if stats is not None:  # (none: no word to search by, the same on any index)
+                basis = replace(basis, turns=stats.turns, notes=stats.notes, vectors=vectors)
         summary = live.session.summary
         if summary:
             if recall.summary is None or recall.summary.summary is not summary:
@@ -1004,7 +1053,7 @@ class SessionManager:
             seen = {r.line for r in found if r.kind == "summary"}
             hits = self._tier_index(live).search(text, limit=session.config.recall_limit)
             found.extend(hit for hit in hits if hit.line not in seen)
-        return found
+        return basis, found
 
     def _tier_index(self, live: _Live) -> SummaryIndex:
         """The lines of the rolled summaries a context does not show, indexed once per roll:
@@ -1116,31 +1165,45 @@ class SessionManager:
             return session.turn(session.total_turns - 1).at
         return session.folded_at
 
-    async def _older(self, live: _Live, budget_chars: int | None) -> list[Turn]:
+    async def _older(self, live: _Live, budget_chars: int | None) -> TurnRun | None:
         """The turns just before the cursor a budgeted context may extend its verbatim run into:
         as many as the budget could hold at 20 chars a line, read once per cursor (none without
-        a budget). Kept here only as far back as the budget's chars reach."""
-        cursor = live.session.cursor
-        if budget_chars is None or not cursor:
-            return []
+        a budget). Kept here only as far back as the budget's chars reach.
+
+        A fold that lands while they are read moves the cursor past them: they are read again
+        for the new cursor (a few times at most; the context joins only turns that run up to
+        its cursor, see :func:`build_context`)."""
+        if budget_chars is None:
+            return None
         count = min(MAX_OLDER_TURNS, budget_chars // 20)
-        cached = live.recall.older
-        if cached is not None and cached[0] == cursor and cached[1] >= count:
-            return cached[2]
-        try:
-            turns = await self.store.read_turns(live.session.name, max(0, cursor - count), cursor)
-        except StoreError:
-            log.warning("voice_context_older_turns_failed", session=live.session.name, exc_info=True)
-            return []
-        kept, chars = 0, 0
-        for turn in reversed(turns):
-            if chars >= budget_chars:
-                break
-            chars += len(turn.text) + len(turn.speaker) + 2
-            kept += 1
-        turns = turns[len(turns) - kept :]
-        live.recall.older = (cursor, count, turns)
-        return turns
+        run: TurnRun | None = None
+        for _ in range(OLDER_READS):
+            cursor = live.session.cursor
+            if not cursor:
+                return None
+            cached = live.recall.older
+            if cached is not None and cached[1].end == cursor and cached[0] >= count:
+                return cached[1]
+            try:
+                turns = await self.store.read_turns(live.session.name, max(0, cursor - count), cursor)
+            except StoreError:
+                log.warning("voice_context_older_turns_failed", session=live.session.name, exc_info=True)
+                return run
+            kept, chars = 0, 0
+            for turn in reversed(turns):
+                if chars >= budget_chars:
+                    break
+                chars += len(turn.text) + len(turn.speaker) + 2
+                kept += 1
+            run = TurnRun.of(cursor - kept, turns[len(turns) - kept :])
+            live.recall.older = (count, run)
+            if live.session.cursor == cursor:  # decide again after the await
+                return run
+            log.info(
+                "voice_context_older_turns_stale", session=live.session.name, read_for=cursor,
+                cursor=live.session.cursor,
+            )  # fmt: skip
+        return run
 
     def _maybe_index(self, live: _Live) -> None:
         """Index what waits for it (turns, notes; their vectors), in the background."""
@@ -1166,6 +1229,7 @@ class SessionManager:
                     note = recall.notes[0]
                     stats = await self.store.index_note(name, indexed(note_passage(note)))
                     recall.notes.pop(0)
+                    recall.noted = stats.notes
                     if self.embedder is not None:
                         recall.unembedded.append(-stats.notes)
                     continue

@@ -47,8 +47,9 @@ budget):
    ``default_summary_share`` when no query was asked),
 7. the live screen notes, newest first,
 8. the older verbatim turns back to the cursor, newest first, then (when
-   ``older`` turns are given) past it (a recalled passage of a turn that
-   becomes verbatim here gives its room back),
+   ``older`` turns are given, and only as far as they run up to the cursor
+   without a gap) past it (a recalled passage of a turn that becomes verbatim
+   here gives its room back),
 9. the rest of a longer summary, then the landmarks that did not fit their
    share, then more recalled passages (up to ``recall_limit``), in whatever
    room is left.
@@ -87,7 +88,7 @@ from voice_context.core.text import clip, condense_summary
 from voice_context.core.times import stamp
 from voice_context.core.tokens import CachedCounter, CharEstimate, TokenCounter
 from voice_context.core.tools import placeholder, tool_iterations, units
-from voice_context.core.turns import Note, Turn
+from voice_context.core.turns import Note, Turn, TurnRun
 
 Format = Literal["messages", "instructions"]
 FORMATS: frozenset[str] = frozenset({"messages", "instructions"})
@@ -522,7 +523,7 @@ def build_context(
     facts: Sequence[str] = (),
     recalled: Sequence[Recalled] = (),
     query: str = "",
-    older: Sequence[Turn] = (),
+    older: TurnRun | None = None,
     asked: bool = True,
 ) -> Context:
     """Assemble the context for one reply; see the module docstring for the rules.
@@ -536,7 +537,10 @@ def build_context(
     shows verbatim are skipped). ``older`` are the turns just before the cursor
     (the store keeps them, the summary covers them): under a budget, room left
     once every turn from the cursor is shown extends the verbatim run into
-    them, so short turns are never shown fewer than the budget holds. ``asked``
+    them, so short turns are never shown fewer than the budget holds. Only the
+    part of ``older`` that runs up to the cursor is used: turns read for an
+    earlier cursor (a fold landed meanwhile) would leave a hole, and are not
+    shown. ``asked``
     says whether ``query`` was asked for; when it is the newest user turn
     instead, recall and the summary take their ``default_*`` shares. Raises
     ``ValueError`` for an unknown format or a negative budget.
@@ -551,9 +555,11 @@ def build_context(
         raise ValueError("budget_tokens must be >= 0")
     if budget_tokens is not None and tokens is None:
         tokens = CharEstimate()
-    if budget_chars is None and budget_tokens is None:
-        older = ()  # without a budget every turn from the cursor is shown; the summary has the rest
-    args = (view, format, base_instructions, facts, recalled, query, older, asked)
+    # without a budget every turn from the cursor is shown (the summary has the rest); with one,
+    # only the older turns that end where the view's turns begin: the run never has a hole
+    unbudgeted = budget_chars is None and budget_tokens is None
+    joined = () if older is None or unbudgeted else older.until(view.cursor).turns
+    args = (view, format, base_instructions, facts, recalled, query, joined, asked)
     limit = budget_tokens
     while True:
         context = _assemble(*args, budget_chars, limit, tokens if budget_tokens is not None else None)

@@ -6,6 +6,7 @@ part of the turn: the session assigns it on append, and it never changes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -45,6 +46,35 @@ class Turn:
     @property
     def is_tool_result(self) -> bool:
         return self.role == "tool" and self.tool_call_id is not None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRun:
+    """Consecutive turns of one transcript and the index of the first: a run of turns
+    read from a store carries where it starts, so that it is joined only to the turn
+    that follows it.
+
+    ``TurnRun.of(first, turns)`` makes one from any sequence; ``end`` is the index just
+    after its last turn.
+    """
+
+    first: int
+    turns: tuple[Turn, ...] = ()
+
+    @classmethod
+    def of(cls, first: int, turns: Sequence[Turn]) -> TurnRun:
+        return cls(first, tuple(turns))
+
+    @property
+    def end(self) -> int:
+        return self.first + len(self.turns)
+
+    def until(self, end: int) -> TurnRun:
+        """The part of the run that ends exactly at index ``end``: every turn before ``end``
+        when the run reaches it, none when a gap lies between the run and ``end``."""
+        if not self.first <= end <= self.end:
+            return TurnRun(end)
+        return TurnRun(self.first, self.turns[: end - self.first])
 
 
 @dataclass(frozen=True, slots=True)

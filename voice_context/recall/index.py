@@ -37,7 +37,7 @@ from voice_context.core.recalled import MAX_TERM_DOCS, IndexedDoc, Passage, Post
 from voice_context.core.session import Session
 from voice_context.core.text import ELLIPSIS, clip, normalize, sentences
 from voice_context.core.times import stamp
-from voice_context.core.turns import Note, Role, Turn
+from voice_context.core.turns import Note, Role, Turn, TurnRun
 from voice_context.recall.dates import DATE_TERMS, MAX_DATE_TERMS, date_terms, is_date_term, query_date_terms
 from voice_context.summarizers.deterministic import _RELATIVE as RELATIVE_DATE
 from voice_context.summarizers.deterministic import (
@@ -201,10 +201,8 @@ def bm25(
     postings: Mapping[str, Sequence[Posting]],
     docs: int,
     total_length: int,
-    *,
-    below: int | None = None,
 ) -> dict[int, float]:
-    """The BM25 score of every doc key that holds a query word (and is under ``below``, if given)."""
+    """The BM25 score of every doc key that holds a query word."""
     if not docs:
         return {}
     avg = total_length / docs or 1.0
@@ -212,15 +210,13 @@ def bm25(
     get = scores.get
     scale = K1 * (1 - B)
     per_length = K1 * B / avg
-    for term in set(terms):
+    for term in sorted(set(terms)):  # one order of the sum: equal scores stay equal, run after run
         held = postings.get(term)
         if not held:
             continue
         weight = idf(docs, len(held)) * (K1 + 1)
         for key, tf, length in held:
             scores[key] = get(key, 0.0) + weight * tf / (tf + scale + per_length * length)
-    if below is not None:  # once per doc scored, not once per posting
-        return {key: score for key, score in scores.items() if key < below}
     return scores
 
 
@@ -278,11 +274,11 @@ def nearest(
     """The keys of the ``limit`` vectors closest to ``query_vector`` (unit vectors: by dot product)."""
     import numpy as np
 
-    ids = [d for d in vectors if keep(d)]
+    ids = sorted((d for d in vectors if keep(d)), reverse=True)  # equal vectors: the newer first
     if not ids:
         return []
     sims = np.stack([vectors[d] for d in ids]) @ query_vector
-    return [ids[int(k)] for k in np.argsort(-sims)[:limit]]
+    return [ids[int(k)] for k in np.argsort(-sims, kind="stable")[:limit]]
 
 
 @functools.lru_cache(maxsize=SPLIT_CACHE)
@@ -668,12 +664,13 @@ def recall_candidates(
     return text, found
 
 
-def older_turns(index: RecallIndex, session: Session, budget_chars: int | None) -> list[Turn]:
+def older_turns(index: RecallIndex, session: Session, budget_chars: int | None) -> TurnRun:
     """The turns just before the cursor a budgeted context may extend its verbatim run into:
     as many as the budget could hold at 20 chars a line (none without a budget)."""
     if budget_chars is None or not session.cursor:
-        return []
-    return index.turns_before(session.cursor, min(MAX_OLDER_TURNS, budget_chars // 20))
+        return TurnRun(session.cursor)
+    turns = index.turns_before(session.cursor, min(MAX_OLDER_TURNS, budget_chars // 20))
+    return TurnRun.of(session.cursor - len(turns), turns)
 
 
 __all__ = [

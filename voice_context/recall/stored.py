@@ -16,7 +16,7 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from voice_context.core.recalled import Recalled
+from voice_context.core.recalled import Recalled, RecallStats
 from voice_context.recall.dates import query_date_terms
 from voice_context.recall.index import (
     bm25,
@@ -44,8 +44,11 @@ async def search_store(
     min_share: float = 0.25,
     now: float | None = None,
     common: float = 1.0,
-) -> list[Recalled]:
-    """The passages of session ``name`` that bear on ``query``, best first, rendered to show.
+) -> tuple[RecallStats | None, list[Recalled]]:
+    """The passages of session ``name`` that bear on ``query``, best first, rendered to show,
+    with the stats of the index they were found in (how many turns and notes it held: its
+    word counts, and so the ranking, follow from them); ``None`` when the query has no word
+    to search by, and the answer is none whatever the index holds.
 
     Turns at ``before`` or later are left out (a context shows them verbatim);
     ``query_vector`` with the session's ``vectors`` (doc key -> unit vector) adds
@@ -55,7 +58,7 @@ async def search_store(
     words = sorted(set(index_terms(query)))
     dates = query_date_terms(query, now)
     if not words and not dates and query_vector is None:
-        return []
+        return None, []
     choose = functools.partial(choose_terms, common=common)
     stats, df, postings = await store.recall_postings(name, [*words, *dates], choose)
     terms = choose([*words, *dates], lambda t: df.get(t, 0), stats.docs)
@@ -71,13 +74,13 @@ async def search_store(
     close = nearest(vectors, query_vector, keep, limit * 2) if query_vector is not None and vectors else []
     top = fuse(lexical, close, limit=limit, min_share=min_share)
     if not top:
-        return []
+        return stats, []
     # each turn with the one after it: a hit that asks a question is shown with its answer
     keys = [key for key, _ in top]
     passages = await store.recall_passages(name, [*keys, *(key + 1 for key in keys if key >= 0)])
     weight: Callable[[str], float] = lambda t: idf(stats.docs, df.get(t, 0))  # noqa: E731
     hits = [(passages[key], score) for key, score in top if key in passages]
-    return render_hits(hits, lambda turn: passages.get(turn + 1), set(terms), weight)
+    return stats, render_hits(hits, lambda turn: passages.get(turn + 1), set(terms), weight)
 
 
 __all__ = ["search_store"]
