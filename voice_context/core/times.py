@@ -8,6 +8,7 @@ the years 1000..9000 is shown as the nearest of those, and NaN as the epoch.
 
 from __future__ import annotations
 
+import functools
 import math
 from datetime import UTC, datetime
 
@@ -27,6 +28,7 @@ def utc(at: float) -> datetime:
 _MONTHS = "January February March April May June July August September October November December".split()
 
 
+@functools.lru_cache(maxsize=4096)  # a context dates the same few dozen turns, reply after reply
 def stamp(at: float) -> str:
     """``8 May 2023, 13:56`` (UTC): how a dated line of a context (a recalled passage, a
     landmark, a line of a plain dated transcript) says when it was said."""

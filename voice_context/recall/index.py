@@ -33,6 +33,7 @@ from typing import Any, Literal, cast
 
 import Stemmer
 
+from voice_context.core.cache import char_bounded_cache
 from voice_context.core.recalled import MAX_TERM_DOCS, IndexedDoc, Passage, Posting, Recalled
 from voice_context.core.session import Session
 from voice_context.core.text import ELLIPSIS, clip, normalize, sentences
@@ -70,6 +71,8 @@ this share of the session's docs: small talk ("1-0, easy", "thanks, see you") th
 nothing, and the room goes to the summary. A query a context names is searched by all its words."""
 MAX_OLDER_TURNS = 400
 """At most this many folded turns are offered to extend a context's verbatim run."""
+SMALL_TALK_CACHE_CHARS = 500_000
+"""How many chars of shown spans the small-talk check remembers its answer for."""
 SPLIT_CACHE = 512
 """Docs whose sentences a search keeps split and tokenized (the most recently searched)."""
 _TOKEN = re.compile(r"[a-z0-9]+")
@@ -224,12 +227,18 @@ def with_neighbours(
     scores: Mapping[int, float],
     turn_of: Callable[[int], int | None],
     key_of: Callable[[int], int | None],
+    *,
+    spread: int,
 ) -> dict[int, float]:
     """``scores`` with each turn's :data:`NEIGHBOUR_SHARE` of its better adjacent turn's added
     (keys are doc keys; ``turn_of(key)`` is a doc's turn index, ``None`` for a note, which has
-    no neighbours; ``key_of(turn)`` the key of a turn, ``None`` where it is not a doc)."""
+    no neighbours; ``key_of(turn)`` the key of a turn, ``None`` where it is not a doc). Only the
+    ``spread`` best docs lend: a search shows a few dozen hits, and a long session scores
+    thousands of docs (on LoCoMo, lending from the best 112 ranks the evidence as lending from
+    all does)."""
     best: dict[int, float] = {}
-    for key, score in scores.items():
+    lenders = scores.items() if len(scores) <= spread else heapq.nlargest(spread, scores.items(), key=_score)
+    for key, score in lenders:
         turn = turn_of(key)
         if turn is None:
             continue
@@ -241,6 +250,10 @@ def with_neighbours(
     for key, score in best.items():
         out[key] = out.get(key, 0.0) + NEIGHBOUR_SHARE * score
     return out
+
+
+def _score(item: tuple[int, float]) -> float:
+    return item[1]
 
 
 def turn_key(key: int) -> int | None:
@@ -300,6 +313,19 @@ def asks(text: str) -> bool:
     return text.rstrip().rstrip("\"')”’ ").endswith("?")
 
 
+_NAMES = "\x00"
+_NAME = "\x01"
+
+
+@char_bounded_cache(SMALL_TALK_CACHE_CHARS)
+def _small_talk(key: str) -> bool:
+    """Whether a shown span is all small talk; ``key`` is the span, then :data:`_NAMES` and the
+    speakers' names joined by :data:`_NAME` (one string, so the answer is cached: the same
+    turns are hit again and again as a conversation goes on)."""
+    text, _, names = key.partition(_NAMES)
+    return not without_small_talk(text, names.split(_NAME) if names else ())
+
+
 def render(
     passage: Passage,
     score: float,
@@ -307,15 +333,16 @@ def render(
     weight: Callable[[str], float],
     *,
     reply: Passage | None = None,
-    speakers: Iterable[str] = (),
+    speakers: Sequence[str] | None = None,
 ) -> Recalled | None:
     """The line a context shows for a hit: dated, attributed, cut to its matching sentences
     when they carry the match in clearly fewer chars (``weight`` is a word's idf). A hit that
     asks a question carries the start of its ``reply`` (the next turn), where the answer is.
-    ``None`` when what it would show is small talk (``speakers``' names aside): a greeting or
-    a goodbye that shares the query's words answers nothing."""
+    With ``speakers`` (the names said in the session), ``None`` when what it would show is
+    small talk, their names aside: a greeting or a goodbye that shares the query's words
+    answers nothing."""
     text, granularity = best_span(passage.text, wanted, weight)
-    if not without_small_talk(text, speakers):
+    if speakers is not None and _small_talk(text + _NAMES + _NAME.join(speakers)):
         return None  # what matched is small talk ("... Take care of yourself."): no evidence of anything
     text = annotate_dates(text, passage.at) if passage.kind == "turn" else text
     if reply is not None and reply.speaker != passage.speaker:
@@ -335,15 +362,19 @@ def render_hits(
     reply_to: Callable[[int], Passage | None],
     wanted: set[str],
     weight: Callable[[str], float],
+    *,
+    drop_small_talk: bool = False,
 ) -> list[Recalled]:
     """The ranked hits as the lines a context shows, best first: a hit that asks a question
     carries its answer (``reply_to(turn)``, the turn after it), and a turn already shown in
-    an earlier line, as a hit or as an answer, is not shown again."""
+    an earlier line, as a hit or as an answer, is not shown again. ``drop_small_talk``: a
+    hit whose shown words are small talk is left out (what a context recalling for the newest
+    user turn does: a goodbye then never brings back other goodbyes)."""
     out: list[Recalled] = []
     shown: set[int] = set()
     weight = {t: weight(t) for t in wanted}.__getitem__  # once per word, not once per sentence
     hits = list(hits)
-    speakers = {passage.speaker for passage, _ in hits if passage.speaker}
+    speakers = sorted({p.speaker for p, _ in hits if p.speaker}) if drop_small_talk else None
     for passage, score in hits:
         turn = passage.turn
         if turn is not None and turn in shown:
@@ -517,14 +548,18 @@ class RecallIndex:
     def idf(self, term: str) -> float:
         return idf(len(self.docs), len(self.postings.get(term, ())))
 
-    def lexical(self, terms: Sequence[str], *, before: int | None = None) -> dict[int, float]:
-        """BM25 score of every doc that holds a query word, with its neighbours' share (see
-        :func:`with_neighbours`; turns at ``before`` or later excluded)."""
+    def lexical(
+        self, terms: Sequence[str], *, before: int | None = None, spread: int = 4 * 28
+    ) -> dict[int, float]:
+        """BM25 score of every doc that holds a query word, with its neighbours' share (the
+        ``spread`` best lend theirs: see :func:`with_neighbours`; turns at ``before`` or later
+        excluded)."""
         docs = self.docs
         scores = with_neighbours(
             bm25(terms, self.postings, len(docs), self.total_length),
             lambda doc: docs[doc].passage.turn,
             self._turn_doc.get,
+            spread=spread,
         )
         if before is not None:  # the few turns a context shows verbatim anyway
             for turn in range(max(0, before), self._turn_end):
@@ -564,7 +599,7 @@ class RecallIndex:
         """
         docs = len(self.docs)
         terms = query_terms(query, lambda t: len(self.postings.get(t, ())), docs, now, common=common)
-        lexical = self.lexical(terms, before=before)
+        lexical = self.lexical(terms, before=before, spread=4 * limit)
         close: list[int] = []
         if query_vector is not None and self.vectors:
             close = nearest(self.vectors, query_vector, self._keep(before) or (lambda _: True), limit * 2)
@@ -575,7 +610,7 @@ class RecallIndex:
             answer = self._turn_doc.get(turn + 1)
             return self.docs[answer].passage if answer is not None else None
 
-        return render_hits(hits, reply_to, set(terms), self.idf)
+        return render_hits(hits, reply_to, set(terms), self.idf, drop_small_talk=common < 1.0)
 
 
 def summary_passages(summary: str) -> list[str]:

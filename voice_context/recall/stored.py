@@ -69,7 +69,9 @@ async def search_store(
     scored = bm25(terms, postings, stats.docs, stats.length)
     below = max(before, 0)  # notes' keys are < 0
     lexical = {
-        key: score for key, score in with_neighbours(scored, turn_key, turn_key).items() if key < below
+        key: score
+        for key, score in with_neighbours(scored, turn_key, turn_key, spread=4 * limit).items()
+        if key < below
     }
     close = nearest(vectors, query_vector, keep, limit * 2) if query_vector is not None and vectors else []
     top = fuse(lexical, close, limit=limit, min_share=min_share)
@@ -80,7 +82,9 @@ async def search_store(
     passages = await store.recall_passages(name, [*keys, *(key + 1 for key in keys if key >= 0)])
     weight: Callable[[str], float] = lambda t: idf(stats.docs, df.get(t, 0))  # noqa: E731
     hits = [(passages[key], score) for key, score in top if key in passages]
-    return stats, render_hits(hits, lambda turn: passages.get(turn + 1), set(terms), weight)
+    return stats, render_hits(
+        hits, lambda turn: passages.get(turn + 1), set(terms), weight, drop_small_talk=common < 1.0
+    )
 
 
 __all__ = ["search_store"]
