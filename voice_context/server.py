@@ -93,6 +93,7 @@ from voice_context.codec import (
     SessionStateGet,
     TurnAppend,
 )
+from voice_context.collector import Load
 from voice_context.config import Settings, make_summarizer
 from voice_context.core.config import check_client_overrides
 from voice_context.core.session import Session
@@ -389,6 +390,8 @@ class Server:
         self._tg: TaskGroup | None = None
         self._stack: AsyncExitStack | None = None
         self._connections: set[_Connection] = set()
+        #: connections ended and sessions closed so far (what the collector may reclaim)
+        self._released = 0
         self._holders: dict[str, set[_Connection]] = {}
         self._limits: dict[str, _SessionLimits] = {}
         #: one per token that connected (tokens are configured, so these are few)
@@ -425,6 +428,11 @@ class Server:
     @property
     def connections(self) -> int:
         return len(self._connections)
+
+    def load(self) -> Load:
+        """What this server holds and has let go, for :mod:`voice_context.collector`."""
+        sessions = self._manager.sessions if self._manager is not None else 0
+        return Load(len(self._connections), sessions, self._released)
 
     async def __aenter__(self) -> Self:
         stack = AsyncExitStack()
@@ -691,6 +699,7 @@ class Server:
             with anyio.CancelScope(shield=True):
                 await self._detach_all(conn)
             self._connections.discard(conn)
+            self._released += 1
             self.metrics.connections.dec()
             if owned is not None:
                 owned.connections -= 1
@@ -1093,6 +1102,7 @@ class Server:
         except UnknownSession:
             pass
         else:
+            self._released += 1
             log.info("voice_context_session_closed")
 
     async def _detach_all(self, conn: _Connection) -> None:
