@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import time
 from collections.abc import Iterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ from hypothesis import strategies as st
 from serving import T0, TIMEOUT, GatedStore, Wire, running, settings, turn_body, wait_until, wire
 from structlog.testing import capture_logs
 from test_codec import message_like, pinned
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 import voice_context
 from voice_context import codec, errors
@@ -702,33 +704,93 @@ def test_a_bucket_is_full_again_once_it_has_had_time_to_refill() -> None:
 # -- defect 6: a client that does not read cannot exhaust memory --------------------------------
 
 
+#: a client that stops reading after a frame, its replies uncompressed (so they fill the buffers)
+NOT_READING: dict[str, Any] = {"max_queue": 1, "compression": None}
+
+
+async def ask_without_reading(greedy: Wire, session: str) -> None:
+    """Ask for 120 replies of 56,000 chars each and never read one (a bot whose reader died)."""
+    big = "You are Nova. " * 4000
+    with contextlib.suppress(ConnectionClosed):  # the server cuts it off while it asks
+        for n in range(120):
+            await greedy.send({"type": "context.get", "id": n, "session": session, "base_instructions": big})
+
+
 @pytest.mark.asyncio
 async def test_a_client_that_does_not_read_holds_at_most_its_outbox_limit_in_the_server() -> None:
     limit = 64 * 1024
-    big = "You are Nova. " * 4000  # each reply carries these 56,000 chars back
-
-    async def ask_without_reading(greedy: Wire) -> None:
-        for n in range(120):  # 6.7 M chars of replies asked for, none read
-            await greedy.send({"type": "context.get", "id": n, "session": "room-1", "base_instructions": big})
+    big = 56_000  # the chars of each reply
 
     async with (
         running(settings(max_outbox_chars=limit)) as server,
-        wire(server, max_queue=1) as greedy,
+        wire(server, **NOT_READING) as greedy,
         anyio.create_task_group() as tg,
     ):
         await greedy.open("room-1")
         [conn] = server._connections
-        tg.start_soon(ask_without_reading, greedy)
+        tg.start_soon(ask_without_reading, greedy, "room-1")
         most = 0
         with anyio.move_on_after(0.5):
             while True:  # every turn of the event loop: the queue may fill and drain between two
                 await anyio.lowlevel.checkpoint()
                 most = max(most, conn.queued)
-        assert limit <= most <= limit + len(big) + 1000, most
+        assert limit <= most <= limit + big + 1000, most
         async with wire(server) as other:  # the server serves everyone else meanwhile
             assert (await other.request("ping"))["type"] == "pong"
         tg.cancel_scope.cancel()
         greedy.ws.transport.abort()  # it never reads: no closing handshake to wait for
+
+
+@pytest.mark.asyncio
+async def test_a_client_that_reads_again_after_a_pause_gets_every_reply() -> None:
+    config = settings(max_outbox_chars=64 * 1024, send_timeout=TIMEOUT * 4)
+    async with (
+        running(config) as server,
+        wire(server, **NOT_READING) as slow,
+        anyio.create_task_group() as tg,
+    ):
+        await slow.open("room-1")
+        [conn] = server._connections
+        tg.start_soon(ask_without_reading, slow, "room-1")
+        await wait_until(lambda: conn.queued >= conn.max_queued)  # reading and answering both wait
+        for n in range(120):  # the server reads and answers again as the client catches up
+            reply = await slow.reply()
+            assert (reply["type"], reply["id"]) == ("context", n)
+
+
+@pytest.mark.asyncio
+async def test_clients_that_ask_without_reading_then_close_leave_no_connection_or_session_held() -> None:
+    config = settings(max_outbox_chars=64 * 1024, max_connections=3, send_timeout=TIMEOUT * 4)
+    async with running(config) as server:  # the send timeout is not what lets them go
+        async with AsyncExitStack() as bots, anyio.create_task_group() as tg:
+            greedy = [await bots.enter_async_context(wire(server, **NOT_READING)) for _ in range(3)]
+            for n, bot in enumerate(greedy):
+                await bot.open(f"room-{n}")
+                tg.start_soon(ask_without_reading, bot, f"room-{n}")
+            # each has more waiting for it than it may have, and reads none of it
+            await wait_until(lambda: all(c.queued >= c.max_queued for c in server._connections))
+            for bot in greedy:
+                bot.ws.transport.abort()  # then its socket is closed, unread replies and all
+        await wait_until(lambda: server.connections == 0)
+        assert server.manager.sessions == 0, "their sessions are closed with them"
+        async with wire(server) as a, wire(server) as b, wire(server) as c:
+            for bot in (a, b, c):
+                assert (await bot.request("ping"))["type"] == "pong"
+
+
+@pytest.mark.asyncio
+async def test_a_client_that_stops_reading_is_cut_off_after_the_send_timeout() -> None:
+    config = settings(max_outbox_chars=64 * 1024, max_connections=1, send_timeout=TIMEOUT / 25)
+    with capture_logs() as logs:
+        async with running(config) as server, wire(server, **NOT_READING) as greedy:
+            await greedy.open("room-1")
+            await ask_without_reading(greedy, "room-1")  # its socket stays open, as a dead peer's does
+            await wait_until(lambda: server.connections == 0)
+            assert server.manager.sessions == 0, "its session is closed with it"
+            async with wire(server) as next_bot:  # its place under max_connections is free
+                assert (await next_bot.request("ping"))["type"] == "pong"
+    [cut] = [e for e in logs if e["event"] == "voice_context_send_timed_out"]
+    assert cut["queued_chars"] >= 64 * 1024
 
 
 @pytest.mark.asyncio

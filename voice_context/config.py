@@ -4,8 +4,9 @@ Groups, each a frozen value with named defaults::
 
     [server]      host, port, max_frame_bytes, max_text_chars, max_sessions_per_connection,
                   turns_per_second, turn_burst, auth_tokens, record_dir, shutdown_timeout,
-                  max_connections, max_outbox_chars, replica, owner_turns_per_second,
-                  owner_turn_burst, max_connections_per_owner, lease_ttl
+                  max_connections, max_outbox_chars, send_timeout, ping_interval,
+                  ping_timeout, replica, owner_turns_per_second, owner_turn_burst,
+                  max_connections_per_owner, lease_ttl
     [summarizer]  kind ("deterministic" | "openai"), base_url, model, api_key, timeout (per
                   attempt; derived from compaction_timeout when unset), max_retries,
                   compaction_timeout
@@ -52,6 +53,15 @@ class ServerSettings:
     #: characters of replies and events waiting to be sent on one connection: past this the
     #: server reads no more of that connection's requests, and drops its events
     max_outbox_chars: int = 1 << 20
+    #: seconds a frame may wait to be handed to the connection (a client that reads nothing, or
+    #: a peer gone without a word, fills the socket's buffers): past it the connection is
+    #: aborted, its requests not yet started are dropped and its sessions closed. Also how long
+    #: a closing handshake may take.
+    send_timeout: float = 5.0
+    #: a ping every ``ping_interval`` seconds; a pong not back within ``ping_timeout`` ends the
+    #: connection (a peer that vanished from an idle connection)
+    ping_interval: float = 20.0
+    ping_timeout: float = 20.0
     #: who holds compaction leases in the store: the same after a restart, so a restarted
     #: server takes its own leases back at once. By default ``<hostname>:<port>`` (random
     #: when the port is 0); set it when several servers share a host name and a port.
@@ -83,7 +93,14 @@ class ServerSettings:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"server.{name} must be positive")
-        for name in ("turns_per_second", "owner_turns_per_second", "lease_ttl"):
+        for name in (
+            "turns_per_second",
+            "owner_turns_per_second",
+            "lease_ttl",
+            "send_timeout",
+            "ping_interval",
+            "ping_timeout",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"server.{name} must be positive")
 

@@ -27,6 +27,15 @@ the connection (a task per request would cost more than many requests do).
 Compaction events for the sessions a connection opened go into the same outbox,
 never blocking the manager: when a connection's outbox is full, the event is
 dropped and counted.
+
+A frame that cannot be handed to the connection within ``send_timeout`` (a client
+that reads nothing, or a peer gone without a word, has filled the socket's
+buffers) ends the connection at once: the transport is aborted, without a closing
+handshake that would wait on the same full buffers. Once a reply cannot be
+delivered (that, or the connection closed), the requests not yet started are
+dropped, the ones in progress finish, and the connection's sessions and its place
+under ``max_connections`` are let go. Keepalive pings find a peer that vanished
+from an idle connection.
 """
 
 from __future__ import annotations
@@ -84,6 +93,7 @@ from voice_context.codec import (
     SessionStateGet,
     TurnAppend,
 )
+from voice_context.collector import Load
 from voice_context.config import Settings, make_summarizer
 from voice_context.core.config import check_client_overrides
 from voice_context.core.session import Session
@@ -279,6 +289,8 @@ class _Connection:
     wake: anyio.Event = field(default_factory=anyio.Event)
     reading_done: bool = False
     idle: anyio.Event = field(default_factory=anyio.Event)
+    #: no reply can reach the client any more: what is left unstarted is dropped
+    lost: bool = False
 
     def push(self, event: CompactionEvent) -> None:
         """A manager listener: queue the event, never wait."""
@@ -307,11 +319,19 @@ class _Connection:
         self.queued -= len(frame)
         self.drained.set()
 
+    def lose(self) -> None:
+        """No reply can reach the client any more: nobody waits for room to reply."""
+        self.lost = True
+        self.drained.set()
+
     async def room_to_reply(self) -> None:
         """Wait until what is queued for this client is under the limit: a client that does
         not read its replies gets its requests read no faster than it reads."""
-        while self.queued >= self.max_queued:
-            self.drained = anyio.Event()
+        while self.queued >= self.max_queued and not self.lost:
+            # the read loop and every worker may wait here together: an event is replaced
+            # only once set, so each waits on the one the next send sets
+            if self.drained.is_set():
+                self.drained = anyio.Event()
             await self.drained.wait()
 
     def finished(self, chars: int) -> None:
@@ -321,14 +341,17 @@ class _Connection:
 
     async def all_answered(self) -> None:
         while self.working:
-            self.idle = anyio.Event()
-            await self.idle.wait()
+            await self._next_finished()
 
     async def room_to_work(self) -> None:
         """Wait until this connection's requests in progress are under both limits."""
         while self.working >= self.max_working or self.working_chars >= self.max_working_chars:
+            await self._next_finished()
+
+    async def _next_finished(self) -> None:
+        if self.idle.is_set():
             self.idle = anyio.Event()
-            await self.idle.wait()
+        await self.idle.wait()
 
     def stop_reading(self) -> None:
         if self.recv_scope is not None:
@@ -367,6 +390,8 @@ class Server:
         self._tg: TaskGroup | None = None
         self._stack: AsyncExitStack | None = None
         self._connections: set[_Connection] = set()
+        #: connections ended and sessions closed so far (what the collector may reclaim)
+        self._released = 0
         self._holders: dict[str, set[_Connection]] = {}
         self._limits: dict[str, _SessionLimits] = {}
         #: one per token that connected (tokens are configured, so these are few)
@@ -403,6 +428,11 @@ class Server:
     @property
     def connections(self) -> int:
         return len(self._connections)
+
+    def load(self) -> Load:
+        """What this server holds and has let go, for :mod:`voice_context.collector`."""
+        sessions = self._manager.sessions if self._manager is not None else 0
+        return Load(len(self._connections), sessions, self._released)
 
     async def __aenter__(self) -> Self:
         stack = AsyncExitStack()
@@ -459,6 +489,9 @@ class Server:
                 process_request=self._process_request,
                 max_size=cfg.max_frame_bytes,
                 server_header=None,
+                ping_interval=cfg.ping_interval,
+                ping_timeout=cfg.ping_timeout,
+                close_timeout=cfg.send_timeout,
             )
             stack.push_async_callback(self.shutdown)
             self.port = self._ws.sockets[0].getsockname()[1] if self._ws.sockets else cfg.port
@@ -666,16 +699,38 @@ class Server:
             with anyio.CancelScope(shield=True):
                 await self._detach_all(conn)
             self._connections.discard(conn)
+            self._released += 1
             self.metrics.connections.dec()
             if owned is not None:
                 owned.connections -= 1
 
     async def _send_loop(self, conn: _Connection) -> None:
+        """Hand each queued frame to the connection, each within ``send_timeout``; past it,
+        or once the connection is closed, drain the outbox without sending."""
+        timeout = self.settings.server.send_timeout
         async with conn.inbox:
             async for frame in conn.inbox:
-                with contextlib.suppress(ConnectionClosed):  # keep draining; the reader sees it too
-                    await conn.ws.send(frame)
+                if not conn.lost:
+                    with anyio.move_on_after(timeout) as waited:
+                        try:
+                            await conn.ws.send(frame)
+                        except ConnectionClosed:  # the reader sees it too
+                            conn.lose()
+                    if waited.cancelled_caught:
+                        self._cut_off(conn)
                 conn.sent(frame)
+
+    def _cut_off(self, conn: _Connection) -> None:
+        """End a connection whose client has not taken a frame in ``send_timeout``: abort
+        the transport (a closing handshake would wait on the same full buffers)."""
+        log.warning(
+            "voice_context_send_timed_out",
+            timeout=self.settings.server.send_timeout,
+            queued_chars=conn.queued,
+        )
+        self.metrics.errors.labels(code="send_timeout").inc()
+        conn.lose()
+        conn.ws.transport.abort()  # the reader's recv ends with ConnectionClosed
 
     async def _read_loop(self, conn: _Connection) -> tuple[int, str] | None:
         """Read frames and hand each to its session's queue; returns the close code to send, if any.
@@ -765,7 +820,8 @@ class Server:
                     message, sent, size = queue[0]
                     try:
                         await conn.room_to_reply()  # a client that does not read gets no more answers
-                        await self._dispatch(conn, message, sent)
+                        if not conn.lost:  # a reply nobody can receive is not worth working out
+                            await self._dispatch(conn, message, sent)
                     finally:
                         queue.popleft()
                         conn.finished(size)
@@ -1046,6 +1102,7 @@ class Server:
         except UnknownSession:
             pass
         else:
+            self._released += 1
             log.info("voice_context_session_closed")
 
     async def _detach_all(self, conn: _Connection) -> None:

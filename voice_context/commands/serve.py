@@ -13,7 +13,6 @@ flight (up to ``server.shutdown_timeout``), close the store; then exit 0.
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import signal
 import sys
@@ -22,6 +21,7 @@ from typing import Any
 import anyio
 import structlog
 
+from voice_context.collector import keep_collector_off
 from voice_context.config import Settings, load_settings
 from voice_context.errors import ConfigError, StoreError
 from voice_context.server import Server
@@ -114,26 +114,9 @@ async def serve(settings: Settings) -> None:
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watch)
-                tg.start_soon(freeze_survivors)
+                tg.start_soon(keep_collector_off, server.load)
                 await server.serve_forever()
                 tg.cancel_scope.cancel()
-
-
-GC_FREEZE_SECONDS = 10.0
-
-
-async def freeze_survivors() -> None:
-    """Every few seconds, move the objects that survived so far out of the cyclic collector's reach.
-
-    A live session is hundreds of long-lived objects (its turns, its recall postings);
-    with a thousand sessions a full collection walks some 400,000 of them, stopping the
-    event loop for half a second (measured on a small box), every reply waiting behind
-    it. Frozen objects are still freed by reference counting when a session closes; a
-    garbage cycle among them is never collected, which is the price of this.
-    """
-    while True:
-        await anyio.sleep(GC_FREEZE_SECONDS)
-        gc.freeze()
 
 
 def run(args: argparse.Namespace) -> int:

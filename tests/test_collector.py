@@ -1,0 +1,78 @@
+"""The collector policy: what is frozen is alive, and what died frozen comes back."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Iterator
+
+import pytest
+
+from voice_context.collector import CollectorPolicy, Load, Step, perform
+
+
+class Node:
+    """One half of a reference cycle (as a closed connection's transport and its callbacks)."""
+
+    def __init__(self) -> None:
+        self.other: Node | None = None
+
+
+def cycle() -> tuple[Node, weakref.ref[Node]]:
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    return a, weakref.ref(a)
+
+
+@pytest.fixture
+def collector_by_hand() -> Iterator[None]:
+    """Only the steps the test performs collect; nothing stays frozen after the test."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.enable()
+
+
+def test_a_freeze_every_interval_and_no_thaw_while_nothing_was_let_go() -> None:
+    policy = CollectorPolicy(100.0, freeze_seconds=10.0)
+    busy = Load(connections=5, sessions=5, released=0)
+    assert policy.step(105.0, busy) is Step.WAIT
+    assert policy.step(110.0, busy) is Step.FREEZE
+    assert policy.step(115.0, busy) is Step.WAIT
+    assert policy.step(120.0, Load(connections=0, sessions=0, released=0)) is Step.FREEZE
+
+
+def test_a_thaw_once_nothing_is_connected_after_something_was_let_go() -> None:
+    policy = CollectorPolicy(100.0)
+    assert policy.step(101.0, Load(connections=0, sessions=0, released=3)) is Step.THAW
+    assert policy.step(102.0, Load(connections=0, sessions=0, released=3)) is Step.WAIT, "once"
+    assert policy.step(111.0, Load(connections=0, sessions=0, released=3)) is Step.FREEZE
+
+
+def test_with_clients_connected_a_thaw_waits_for_a_quarter_of_the_live_to_be_let_go() -> None:
+    policy = CollectorPolicy(100.0, min_released=100)
+    assert policy.step(101.0, Load(connections=1000, sessions=1000, released=499)) is Step.WAIT
+    assert policy.step(102.0, Load(connections=1000, sessions=1000, released=500)) is Step.THAW
+    assert policy.step(103.0, Load(connections=10, sessions=10, released=599)) is Step.WAIT
+    assert policy.step(104.0, Load(connections=10, sessions=10, released=600)) is Step.THAW
+
+
+def test_garbage_at_the_moment_of_a_freeze_is_collected_not_frozen(collector_by_hand: None) -> None:
+    node, alive = cycle()
+    del node  # garbage that no collection has seen yet
+    perform(Step.FREEZE)
+    assert alive() is None
+    perform(Step.FREEZE)  # and nothing else is lost to the next one
+    assert alive() is None
+
+
+def test_a_cycle_that_dies_frozen_comes_back_at_the_next_thaw(collector_by_hand: None) -> None:
+    node, alive = cycle()
+    perform(Step.FREEZE)  # alive then: frozen
+    del node
+    perform(Step.FREEZE)
+    assert alive() is not None, "a collection never reaches what is frozen"
+    perform(Step.THAW)
+    assert alive() is None

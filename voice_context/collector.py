@@ -1,0 +1,113 @@
+"""Keeping the cyclic garbage collector off the live sessions, without keeping garbage.
+
+A live session is hundreds of long-lived objects (its turns, its recall postings); with a
+thousand sessions a full collection walks some 400,000 of them and stops the event loop
+for half a second, every reply waiting behind it. ``gc.freeze()`` moves the objects alive
+now out of the collector's reach, so later collections walk only what is new.
+
+What it freezes is kept until ``gc.unfreeze()``: a reference cycle among frozen objects
+is never collected, even once it is garbage. Two rules keep that from becoming memory
+that never returns:
+
+- a collection runs just before each freeze, so only what is really alive is frozen
+  (that collection walks only what is not frozen yet: what the last interval made);
+- what was frozen and has since died (the transports of closed connections, a closed
+  session's cycles) is reclaimed by a thaw: unfreeze, collect everything, freeze again.
+  A thaw is the full pause the freeze avoids, so it runs only when nothing is connected
+  (nobody waits behind it), or once the connections and sessions let go since the last
+  thaw reach a quarter of those still live (at least ``min_released``): the pause is
+  paid in proportion to what it gives back, as CPython's own rule for full collections.
+
+:class:`CollectorPolicy` decides (time is data); :func:`keep_collector_off` performs it.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+import anyio
+import structlog
+
+log = structlog.get_logger("voice_context.collector")
+
+FREEZE_SECONDS = 10.0
+"""How often what survived is frozen."""
+CHECK_SECONDS = 1.0
+"""How often the policy is asked whether a thaw is due."""
+MIN_RELEASED = 100
+"""Connections and sessions let go since the last thaw before a thaw with clients connected."""
+
+
+class Step(Enum):
+    WAIT = "wait"
+    FREEZE = "freeze"  # collect what is not frozen, then freeze the survivors
+    THAW = "thaw"  # unfreeze, collect everything, freeze the survivors
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """What the server holds and has let go, read when the policy is asked."""
+
+    connections: int
+    sessions: int
+    released: int  # connections ended and sessions closed since the server started
+
+
+class CollectorPolicy:
+    """When to freeze and when to thaw; see the module docstring. ``now`` is monotonic."""
+
+    def __init__(
+        self, now: float, *, freeze_seconds: float = FREEZE_SECONDS, min_released: int = MIN_RELEASED
+    ) -> None:
+        self.freeze_seconds = freeze_seconds
+        self.min_released = min_released
+        self.frozen_at = now
+        self.released_at_thaw = 0
+
+    def step(self, now: float, load: Load) -> Step:
+        released = load.released - self.released_at_thaw
+        live = load.connections + load.sessions
+        if released > 0 and (load.connections == 0 or released >= max(self.min_released, live // 4)):
+            self.released_at_thaw = load.released
+            self.frozen_at = now
+            return Step.THAW
+        if now - self.frozen_at >= self.freeze_seconds:
+            self.frozen_at = now
+            return Step.FREEZE
+        return Step.WAIT
+
+
+def perform(step: Step) -> int:
+    """Carry out a step; the number of unreachable objects the collection found."""
+    if step is Step.WAIT:
+        return 0
+    if step is Step.THAW:
+        gc.unfreeze()
+    found = gc.collect()
+    gc.freeze()
+    return found
+
+
+async def keep_collector_off(
+    load: Callable[[], Load], *, monotonic: Callable[[], float] = time.monotonic
+) -> None:
+    """Run the policy until cancelled."""
+    policy = CollectorPolicy(monotonic())
+    while True:
+        await anyio.sleep(CHECK_SECONDS)
+        step = policy.step(monotonic(), load())
+        if step is Step.WAIT:
+            continue
+        started = time.perf_counter()
+        found = perform(step)
+        log.debug(
+            "voice_context_gc",
+            step=step.value,
+            unreachable=found,
+            frozen=gc.get_freeze_count(),
+            seconds=round(time.perf_counter() - started, 4),
+        )
