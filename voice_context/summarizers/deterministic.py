@@ -101,7 +101,9 @@ _FAREWELL = re.compile(
     r"feel free to (?:reach out|ask|call|text|message|ping)(?: (?:to )?(?:me|us))?(?: any ?time)?|"
     r"(?:your|those|such) kind words|means? (?:a lot|so much|the world)(?: to (?:me|us))?|"
     r"loud and clear|good game|gg|no (?:problem|prob|worries)|you'?re (?:very )?welcome|any ?time|"
-    r"let me know if (?:you need|there'?s) anything(?: else)?(?: i can (?:do|help with))?|i owe you(?: one)?|"
+    r"(?:just )?let me know(?: if (?:you need|there'?s) anything(?: else)?(?: i can (?:do|help with))?)?|"
+    r"if (?:there'?s|you need|i need) anything(?: else)?(?: i can do)?|i owe you(?: one)?|stay safe|"
+    r"(?:i'?ll |we'?ll )?(?:get|be|keep|stay) in touch|"
     r"(?:i'?m |i am )?always here (?:for you|to help|if you (?:ever )?need (?:me|anything|to (?:talk|chat)))|"
     r"look after yourself|take it easy|have fun|can'?t wait|thanks for asking|keep (?:it up|in touch)|"
     r"stay in touch|(?:nice|good|great|lovely) (?:catching up|chatting|talking|to (?:chat|talk|catch up))"
@@ -119,7 +121,7 @@ _LEAD = re.compile(
     r"^(?:(?:hey|hi|hello|heya|yo|wow|whoa|oh|ooh|ah|aw+|yeah|yep|yup|well|so|ok|okay|alright|um+|uh+|uhm|"
     r"hmm+|mm+|mhm|haha+|hehe+|lol|omg|gosh|anyway|anyways|also|but|and|like|actually|honestly|"
     r"oh my god|oh man|man|dude|bye|goodbye|ttyl)(?=[\s,!.…?-])[\s,!.…?-]*|"
-    r"(?:great|awesome|nice|cool|thanks|thank you|right|sure|totally|absolutely|exactly|yes|no|true|"
+    r"(?:great|awesome|nice|cool|thanks|thank you|right|sure|totally|absolutely|exactly|yes|no|true|remember|"
     r"wonderful|amazing|fantastic|congrats|congratulations|sweet|good|perfect|indeed|of course)"
     r"[\s]*[,!.…]+\s*)+",
     re.IGNORECASE,
@@ -208,7 +210,7 @@ def without_small_talk(text: str, speakers: Iterable[str] = ()) -> str:
     backchannels: :func:`is_filler`, the names of ``speakers`` aside, so "Thanks, Mel!" is
     filler too): what in it could be asked about, ``""`` when nothing is."""
     names = tuple(speakers)
-    return " ".join(s for s in sentences(text) if not is_filler(_without_names(s, names)))
+    return " ".join(s for s in sentences(text) if not is_filler(_without_names(shorten(s, names), names)))
 
 
 def _fold(word: str) -> str:
