@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+import sys
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import orjson
-from anyio.abc import SocketAttribute
+from anyio.abc import Process, SocketAttribute
 from websockets.asyncio.client import ClientConnection, connect
 
 from voice_context.config import Settings
@@ -250,3 +251,43 @@ async def http_get(port: int, path: str, headers: Sequence[tuple[str, str]] = ()
         key, _, value = line.partition(":")
         parsed[key.strip().lower()] = value.strip()
     return HttpReply(status, parsed, body)
+
+
+@dataclass
+class Running:
+    """A ``voice-context serve`` process and where it listens."""
+
+    process: Process
+    url: str
+    port: int
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("VOICE_CONTEXT_")}
+
+
+@asynccontextmanager
+async def serve_process(*args: str, env: Mapping[str, str] | None = None) -> AsyncIterator[Running]:
+    """``voice-context serve`` as a real process on a free port, killed when the block ends.
+
+    Its stderr is a pipe nobody reads while the block runs: keep the logs few
+    (``--log-level warning``) or the server blocks once the pipe is full.
+    """
+    command = [sys.executable, "-m", "voice_context", "serve", "--port", "0", "--log-format", "json", *args]
+    async with await anyio.open_process(command, env={**clean_env(), **(env or {})}) as process:
+        try:
+            assert process.stdout is not None
+            with anyio.fail_after(TIMEOUT * 2):
+                line = b""
+                while not line.endswith(b"\n"):
+                    line += await process.stdout.receive()
+            text = line.decode().strip()
+            assert text.startswith("listening on ws://127.0.0.1:"), text
+            url = text.removeprefix("listening on ")
+            port = int(url.rsplit(":", 1)[1].split("/")[0])
+            yield Running(process, url, port)
+        finally:
+            if process.returncode is None:
+                process.kill()
+                with anyio.move_on_after(TIMEOUT):
+                    await process.wait()

@@ -30,6 +30,8 @@ def test_a_file_then_the_environment_override_the_defaults(tmp_path: Path) -> No
     assert Settings().session == SessionConfig()
     assert Settings().recall.ahead == "first"
     assert load_settings(env={"VOICE_CONTEXT_RECALL_AHEAD": "every"}).recall.ahead == "every"
+    assert Settings().server.gc_freeze_seconds == 10.0
+    assert load_settings(env={"VOICE_CONTEXT_SERVER_GC_FREEZE_SECONDS": "0"}).server.gc_freeze_seconds == 0.0
 
 
 @pytest.mark.parametrize(
@@ -43,6 +45,7 @@ def test_a_file_then_the_environment_override_the_defaults(tmp_path: Path) -> No
         ("[summarizer]\ncompaction_timeout = 4\nmax_retries = 2\n", "leaves no time for 3 attempts"),
         ("[server\n", "cannot read config file"),
         ("[recall]\nahead = 'sometimes'\n", "recall.ahead must be first, every or off"),
+        ("[server]\ngc_freeze_seconds = -1\n", "gc_freeze_seconds must not be negative"),
     ],
 )
 def test_a_bad_file_is_a_clear_config_error(tmp_path: Path, text: str, message: str) -> None:

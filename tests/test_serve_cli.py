@@ -2,56 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 import orjson
 import pytest
 from anyio.abc import Process
-from serving import TIMEOUT, Wire, http_get
+from serving import TIMEOUT, Wire, clean_env, http_get, serve_process
 from websockets.asyncio.client import connect
 
 from voice_context.cli import build_parser
 from voice_context.commands.serve import settings_from
-
-
-@dataclass
-class Running:
-    process: Process
-    url: str
-    port: int
-
-
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("VOICE_CONTEXT_")}
-
-
-@asynccontextmanager
-async def serve_process(*args: str) -> AsyncIterator[Running]:
-    command = [sys.executable, "-m", "voice_context", "serve", "--port", "0", "--log-format", "json", *args]
-    async with await anyio.open_process(command, env=clean_env()) as process:
-        try:
-            assert process.stdout is not None
-            with anyio.fail_after(TIMEOUT * 2):
-                line = b""
-                while not line.endswith(b"\n"):
-                    line += await process.stdout.receive()
-            text = line.decode().strip()
-            assert text.startswith("listening on ws://127.0.0.1:"), text
-            url = text.removeprefix("listening on ")
-            port = int(url.rsplit(":", 1)[1].split("/")[0])
-            yield Running(process, url, port)
-        finally:
-            if process.returncode is None:
-                process.kill()
-                with anyio.move_on_after(TIMEOUT):
-                    await process.wait()
 
 
 async def stderr_of(process: Process) -> str:

@@ -35,9 +35,9 @@ import structlog
 log = structlog.get_logger("voice_context.collector")
 
 FREEZE_SECONDS = 10.0
-"""How often what survived is frozen."""
+"""How often what survived is frozen, by default (``server.gc_freeze_seconds``)."""
 CHECK_SECONDS = 1.0
-"""How often the policy is asked whether a thaw is due."""
+"""How often the policy is asked whether a thaw is due (more often when freezes are)."""
 MIN_RELEASED = 100
 """Connections and sessions let go since the last thaw before a thaw with clients connected."""
 
@@ -93,12 +93,16 @@ def perform(step: Step) -> int:
 
 
 async def keep_collector_off(
-    load: Callable[[], Load], *, monotonic: Callable[[], float] = time.monotonic
+    load: Callable[[], Load],
+    *,
+    freeze_seconds: float = FREEZE_SECONDS,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> None:
     """Run the policy until cancelled."""
-    policy = CollectorPolicy(monotonic())
+    policy = CollectorPolicy(monotonic(), freeze_seconds=freeze_seconds)
+    check = min(CHECK_SECONDS, freeze_seconds)
     while True:
-        await anyio.sleep(CHECK_SECONDS)
+        await anyio.sleep(check)
         step = policy.step(monotonic(), load())
         if step is Step.WAIT:
             continue

@@ -6,7 +6,7 @@ Groups, each a frozen value with named defaults::
                   turns_per_second, turn_burst, auth_tokens, record_dir, shutdown_timeout,
                   max_connections, max_outbox_chars, send_timeout, ping_interval,
                   ping_timeout, replica, owner_turns_per_second, owner_turn_burst,
-                  max_connections_per_owner, lease_ttl
+                  max_connections_per_owner, lease_ttl, gc_freeze_seconds
     [summarizer]  kind ("deterministic" | "openai"), base_url, model, api_key, timeout (per
                   attempt; derived from compaction_timeout when unset), max_retries,
                   compaction_timeout
@@ -76,6 +76,10 @@ class ServerSettings:
     #: seconds a compaction lease lasts unless renewed (every third of that while the fold
     #: runs): a replica that dies holding one delays the session's next fold by at most this
     lease_ttl: float = 20.0
+    #: ``serve`` moves what survived out of the cyclic garbage collector's reach this often
+    #: (collecting first, and thawing to reclaim what died frozen: :mod:`voice_context.collector`);
+    #: 0 never freezes, and leaves the collector to walk every live session
+    gc_freeze_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -103,6 +107,8 @@ class ServerSettings:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"server.{name} must be positive")
+        if not self.gc_freeze_seconds >= 0:  # nan too
+            raise ConfigError("server.gc_freeze_seconds must not be negative (0: never freeze)")
 
 
 MAX_SWEEP_INTERVAL = 60.0

@@ -16,6 +16,7 @@ import argparse
 import logging
 import signal
 import sys
+from functools import partial
 from typing import Any
 
 import anyio
@@ -114,7 +115,9 @@ async def serve(settings: Settings) -> None:
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watch)
-                tg.start_soon(keep_collector_off, server.load)
+                freeze_seconds = settings.server.gc_freeze_seconds
+                if freeze_seconds > 0:
+                    tg.start_soon(partial(keep_collector_off, server.load, freeze_seconds=freeze_seconds))
                 await server.serve_forever()
                 tg.cancel_scope.cancel()
 
