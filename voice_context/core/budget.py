@@ -367,10 +367,13 @@ def _defused(summary: str) -> str:
     return _FENCE_MARKS.sub(lambda m: _LOOKALIKE[m.group()[0]] * len(m.group()), summary)
 
 
-SUMMARY_STEP = 64
+SUMMARY_STEP = 256
 """A summary is cut to a multiple of this many chars (at most this many short of the room):
 contexts between two folds then share their cuts (:func:`condense_summary` is cached), where
-the room left after recall differs by a few chars from one query to the next."""
+the room left after the floor and recall differs from one context to the next by a turn or a
+passage. Cutting a 12,000-char summary takes about 2 ms; with a step of 64 most contexts of a
+conversation missed the cache (LoCoMo, a context every other turn: 8.6 ms of CPU a turn, 7.5
+with 256)."""
 
 
 def _condense(text: str, limit: int) -> str:
