@@ -69,9 +69,10 @@ from voice_context.config import AheadMode, Settings
 from voice_context.core.budget import build_context
 from voice_context.core.session import Session
 from voice_context.recall.index import RecallIndex, recall_candidates
-from voice_context.summarizers.compress import _key, compress
+from voice_context.summarizers.compress import compress
 from voice_context.summarizers.fakes import SlowSummarizer
 from voice_context.summarizers.openai_compat import Fold
+from voice_context.summarizers.repeats import key_of
 from voice_context.tokenizers import load_tokenizer
 
 WORDS = "we should try the new team comp tonight because Bob keeps dying as Hulk on Tokyo".split()
@@ -473,7 +474,7 @@ def bench_compress(n: int) -> None:
         return out
 
     batches = [messages(seed) for seed in range(n)]  # fresh texts each time: no cache helps
-    floor = timed(lambda it=iter(batches): [_key(t.text) for t in next(it)], n)  # noqa: B008 - one pass
+    floor = timed(lambda it=iter(batches): [key_of(t.text) for t in next(it)], n)  # noqa: B008 - one pass
     plain = timed(lambda it=iter(batches): compress(next(it)), n)  # noqa: B008
     forced = timed(lambda it=iter(batches): compress(next(it), budget_chars=2000), n)  # noqa: B008
     print(row("reading each message once (the floor)", floor))

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import anyio
 
+from voice_context.codec import NoteAppend, TurnAppend
+from voice_context.core.config import BATCH_SIZE
 from voice_context.core.turns import Note, Turn
+from voice_context.replay import read_recording
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 from voice_context.summarizers.deterministic import (
     LINE_CHARS,
@@ -20,6 +24,7 @@ from voice_context.summarizers.deterministic import (
 
 #: Monday 8 May 2023, 13:56 UTC
 MONDAY = datetime(2023, 5, 8, 13, 56, tzinfo=UTC).timestamp()
+RAID_NIGHT = Path(__file__).resolve().parent.parent / "fixtures" / "raid-night.jsonl"
 
 
 def fold(turns: list[Turn], previous: str = "", max_chars: int = 4000, notes: tuple[Note, ...] = ()) -> str:
@@ -218,12 +223,88 @@ def test_letters_that_only_fold_to_a_number_word_s_are_left_as_they_are() -> Non
 def test_filler_and_small_talk_are_dropped_and_sentences_shortened() -> None:
     for filler in ("hi", "yeah", "haha", "ok", "That's awesome!", "Good to see you!", "Thanks so much!"):
         assert is_filler(filler), filler
+    for filler in ("Copy that!", "Roger.", "Go go go!", "On it.", "Nice shot!", "gg", "Loud and clear."):
+        assert is_filler(filler), filler  # voice-chat acknowledgements and callouts
+    assert is_filler("Evening all, can you hear me okay?")
+    assert is_filler("Sounds great, I love that feeling!")  # no word of it is more than small talk
     assert not is_filler("The remote sells for 25 Euro.")
+    assert not is_filler("Lisbon works for me if the hotel is under 150 euros a night.")
+    assert not is_filler("Let's go with Casa do Rio.")
     assert shorten("Um well this is the kick-off meeting for our our project.") == (
         "This is the kick-off meeting for our project."
     )
     assert shorten("Wow, Caroline! I really love the painting, Mel.", ["Caroline", "Melanie"]) == (
         "I love the painting."
+    )
+
+
+def test_the_raid_night_folded_keeps_the_plans_and_drops_the_callouts() -> None:
+    recording = read_recording(RAID_NIGHT)
+    turns = [m.turn for m in recording.decoded if isinstance(m, TurnAppend)]
+    notes = [m.note for m in recording.decoded if isinstance(m, NoteAppend)]
+    summarizer = DeterministicSummarizer()
+    summary = ""
+    for start in range(0, len(turns), BATCH_SIZE):  # batch by batch, as a session folds
+        batch = turns[start : start + BATCH_SIZE]
+        seen = tuple(n for n in notes if batch[0].at <= n.at <= batch[-1].at)
+        request = SummaryRequest(previous_summary=summary, turns=batch, notes=seen, max_chars=12_000)
+        summary = summarizer.summarize_now(request)
+    for said in ("Loud and clear", "Alright", "Go go", "can you hear me", "Welcome back", "Good call"):
+        assert said not in summary, said  # greetings, acknowledgements
+    for said in ("Holding the door", "Push left side", "falling back"):
+        assert said not in summary, said  # callouts
+    assert "Noted" not in summary  # Nova's rephrasing of the LAN party plan Tom and Priya had just made
+    for kept in (
+        "Tom: I'll tank with Magneto.",
+        "my birthday is next Friday (28 June 2024)",
+        "Tom: I'll order pizza, bring your own headsets and chairs. Priya: I can bring my spare monitor.",
+        "Priya: I'll register the team as Frozen Pizza.",
+        "Priya: 15 dollars per team, I'll pay and you can pay me back. James: Deal, I'll send you 5.",
+        "James: I'll set up the custom lobby, password is frosty.",
+        "Scrim on Wednesday 26 June at 8 pm",
+    ):
+        assert kept in summary, kept
+
+
+def test_a_batch_keeps_the_decision_with_who_and_when_and_drops_what_says_nothing_new() -> None:
+    summarizer = DeterministicSummarizer()
+    said = [
+        ("Alice", "Okay, so which supplier do we go with for the batteries?"),
+        ("Bob", "Mm-hmm."),
+        ("Carol", "Copy that."),
+        ("Alice", "We decided to go with Voltix for the batteries, at 2 euros a unit."),
+        ("Bob", "Right, so Voltix for the batteries, 2 euros a unit."),  # a rephrasing
+        ("Carol", "I'll send them the order next Friday."),
+        ("Bob", "Sounds good, on it."),
+        ("Carol", "Roger, thanks everyone!"),
+    ]
+    turns = [Turn(who, "user", text, MONDAY + 20 * k) for k, (who, text) in enumerate(said)]
+    assert summarizer.summarize_now(SummaryRequest(previous_summary="", turns=turns, max_chars=4000)) == (
+        "[8 May 2023, 13:56] Alice: Which supplier do we go with for the batteries? "
+        "We decided to go with Voltix for the batteries, at 2 euros a unit. "
+        "Carol: I'll send them the order on Friday 12 May 2023."
+    )
+
+
+def test_what_says_again_the_line_before_goes_but_a_new_score_or_an_act_stays() -> None:
+    summarizer = DeterministicSummarizer()
+    first = summarizer.summarize_now(
+        SummaryRequest(
+            previous_summary="",
+            turns=[Turn("Priya", "user", "Round one is ours, 1-0 on Tokyo.", MONDAY)],
+            max_chars=4000,
+        )
+    )
+    later = [
+        Turn("Tom", "user", "Tokyo, round one, ours.", MONDAY + 60),  # said in the line before
+        Turn("James", "user", "1-1 on Tokyo.", MONDAY + 80),  # a new score, in words said before
+        Turn("Tom", "user", "Agreed, Tokyo then.", MONDAY + 100),  # a decision, in words said before
+        Turn("Priya", "user", "Round one is ours, 1-0 on Tokyo!", MONDAY + 120),  # said again
+    ]
+    text = summarizer.summarize_now(SummaryRequest(previous_summary=first, turns=later, max_chars=4000))
+    assert text == (
+        "[8 May 2023, 13:56] Priya: Round one is ours, 1-0 on Tokyo. "
+        "James: 1-1 on Tokyo. Tom: Agreed, Tokyo then."
     )
 
 

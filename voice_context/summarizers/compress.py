@@ -10,7 +10,8 @@ their order, in four steps:
    aside) repeat an earlier turn's goes;
 3. **fuzzy duplicates**: a turn within ``fuzzy`` (90 of 100, rapidfuzz's
    ``fuzz.ratio``) of one of the ``window`` turns kept before it goes, unless
-   the two differ in a number ("at 9" and "at 10" are not the same plan);
+   the two differ in a number ("at 9" and "at 10" are not the same plan): the rule of
+   :mod:`voice_context.summarizers.repeats`, which the deterministic summarizer applies to sentences;
 4. **force-converge**, only when a budget is given and still exceeded: the
    protected turns are kept first, then the others newest first, whole while
    they fit and cut to their first sentence once they do not; what does not
@@ -34,27 +35,19 @@ import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
-from rapidfuzz.fuzz import ratio
-from rapidfuzz.process import extract
 from rapidfuzz.utils import default_process
 
 from voice_context.core.text import ELLIPSIS, sentences
 from voice_context.core.tokens import TokenCounter
 from voice_context.core.turns import Turn
 from voice_context.summarizers.deterministic import is_filler
+from voice_context.summarizers.repeats import FUZZY, WINDOW, key_of, numbers_of, said_again
 
-FUZZY = 90.0
-"""Two turns at least this similar (``fuzz.ratio``, 0..100) are the same turn said twice."""
-WINDOW = 16
-"""A turn is compared with at most this many turns kept just before it."""
 MAX_FILLER_CHARS = 80
 MAX_FILLER_WORDS = 8
 """Only turns this short (in chars and words) are read for filler: longer ones always say
 something, and reading every long turn for greetings would cost more than the rest."""
-MIN_FUZZY_CHARS = 12
-"""Shorter turns are only ever exact duplicates: a few letters apart is a different word."""
 _DISFLUENCY = re.compile(r"(?<![\w'])(?:u+m+|u+h+|e+r+m+|e+r+|h+m+)(?![\w'])[,.]?\s*", re.IGNORECASE)
-_DIGITS = re.compile(r"\d+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +76,6 @@ class Compression:
 def line_of(turn: Turn) -> str:
     """A turn as a summarizer or a context reads it: ``speaker: text``."""
     return f"{turn.speaker}: {turn.text}"
-
-
-def _key(text: str) -> str:
-    """What two turns must share to be the same turn: their words, lowercased, punctuation aside."""
-    return " ".join(default_process(text).split())
 
 
 def _size(turn: Turn, counter: TokenCounter | None) -> tuple[int, int]:
@@ -123,7 +111,7 @@ def compress(
     for i, turn in enumerate(turns):
         text = turn.text
         before += len(turn.speaker) + len(text) + 3
-        key = " ".join(default_process(text).split())  # _key, inlined: this loop is the hot path
+        key = " ".join(default_process(text).split())  # key_of, inlined: this loop is the hot path
         guarded = i in protected
         if not guarded:
             if key in seen:  # the cheapest test first
@@ -137,16 +125,14 @@ def compress(
                 if not text:
                     filler += 1
                     continue
-                key = _key(text)
+                key = key_of(text)
             if key in seen:
                 exact += 1
                 continue
-        numbers = _DIGITS.findall(key)
-        if not guarded and len(key) >= MIN_FUZZY_CHARS and keys:
-            matches = extract(key, keys, scorer=ratio, score_cutoff=fuzzy, limit=None, processor=None)
-            if matches and any(key_numbers[match[2]] == numbers for match in matches):
-                near += 1
-                continue
+        numbers = numbers_of(key)
+        if not guarded and said_again(key, numbers, keys, key_numbers, fuzzy):
+            near += 1
+            continue
         chosen.append((i, turn if text == turn.text else replace(turn, text=text)))
         after += len(turn.speaker) + len(text) + 3
         keys.append(key)

@@ -21,11 +21,27 @@ happened (a context that must shrink the summary may show only some lines):
 - the head always carries the full date.
 
 A line keeps the batch's sentences that carry state, shortened and attributed,
-in the order they were said:
+in the order they were said: who decided, asked, promised or planned what, and
+when (names, numbers, dates, commitments). What changes nothing goes:
 
-- filler is dropped: greetings, goodbyes ("Gotta run, bye!", "Ttyl"), thanks,
-  backchannels, cheers ("Woohoo!"), laughter, emoticons ("<3"), and sentences
-  whose words are all small talk ("That's awesome!", "How have you been?");
+- filler: greetings and mic checks ("Evening all, can you hear me okay?"),
+  goodbyes ("Gotta run, bye!", "Ttyl"), thanks, backchannels, acknowledgements
+  and voice-chat callouts ("Loud and clear", "Copy that", "Roger", "Go go",
+  "On it", "Nice shot", "gg", "Holding the door"), cheers ("Woohoo!"),
+  laughter, emoticons ("<3"), and sentences with no word that is more than
+  small talk ("That's awesome!", "How have you been?", "Sounds great, I love
+  that feeling!"); compliments of the one spoken to ("You'd be a great
+  counselor!");
+- repeated rephrasings: a statement that brings no informative word (a name, a
+  date, a word that is no small talk) and no number its stretch of
+  conversation had not said (in the batch, or on the summary's newest line
+  when the batch goes on its conversation)
+  ("Right, Voltix for the batteries, 2 euros a unit" after "We decided to go
+  with Voltix for the batteries, at 2 euros a unit"), or that repeats one of
+  the 16 sentences before it fuzzily, as the compression tells repeated turns
+  (:mod:`~voice_context.summarizers.repeats`). A question, a decision, a
+  proposal or a commitment ("Agreed, let's go with Casa do Rio") is an act
+  of its own and stays, and a new number is news ("1-1" after "1-0");
 - sentences are shortened, never broken: leading interjections ("Wow,"),
   vocatives ("Hey Mel!"), hesitations ("um", "uh"), stuttered repeats and
   intensifiers that leave the sentence whole ("really", "just") go; dashes and
@@ -52,7 +68,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -65,6 +81,7 @@ from voice_context.core.text import clip, normalize, sentences
 from voice_context.core.times import utc
 from voice_context.core.turns import Note, Turn
 from voice_context.summarizers.base import SummaryRequest
+from voice_context.summarizers.repeats import WINDOW, key_of, numbers_of, said_again
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*|\d[\d,.:/]*")
 _STOPWORDS = """
@@ -89,6 +106,10 @@ _SMALL_TALK = frozenset(
     made take taking took look looks looking looked want wanted need needed say said tell told share
     sharing shared let lets new old lot big little bit yes yeah okay cool alright right exactly indeed
     anyway guess guys friend friends stuff kind sort mean means same worries worry problem
+    perfect fine nasty crazy insane wild nope yep yup nah everyone everybody something anything everything
+    inspiring inspired powerful thankful grateful impressive impressed talented caring helpful rewarding
+    important vital necessary cute fancy brave hopeful optimistic thrilled blessed peaceful stunning
+    gorgeous adorable hilarious silly fave
     """.split()
 )
 # Leave-takings, cheers and emoticons: "Gotta run, bye!", "Ttyl!", "Woohoo!", "<3".
@@ -112,6 +133,27 @@ _FAREWELL = re.compile(
     r"|<3+|[:;=]-?[()DPp]\B|\bx[Dd]\b|[\U0001F300-\U0001FAFF\u2600-\u27BF]",
     re.IGNORECASE,
 )
+# Acknowledgements, greetings, mic checks and voice-chat callouts, which steer the moment and leave
+# nothing to remember: "Copy that", "Roger", "Go go", "On it", "Nice shot", "Can you hear me okay?",
+# "I'm low, falling back", "Holding the door". Only the words go: what else the sentence says stays.
+_CALLOUT = re.compile(
+    r"\b(?:copy(?: that)?|roger(?: that)?|ten[- ]four|affirmative|understood|noted|got it|gotcha|will do|"
+    r"on it|on my way|omw|(?:sounds|looks) (?:good|great|fine|like a plan)|fair(?: enough)?|deal|"
+    r"makes sense|works for (?:me|us)|thanks? (?:you )?(?:all )?for (?:joining|coming|having me)|"
+    r"that'?s (?:it|all) for (?:now|today|tonight)|"
+    r"(?:great|good|fun|nice|lovely) (?:night|session|meeting|call)|"
+    r"(?:go[\s,!.]+)+go|let'?s (?:go|do (?:it|this))(?=\s*(?:[,!.…]|$))|here we go|"
+    r"(?:nice|good|great) (?:shot|one|call|try|job|work|play|round|fight|save|stuff)|"
+    r"well played|wp|ez|ggs?|good (?:morning|afternoon|evening|day)|"
+    r"(?:morning|afternoon|evening|hi|hey|hello) (?:all|everyone|everybody|guys|team|folks)|hello there|"
+    r"welcome back(?:,? (?:everyone|all|guys))?|"
+    r"can (?:you|everyone|everybody|y'?all) (?:all )?hear me(?: okay| ok| now| alright| fine| all right)?|"
+    r"(?:i )?can hear you(?: fine| okay| ok| now)?|you'?re (?:on mute|muted|breaking up)|mic check|"
+    r"(?:i'?m|i am) (?:back|here|ready|low|dead|down)|back|ready|brb|one sec(?:ond)?|hold on|hang on|"
+    r"kay|w?oops|oop|watch (?:out|your back|behind)|behind (?:you|us)|cover me|on me|come to me|"
+    r"group up|regroup|fall(?:ing)? back|push(?:ing)?(?: (?:left|right|mid|up|in|now|forward))*(?: side)?|"
+    r"hold(?:ing)? (?:the )?(?:door|point|line))\b"
+)  # matched on the lowercased text: a case-blind pattern this long is twice as slow
 _MONTH_NAMES = "january february march april may june july august september october november december".split()
 _WEEKDAYS = "monday tuesday wednesday thursday friday saturday sunday".split()
 _DATEISH = frozenset(_MONTH_NAMES) | frozenset(_WEEKDAYS)
@@ -200,15 +242,38 @@ def content_words(text: str) -> list[str]:
     return [w.lower() for w in _WORD.findall(text) if w.lower() not in _STOP and len(w) > 1]
 
 
+def _pleasantries_out(text: str) -> str:
+    """``text`` without its standard pleasantries, acknowledgements and callouts."""
+    text = _FAREWELL.sub(" ", text)
+    low = text.lower()
+    if len(low) != len(text):  # a letter whose lowercase is longer: spans would not line up
+        return _CALLOUT.sub(" ", low)
+    out, end = [], 0
+    for match in _CALLOUT.finditer(low):
+        out.append(text[end : match.start()])
+        out.append(" ")
+        end = match.end()
+    return "".join(out) + text[end:] if out else text
+
+
 def is_filler(text: str) -> bool:
-    """True for greetings, goodbyes, laughter, backchannels and other sentences that change nothing."""
-    return _value(_FAREWELL.sub(" ", text)) < 1.0
+    """True for greetings, goodbyes, thanks, laughter, backchannels, acknowledgements and callouts,
+    and sentences of small talk: those with no informative word (a name, a number, a date, a word
+    that is no small talk) once the standard pleasantries and callouts are set aside."""
+    return not _told(text)
+
+
+def _told(text: str) -> set[str]:
+    """The informative words of ``text`` (folded, numbers among them) once its pleasantries and
+    callouts are set aside: what it tells."""
+    return {word for word, weight in _weight_items(_pleasantries_out(text)) if weight >= 1.0}
 
 
 def without_small_talk(text: str, speakers: Iterable[str] = ()) -> str:
     """``text`` without its sentences of small talk (greetings, goodbyes, thanks, laughter,
-    backchannels: :func:`is_filler`, the names of ``speakers`` aside, so "Thanks, Mel!" is
-    filler too): what in it could be asked about, ``""`` when nothing is."""
+    backchannels, acknowledgements, callouts: :func:`is_filler`, the names of ``speakers``
+    aside, so "Thanks, Mel!" is filler too): what in it could be asked about, ``""`` when
+    nothing is. A sentence goes only when no word of it carries a fact."""
     names = tuple(speakers)
     return " ".join(s for s in sentences(text) if not is_filler(_without_names(shorten(s, names), names)))
 
@@ -246,10 +311,6 @@ def _weight_items(text: str) -> tuple[tuple[str, float], ...]:
             weight = 1.0 + (0.3 if len(word) >= 8 else 0.0)
         out[word] = max(out.get(word, 0.0), weight)
     return tuple(out.items())
-
-
-def _value(text: str) -> float:
-    return sum(w for _, w in _weight_items(text))
 
 
 # -- dates ------------------------------------------------------------------------------------
@@ -504,14 +565,43 @@ def shorten(sentence: str, speakers: Sequence[str] = ()) -> str:
     return _finish(" ".join(text.split()))
 
 
-def _turn_sentences(turn: Turn, speakers: Sequence[str]) -> list[str]:
+_NUMBER = re.compile(r"\d+(?:[-–.,:/]\d+)*")
+# Dialogue acts a summary keeps even in words already said: a question (who asked), a decision, a
+# proposal or a commitment (who decided, planned or promised): "Agreed, let's go with Casa do Rio".
+_ACT = re.compile(
+    r"\?\W*$|\b(?:agreed?|decided?|decision|let'?s|we'?ll|i'?ll|(?:we|i) will|(?:i'?m|we'?re) going to|"
+    r"(?:i|we) can|(?:i|we) promise|approved?|confirm(?:s|ed)?)\b",
+    re.IGNORECASE,
+)
+
+
+_YOU = re.compile(r"^(?:you|you'?re|you'?d|you'?ll|you'?ve|your|you are|you have|you will)\b", re.IGNORECASE)
+_BIDDING = re.compile(r"\b(?:should|need|needs|must|ha(?:ve|s) to|can|could|please|remember|forget)\b", re.I)
+
+
+def _is_compliment(sentence: str) -> bool:
+    """A compliment or encouragement of the one spoken to ("You'd be a great counselor!", "Your
+    painting is lovely."): it tells how the speaker feels, not what happened. A sentence that asks,
+    bids ("You should book it"), commits, or says a number or a name is none."""
+    if not _YOU.match(sentence) or sentence.rstrip().endswith("?") or _NUMBER.search(sentence):
+        return False
+    if _ACT.search(sentence) or _BIDDING.search(sentence):
+        return False
+    items = _weight_items(sentence)
+    return any(weight < 1.0 for _, weight in items) and not any(weight > 1.3 for _, weight in items)
+
+
+def _turn_sentences(turn: Turn, speakers: Sequence[str]) -> list[tuple[str, set[str]]]:
+    """The sentences of a turn worth keeping, shortened, each with its informative words
+    (:func:`_told`, the speakers' names aside: they make "Thanks Mel!" look informative)."""
     text = spoken_numbers(resolve_dates(" ".join(turn.text.split()), turn.at))
-    out: list[str] = []
+    out: list[tuple[str, set[str]]] = []
     for sentence in sentences(text) or [text]:
         for clause in _CLAUSE.split(sentence):
             short = shorten(clause, speakers)
-            if short and not is_filler(_without_names(short, speakers)):
-                out.append(short)
+            told = _told(_without_names(short, speakers)) if short else set()
+            if told and not _is_compliment(short):
+                out.append((short, told))
     return out
 
 
@@ -522,6 +612,44 @@ def _without_names(text: str, speakers: Sequence[str]) -> str:
     )
 
 
+class _Said:
+    """What a stretch of conversation said so far (the batch's sentences of it, after the summary
+    line it goes on), to tell a sentence that says it again.
+
+    A statement is said again when it brings no informative word (weighing 1 or more: a name, a
+    date, a word that is no small talk) and no number that the stretch and its speakers' names
+    did not already say ("Right, Voltix at 2 euros" after "We go with Voltix at 2 euros a
+    unit"; "1-1" is new after "1-0"); a question, a decision, a proposal or a commitment
+    (:data:`_ACT`) is an act of its own, which says who asked, decided or promised, and stays.
+    Any sentence is said again when it is a fuzzy repeat of one of the :data:`WINDOW` sentences
+    before it, as :mod:`~voice_context.summarizers.repeats` tells turns apart.
+    """
+
+    __slots__ = ("_keys", "_numbers", "_words")
+
+    def __init__(self) -> None:
+        self._keys: deque[tuple[str, list[str]]] = deque(maxlen=WINDOW)
+        self._words: set[str] = set()
+        self._numbers: set[str] = set()
+
+    def again(self, sentence: _Sentence, told: set[str]) -> bool:
+        """Whether ``sentence``, whose informative words are ``told`` (:func:`_told`), says again
+        what was said."""
+        words = {word for word in told if not word[0].isdigit()}
+        numbers = set(_NUMBER.findall(sentence.text))
+        if words <= self._words and numbers <= self._numbers and not _ACT.search(sentence.text):
+            return True
+        key = key_of(sentence.text)
+        return said_again(key, numbers_of(key), [k for k, _ in self._keys], [n for _, n in self._keys])
+
+    def add(self, sentence: _Sentence) -> None:
+        self._words.update(word for word, _ in sentence.weights)
+        self._words.update(_fold(name) for name in sentence.speaker.split())
+        self._numbers.update(_NUMBER.findall(sentence.text))
+        key = key_of(sentence.text)
+        self._keys.append((key, numbers_of(key)))
+
+
 def _note_sentence(note: Note) -> tuple[str, str]:
     who = f"{note.speaker}'s screen" if note.speaker else "Screen"
     if note.source:
@@ -529,14 +657,23 @@ def _note_sentence(note: Note) -> tuple[str, str]:
     return who, _finish(_CAPTION_LEAD.sub("", " ".join(note.text.split())))
 
 
-def _new_lines(turns: Sequence[Turn], notes: Sequence[Note], note_chars: int, gap: float) -> list[_Line]:
+def _new_lines(
+    turns: Sequence[Turn],
+    notes: Sequence[Note],
+    note_chars: int,
+    gap: float,
+    before: _Line | None = None,
+) -> list[_Line]:
     """A batch as lines, one per stretch of conversation, each headed by the time it began.
 
     Turns and notes are put in the order they happened (a note by the time it
     was seen, which may be long after the batch's turns: notes wait in the live
     buffer). A pause longer than ``gap`` seconds, or a new day (UTC), starts a
     new line, so that no line spans two conversations. Inside a line, sentences
-    keep the order they were said in.
+    keep the order they were said in; a sentence that says again what the
+    conversation just said (:class:`_Said`) goes. ``before`` is the summary's
+    newest line: a batch that begins on its day, less than ``gap`` after its
+    head, goes on its conversation, and what it said counts as said.
     """
     speakers = sorted({t.speaker for t in turns if t.speaker})
     items: list[tuple[float, int, Turn | Note]] = [(t.at, k, t) for k, t in enumerate(turns)]
@@ -544,7 +681,7 @@ def _new_lines(turns: Sequence[Turn], notes: Sequence[Note], note_chars: int, ga
     items.sort(key=lambda item: (item[0], item[1]))
     lines: list[_Line] = []
     kept: list[_Sentence] = []
-    seen: set[str] = set()
+    said = _Said()
     start: datetime | None = None
     last = 0.0
     used = 0
@@ -555,21 +692,26 @@ def _new_lines(turns: Sequence[Turn], notes: Sequence[Note], note_chars: int, ga
             until = utc(last).replace(tzinfo=None)
             lines.append(_Line(_day(start), f"{start:%H:%M}", list(kept), notes_only=not spoken, until=until))
 
+    began = _when(before) if before is not None else None
     for at, _, item in items:
         when = utc(at)
         if start is None or at - last > gap or when.date() != start.date():
             close()
-            kept, seen, start, spoken = [], set(), when, False
+            kept, said, start, spoken = [], _Said(), when, False
+            if before is not None and began is not None and len(lines) == 0:
+                naive = when.replace(tzinfo=None)
+                if naive.date() == began.date() and 0 <= (naive - began).total_seconds() <= gap:
+                    for sentence in before.sentences:
+                        said.add(sentence)
         last = max(last, at)
         if isinstance(item, Turn):
             spoken = True
             who = item.speaker or item.role.capitalize()
-            for text in _turn_sentences(item, speakers):
+            for text, told in _turn_sentences(item, speakers):
                 sentence = _Sentence.of(who, text)
-                key = " ".join(sorted(w for w, _ in sentence.weights))
-                if key not in seen:
-                    seen.add(key)
+                if not said.again(sentence, told):
                     kept.append(sentence)
+                said.add(sentence)
             continue
         who, text = _note_sentence(item)
         if not text or is_filler(text):
@@ -578,6 +720,7 @@ def _new_lines(turns: Sequence[Turn], notes: Sequence[Note], note_chars: int, ga
             text = clip(text, max(20, note_chars - used))
         used += len(text)
         kept.append(_Sentence.of(who, text))
+        said.add(kept[-1])
     close()
     return lines
 
@@ -784,14 +927,15 @@ class DeterministicSummarizer:
     def summarize_now(self, request: SummaryRequest) -> str:
         """The same as ``summarize``, synchronously (it never waits on anything)."""
         previous = normalize(request.previous_summary)
+        lines = _parse(previous)
         new: list[_Line] = []
         if request.turns or request.notes:
-            new = _new_lines(request.turns, request.notes, request.max_note_chars, self.session_gap)
+            newest = lines[-1] if lines else None
+            new = _new_lines(request.turns, request.notes, request.max_note_chars, self.session_gap, newest)
             if not new and not previous and request.turns:
                 new = [_small_talk_line(request.turns)]
         if not new and len(previous) <= request.max_chars:
             return previous
-        lines = _parse(previous)
         for line in new:
             _insert(lines, line, self.session_gap)
         return self.fit(lines, request.max_chars)
