@@ -58,14 +58,13 @@ def messages(imported: Any) -> list[dict[str, Any]]:
     return list(imported.messages)
 
 
-def test_a_locomo_conversation_becomes_a_recording_with_dated_turns_notes_and_session_checkpoints() -> None:
+def test_a_locomo_conversation_becomes_a_recording_with_dated_turns_and_session_checkpoints() -> None:
     out = import_locomo(LOCOMO, "locomo-tiny", request_every=0)
     kinds = [m["type"] for m in out.messages]
     assert kinds == [
         "session.open",
         "turn.append",
         "turn.append",
-        "note.append",
         "context.get",
         "turn.append",
         "turn.append",
@@ -81,20 +80,29 @@ def test_a_locomo_conversation_becomes_a_recording_with_dated_turns_notes_and_se
         "at": datetime(2023, 5, 8, 13, 56, tzinfo=UTC).timestamp(),
         "id": "D1:1",
     }
-    assert out.messages[2]["turn"]["at"] == first["at"] + 20  # turns spaced within their session
-    assert out.messages[3]["note"] == {
-        "text": "a photo of a red bicycle leaning on a wall",
-        "at": first["at"] + 20,
-        "source": "image",
-        "speaker": "Ben",
-    }
-    assert out.messages[5]["turn"]["at"] == datetime(2023, 5, 12, 9, 0, tzinfo=UTC).timestamp()
+    assert out.messages[4]["turn"]["at"] == datetime(2023, 5, 12, 9, 0, tzinfo=UTC).timestamp()
     assert [m["id"] for m in out.messages if m["type"] == "context.get"] == [
         "checkpoint-session-1",
         "checkpoint-session-2",
     ]
     assert out.meta["checkpoints"] == ["checkpoint-session-1", "checkpoint-session-2"]
     assert out.meta["speakers"] == ["Ana", "Ben"]
+
+
+def test_a_locomo_conversation_is_streamed_as_the_retention_yardstick_streams_it() -> None:
+    # a replay of the import must serve the contexts a server gives the yardstick's stream: a shared
+    # photo is said in its turn (as a screen note, its room went to recall and the replayed
+    # contexts scored above the served ones), and turns follow each other 30 s apart
+    out = import_locomo(LOCOMO, "locomo-tiny", request_every=0)
+    first, second = (m["turn"] for m in out.messages[1:3])
+    assert second == {
+        "speaker": "Ben",
+        "role": "user",
+        "text": "Cool! Look at my new bike. [shares a photo: a photo of a red bicycle leaning on a wall]",
+        "at": first["at"] + 30,
+        "id": "D1:2",
+    }
+    assert not any(m["type"] == "note.append" for m in out.messages)
 
 
 def test_locomo_questions_become_probes_with_repaired_evidence_and_no_adversarial_ones() -> None:

@@ -210,6 +210,54 @@ def test_per_question_contexts_count_only_probes_the_tail_has_lost() -> None:
     assert question["methods"]["tail"]["recall"] == pytest.approx(0.0)
 
 
+def test_a_question_counts_only_when_none_of_its_evidence_is_left_in_the_tail() -> None:
+    # as a checkpoint counts a probe: one evidence turn still in view answers part of it for free
+    probes = parse_probes(
+        [
+            json.dumps(
+                {"id": "both", "question": "Who said what?", "answer": "Miso, Nice", "evidence": ["t0", "t3"]}
+            )
+        ]
+    )
+    budget = len("Recent conversation:\n[1 May 2024, 14:03]\n") + len(LINES[3])  # the tail shows turn 3
+    asked = [{**record(budget=budget), "probe": "both"}]
+    assert score_questions(asked, probes, conversation()).summary()["buckets"]["question"]["pairs"] == 0
+
+
+def test_an_answer_is_scored_on_the_words_its_question_does_not_say() -> None:
+    # a context fetched for the question holds the question's words for the asking: recall found
+    # "March 2021" by the question, and only "Berlin" tells whether the answer survived
+    probes = parse_probes(
+        [
+            json.dumps(
+                {
+                    "id": "where",
+                    "question": "Where did Bob's sister move in March 2021?",
+                    "answer": "Berlin, March 2021",
+                    "evidence": ["t1"],
+                }
+            ),
+            json.dumps(
+                {
+                    "id": "echo",
+                    "question": "Did Alice adopt a beagle?",
+                    "answer": "a beagle",
+                    "evidence": ["t0"],
+                }
+            ),
+        ]
+    )
+    budget = len("Recent conversation:\n[1 May 2024, 14:03]\n") + len(LINES[3])
+    echoed = (
+        "Recalled: Alice: I moved in March 2021, and adopted a beagle.\n\nRecent conversation:\nBob: Nice."
+    )
+    asked = [{**record(text=echoed, budget=budget), "probe": name} for name in ("where", "echo")]
+    question = score_questions(asked, probes, conversation()).summary()["buckets"]["question"]
+    assert question["pairs"] == 1  # "a beagle" says nothing its question does not: not scored
+    assert question["methods"]["ours"]["recall"] == 0.0
+    assert question["methods"]["full"]["recall"] == 1.0
+
+
 def test_only_probes_whose_evidence_left_the_verbatim_part_count() -> None:
     probes = parse_probes(PROBES)
     early = score_contexts([record(first_turn=1)], probes, conversation())

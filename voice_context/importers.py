@@ -18,10 +18,12 @@ markup such as QMSum's ``{vocalsound}`` is removed); relative dates like
 Supported shapes:
 
 - ``locomo``: LoCoMo conversations (``speaker_a``, ``session_N``,
-  ``session_N_date_time``, ``qa``). Turns are spaced ``turn_seconds`` apart from
-  their session's date; image captions become screen notes of the speaker who
-  shared the image; a checkpoint closes every session; category 1-4 questions
-  become ``qa`` probes (category 5 has no gold answer).
+  ``session_N_date_time``, ``qa``). Turns are spaced ``turn_seconds`` (30)
+  apart from their session's date; a shared image is said in its turn, as
+  `` [shares a photo: CAPTION]`` after the text (as LoCoMo's own evaluation and
+  the shared retention yardstick read it, so that a replay serves the contexts a
+  server gives that stream); a checkpoint closes every session; category 1-4
+  questions become ``qa`` probes (category 5 has no gold answer).
 - ``ami``: AMI/ICSI NXT meetings, one JSON object a line (``utterances`` with
   ``start`` seconds, ``speaker_roles``, ``summary.decisions|actions``). The
   speaker is the participant's role; decisions and actions with evidence become
@@ -47,6 +49,8 @@ SOURCES = ("locomo", "ami", "qmsum")
 DEFAULT_CHECKPOINT_EVERY = 50
 DEFAULT_REQUEST_EVERY = 5
 DEFAULT_TURN_SECONDS = 20.0
+LOCOMO_TURN_SECONDS = 30.0
+"""LoCoMo turns are this far apart within their session, as the retention yardstick streams them."""
 #: AMI and QMSum carry no calendar date; their meetings start at this instant.
 MEETING_START = datetime(2024, 3, 4, 10, 0, tzinfo=UTC).timestamp()
 
@@ -110,12 +114,6 @@ class _Writer:
         )
         self.turn_ids.add(turn_id)
         self.turn_count += 1
-
-    def note(self, text: str, at: float, speaker: str | None, source: str) -> None:
-        note: dict[str, Any] = {"text": text, "at": at, "source": source}
-        if speaker:
-            note["speaker"] = speaker
-        self.out.messages.append({"type": "note.append", "session": self.out.name, "note": note})
 
     def maybe_request(self) -> None:
         """A bot asks for its context every ``request_every`` turns (as it would before replying)."""
@@ -186,7 +184,7 @@ def import_locomo(
     name: str,
     *,
     request_every: int = DEFAULT_REQUEST_EVERY,
-    turn_seconds: float = DEFAULT_TURN_SECONDS,
+    turn_seconds: float = LOCOMO_TURN_SECONDS,
 ) -> Imported:
     """One LoCoMo conversation as a recording with its QA probes."""
     writer = _Writer(name, request_every)
@@ -198,10 +196,13 @@ def import_locomo(
         for i, raw in enumerate(turns):
             at = start + i * turn_seconds
             speaker = str(raw.get("speaker") or "")
-            writer.turn(speaker, str(raw.get("text") or ""), at, str(raw.get("dia_id") or f"D{n}:{i + 1}"))
+            text = str(raw.get("text") or "")
             caption = raw.get("blip_caption")
             if caption:
-                writer.note(str(caption), at, speaker or None, "image")
+                # said in the turn, as the yardstick streams it: as a screen note the caption's
+                # room went to recall, and replayed contexts scored above the ones served
+                text += f" [shares a photo: {caption}]"
+            writer.turn(speaker, text, at, str(raw.get("dia_id") or f"D{n}:{i + 1}"))
             writer.maybe_request()
         if turns:
             writer.checkpoint(f"session-{n}")

@@ -7,8 +7,9 @@ one probe (an answer with evidence turns):
   been spoken and none is still shown verbatim in our context (all are older
   than the response's ``first_turn``): it asks what survived compaction;
 - **recall**: the rarity-weighted share of the answer's content words found
-  anywhere in the context. Words are lowercased, possessives and plurals
-  folded, numbers said as words read as digits (:func:`terms`), stopwords
+  anywhere in the context, leaving out the words its question says (a context
+  fetched for the question holds those for the asking). Words are lowercased,
+  possessives and plurals folded, numbers said as words read as digits (:func:`terms`), stopwords
   dropped; a word's weight is its inverse
   document frequency over the conversation's own turns,
   ``ln((N + 1) / (df + 1)) + 1`` (N turns, df of them holding the word), so
@@ -45,7 +46,7 @@ last turn to the first one missing, for ours and for each baseline.
 The pairs are also reported in buckets: ``final`` (the last checkpoint of
 each recording alone: early checkpoints are easy), ``temporal`` and
 ``other`` (questions about when, and the rest), and ``question``: the
-per-question mode, where for each probe whose evidence has left the tail
+per-question mode, where for each probe none of whose evidence is left in the tail
 baseline at the end of the conversation, the context was fetched with the
 probe's question as its query (see :func:`score_questions`).
 
@@ -314,8 +315,9 @@ class _Text:
 
 
 def score_probe(text: _Text, probe: Probe, conv: Conversation, speakers: set[str]) -> ProbeScore | None:
-    """One probe against one prepared context; ``None`` when the answer has no content words."""
-    answer = content_terms(probe.answer)
+    """One probe against one prepared context; ``None`` when the answer has no content words
+    its question does not say."""
+    answer = content_terms(probe.answer) - content_terms(probe.question)
     if not answer:
         return None
     total = sum(conv.weight(w) for w in answer)
@@ -722,9 +724,9 @@ def score_contexts(
 
 def score_questions(questions: Sequence[Mapping[str, Any]], probes: ProbeSet, conv: Conversation) -> Scores:
     """The per-question mode: each record is a context fetched at the end of the conversation
-    with one probe's question as its query (``probe`` names it). A probe counts when its
-    evidence has left the tail baseline at the same budget; it is scored alone, for ours and
-    every baseline, into the ``question`` bucket."""
+    with one probe's question as its query (``probe`` names it). A probe counts when every one
+    of its evidence turns has left the tail baseline at the same budget; it is scored alone, for
+    ours and every baseline, into the ``question`` bucket."""
     scores = Scores()
     by_id = {probe.id: (probe, turns, speakers) for probe, turns, speakers in _resolve(probes, conv)}
     for record in questions:
@@ -740,8 +742,8 @@ def score_questions(questions: Sequence[Mapping[str, Any]], probes: ProbeSet, co
         lines = [line for line in conv.lines if line.seq < seq]
         budget, measure = response_budget(response)
         _, tail_lines = tail_baseline(lines, budget, base, facts, measure)
-        if {line.turn for line in tail_lines} >= set(evidence):
-            continue  # the tail still shows it: nothing to recall
+        if {line.turn for line in tail_lines} & set(evidence):
+            continue  # the tail still shows some of it: the checkpoints' rule, and the yardstick's
         texts = _method_texts(response, lines, probe.question, conv, base, facts)
         for method, (text, recent) in texts.items():
             result = score_probe(_Text(text, conv), probe, conv, speakers)
