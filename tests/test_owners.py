@@ -17,7 +17,9 @@ from typing import Any
 
 import anyio
 import pytest
-from serving import Wire, running, settings, wire
+from helpers import TIMEOUT
+from serving import Wire, running, serve_process, settings, wire
+from websockets.asyncio.client import connect
 
 from voice_context.core.turns import Turn
 from voice_context.errors import UnknownSession
@@ -230,3 +232,41 @@ async def test_a_stale_copy_neither_deletes_the_new_owners_session_nor_keeps_it_
         assert opened.resumed
         with pytest.raises(UnknownSession):
             east.state("room-2", owner="alpha")
+
+
+# -- two `voice-context serve` processes on one SQLite file ---------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def wire_to(url: str, token: str) -> AsyncIterator[Wire]:
+    with anyio.fail_after(TIMEOUT):
+        ws = await connect(url, additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=TIMEOUT)
+    async with ws:
+        yield Wire(ws)
+
+
+@pytest.mark.asyncio
+async def test_two_serve_processes_on_one_sqlite_file_give_each_new_name_one_owner(tmp_path: Path) -> None:
+    """The same race as above, between two real processes: SQLite's own lock, not one process's
+    locks, decides which token's create makes the name."""
+    store = f"sqlite:///{tmp_path / 'voice-context.db'}"
+    env = {
+        "VOICE_CONTEXT_SERVER_AUTH_TOKENS": ",".join(TOKENS),
+        "VOICE_CONTEXT_SERVER_MAX_SESSIONS_PER_CONNECTION": str(NAMES),
+    }
+    args = ("--store", store, "--log-level", "warning")
+    async with (
+        serve_process(*args, env=env) as east,
+        serve_process(*args, env=env) as west,
+        wire_to(east.url, "alpha-token") as alpha,
+        wire_to(west.url, "beta-token") as beta,
+    ):
+        bots = {"alpha-token": alpha, "beta-token": beta}
+        names = [f"room-{i}" for i in range(NAMES)]
+        answers = await open_at_once(bots, names)
+        for name in names:
+            got = {token: answers[token][name]["type"] for token in TOKENS}
+            assert sorted(got.values()) == ["error", "session.opened"], (name, got)
+            [loser] = [token for token in TOKENS if got[token] == "error"]
+            refused = await bots[loser].request("context.get", session=name)
+            assert refused.get("code") == "unknown_session", (name, refused)
