@@ -71,6 +71,9 @@ this share of the session's docs: small talk ("1-0, easy", "thanks, see you") th
 nothing, and the room goes to the summary. A query a context names is searched by all its words."""
 MAX_OLDER_TURNS = 400
 """At most this many folded turns are offered to extend a context's verbatim run."""
+LENDERS_PER_HIT = 4
+"""A search with room for ``limit`` hits lets its best ``LENDERS_PER_HIT * limit`` docs lend their
+neighbours a share (see :func:`with_neighbours`)."""
 SMALL_TALK_CACHE_CHARS = 500_000
 """How many chars of shown spans the small-talk check remembers its answer for."""
 SPLIT_CACHE = 512
@@ -549,17 +552,17 @@ class RecallIndex:
         return idf(len(self.docs), len(self.postings.get(term, ())))
 
     def lexical(
-        self, terms: Sequence[str], *, before: int | None = None, spread: int = 4 * 28
+        self, terms: Sequence[str], *, before: int | None = None, spread: int | None = None
     ) -> dict[int, float]:
         """BM25 score of every doc that holds a query word, with its neighbours' share (the
-        ``spread`` best lend theirs: see :func:`with_neighbours`; turns at ``before`` or later
-        excluded)."""
+        ``spread`` best lend theirs, every doc by default: see :func:`with_neighbours`; turns at
+        ``before`` or later excluded)."""
         docs = self.docs
         scores = with_neighbours(
             bm25(terms, self.postings, len(docs), self.total_length),
             lambda doc: docs[doc].passage.turn,
             self._turn_doc.get,
-            spread=spread,
+            spread=len(self.docs) if spread is None else spread,
         )
         if before is not None:  # the few turns a context shows verbatim anyway
             for turn in range(max(0, before), self._turn_end):
@@ -599,7 +602,7 @@ class RecallIndex:
         """
         docs = len(self.docs)
         terms = query_terms(query, lambda t: len(self.postings.get(t, ())), docs, now, common=common)
-        lexical = self.lexical(terms, before=before, spread=4 * limit)
+        lexical = self.lexical(terms, before=before, spread=LENDERS_PER_HIT * limit)
         close: list[int] = []
         if query_vector is not None and self.vectors:
             close = nearest(self.vectors, query_vector, self._keep(before) or (lambda _: True), limit * 2)

@@ -19,6 +19,7 @@ from typing import Any
 from voice_context.core.recalled import Recalled, RecallStats
 from voice_context.recall.dates import query_date_terms
 from voice_context.recall.index import (
+    LENDERS_PER_HIT,
     bm25,
     choose_terms,
     fuse,
@@ -70,7 +71,7 @@ async def search_store(
     below = max(before, 0)  # notes' keys are < 0
     lexical = {
         key: score
-        for key, score in with_neighbours(scored, turn_key, turn_key, spread=4 * limit).items()
+        for key, score in with_neighbours(scored, turn_key, turn_key, spread=LENDERS_PER_HIT * limit).items()
         if key < below
     }
     close = nearest(vectors, query_vector, keep, limit * 2) if query_vector is not None and vectors else []
