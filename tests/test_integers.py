@@ -21,7 +21,13 @@ from serving import running, turn_body, wire
 
 from voice_context import codec
 from voice_context.codec import CLIENT_TYPES, INTEGER_FIELDS, ClientMessage, DecodeError, decode, encode
-from voice_context.core.config import CLIENT_MAXIMA, INTEGER_MINIMA, SessionConfig, check_client_overrides
+from voice_context.core.config import (
+    CLIENT_MAXIMA,
+    INTEGER_MINIMA,
+    SessionConfig,
+    check_client_overrides,
+    settings_table,
+)
 from voice_context.errors import ConfigError
 from voice_context.store.base import Store
 from voice_context.store.memory import MemoryStore
@@ -199,11 +205,10 @@ def test_the_protocol_doc_gives_every_integer_field_its_range() -> None:
     assert documented == expected
 
 
-def test_the_protocol_doc_gives_every_config_count_its_range() -> None:
-    documented = {}
-    for names, _, low, high in documented_rows("optionally changes some of the session's limits"):
-        documented |= {name: (low, high) for name in names if name in INTEGER_MINIMA}
-    assert documented == {name: (INTEGER_MINIMA[name], CLIENT_MAXIMA[name]) for name in config_counts()}
+def test_the_protocol_doc_lists_every_session_setting_as_the_code_declares_it() -> None:
+    text = PROTOCOL_DOC.read_text(encoding="utf-8")
+    assert settings_table() in text  # every default, range and meaning, from the one declaration
+    assert "| `recent_window` | `50` | 1 to 500 (an integer) |" in text
 
 
 # -- over a real connection, on every store ----------------------------------------------------------

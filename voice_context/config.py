@@ -29,6 +29,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_type_hints
 
+from voice_context.codec import DEFAULT_MAX_TEXT_CHARS
+from voice_context.collector import FREEZE_SECONDS
 from voice_context.core.config import SessionConfig
 from voice_context.errors import ConfigError
 from voice_context.summarizers.base import Summarizer
@@ -41,7 +43,7 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8765
     max_frame_bytes: int = 256 * 1024
-    max_text_chars: int = 8000
+    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
     max_sessions_per_connection: int = 32
     turns_per_second: float = 20.0
     turn_burst: int = 40
@@ -79,7 +81,7 @@ class ServerSettings:
     #: ``serve`` moves what survived out of the cyclic garbage collector's reach this often
     #: (collecting first, and thawing to reclaim what died frozen: :mod:`voice_context.collector`);
     #: 0 never freezes, and leaves the collector to walk every live session
-    gc_freeze_seconds: float = 10.0
+    gc_freeze_seconds: float = FREEZE_SECONDS
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

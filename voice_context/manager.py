@@ -48,7 +48,7 @@ import anyio.to_thread
 import structlog
 from anyio.abc import TaskGroup
 
-from voice_context.config import AheadMode, session_defaults
+from voice_context.config import AheadMode, ServerSettings, SummarizerSettings, session_defaults
 from voice_context.core.budget import Context, Format, build_context
 from voice_context.core.config import SessionConfig
 from voice_context.core.emergency import safety_start
@@ -117,9 +117,9 @@ from voice_context.tokenizers import load_tokenizer
 
 log = structlog.get_logger("voice_context")
 
-LEASE_TTL = 20.0
-"""Seconds a compaction lease lasts unless renewed; it is renewed every third of that while
-the fold runs, so a replica that dies holding one delays the next fold by at most this."""
+SERVER = ServerSettings()
+SUMMARIZER = SummarizerSettings()
+"""The defaults of the settings the manager takes (one home: :mod:`voice_context.config`)."""
 
 EMBED_BATCH = 256
 """At most this many docs embedded by one model call in the background."""
@@ -268,12 +268,12 @@ class SessionManager:
         *,
         config: SessionConfig | None = None,
         store: Store | None = None,
-        compaction_timeout: float = 30.0,
-        close_timeout: float = 10.0,
+        compaction_timeout: float = SUMMARIZER.compaction_timeout,
+        close_timeout: float = SERVER.shutdown_timeout,
         clock: Callable[[], float] = time.time,
         replica: str | None = None,
         embedder: Embedder | None = None,
-        lease_ttl: float = LEASE_TTL,
+        lease_ttl: float = SERVER.lease_ttl,
         recall_ahead: AheadMode = "first",
     ) -> None:
         if lease_ttl <= 0:
