@@ -1,22 +1,38 @@
-"""An OpenAI Realtime session kept briefed: a local stand-in for the realtime websocket on 127.0.0.1
-sends what the provider sends (transcripts, then ``session_expired``), a real voice-context server
-remembers, and a fresh provider session starts with the handoff; plus ``session.handoff`` itself."""
+"""OpenAI Realtime sessions kept briefed: a local stand-in for the realtime service on 127.0.0.1
+plays a conversation the way server VAD orders it (the user's audio committed, the response started
+at once unless ``create_response`` is off, the transcript after), serves a call's sideband
+connection by ``call_id`` and expires sessions; a real voice-context server remembers. Each reply
+is shown to carry the memory of the turn it answers, and a fresh provider session starts with the
+handoff; plus ``session.handoff`` itself."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import anyio
 import orjson
 import pytest
 from serving import TIMEOUT, running, settings, wire
 from websockets.asyncio.server import ServerConnection, serve
+from websockets.datastructures import Headers
 
 from voice_context.client import Client
 from voice_context.core.handoff import OPEN_QUESTIONS_HEADER, open_questions
 from voice_context.core.turns import Turn
-from voice_context.integrations.openai_realtime import run, session_update
+from voice_context.integrations.openai_realtime import (
+    RealtimeMemory,
+    main,
+    response_create,
+    run,
+    session_update,
+    sideband_url,
+)
+from voice_context.server import Server
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 
 T0 = 1714572187.0
@@ -50,53 +66,302 @@ def test_a_question_is_open_until_someone_else_speaks() -> None:
     )
 
 
-class FakeRealtime:
-    """Stands in for the realtime websocket: each connection is a provider session that waits
-    for its briefing, then sends its script of server events, waiting for the client's
-    ``session.update`` after each user transcript, and records what the client sent."""
+@dataclass(frozen=True)
+class User:
+    """One user turn on the call: ``said`` (the transcript server VAD's audio gets), then the
+    model's ``reply`` (``None``: the session ends before the model's words come)."""
 
-    def __init__(self, scripts: list[list[dict[str, Any]]]) -> None:
-        self.scripts = scripts
-        self.received: list[list[dict[str, Any]]] = []
+    said: str
+    reply: str | None = "Sure."
+
+
+@dataclass
+class RealtimeSession:
+    """One realtime session as the stand-in service holds it: its instructions and turn detection
+    as the client's events left them, what the client sent, and, for each user turn, the
+    instructions the response that answered it ran with."""
+
+    script: list[User | dict[str, Any]]
+    instructions: str = ""
+    create_response: bool = True  # server VAD's default
+    received: list[dict[str, Any]] = field(default_factory=list)
+    answered: list[tuple[str, str]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    path: str = ""
+    headers: Headers = field(default_factory=Headers)
+    briefed: anyio.Event = field(default_factory=anyio.Event)
+
+    def __post_init__(self) -> None:
+        self.responses, self.requested = anyio.create_memory_object_stream[str](16)
+
+    def apply(self, event: dict[str, Any]) -> None:
+        """A client event, as the service takes it: a ``session.update`` changes the session,
+        a ``response.create`` asks for a response with its own instructions or the session's."""
+        self.received.append(event)
+        if event.get("type") == "session.update":
+            update = event["session"]
+            if update.get("type") != "realtime":
+                self.errors.append(f"session.update without type realtime: {update}")
+            if "instructions" in update:
+                self.instructions = update["instructions"]
+            detection = update.get("audio", {}).get("input", {}).get("turn_detection")
+            if detection is not None:
+                self.create_response = detection.get("create_response", True)
+            self.briefed.set()
+        elif event.get("type") == "response.create":
+            instructions = event.get("response", {}).get("instructions", self.instructions)
+            self.responses.send_nowait(instructions)
+        else:
+            self.errors.append(f"unexpected client event: {event}")
+
+
+class StandInRealtime:
+    """Stands in for the OpenAI Realtime service. A connection to ``/v1/realtime?model=...`` is a
+    fresh session playing the next of ``scripts``; one to ``/v1/realtime?call_id=ID`` is the
+    sideband of the WebRTC or SIP call ``ID`` the test started. A session waits for
+    the client's briefing, then plays its script as server VAD orders a turn: speech started and
+    stopped, the audio committed, the response started at once unless ``create_response`` is
+    off, the transcript completed, then (with ``create_response`` off) the response the client
+    asks for; the model's words close each turn. A script's dicts are sent as they are."""
+
+    def __init__(self, scripts: Sequence[list[User | dict[str, Any]]] = ()) -> None:
+        self.scripts = list(scripts)
+        self.sessions: list[RealtimeSession] = []
+        self.calls: dict[str, RealtimeSession] = {}
+
+    def call(self, call_id: str, script: list[User | dict[str, Any]]) -> RealtimeSession:
+        """A call a WebRTC client (or a SIP trunk) started, waiting for its sideband."""
+        session = self.calls[call_id] = RealtimeSession(script)
+        return session
 
     async def handler(self, ws: ServerConnection) -> None:
-        got: list[dict[str, Any]] = []
-        self.received.append(got)
-        script = self.scripts[len(self.received) - 1]
-        await ws.send(orjson.dumps({"type": "session.created", "session": {"type": "realtime"}}).decode())
-        got.append(orjson.loads(await ws.recv()))  # the briefing
-        for event in script:
-            await ws.send(orjson.dumps(event).decode())
-            if event["type"] == "conversation.item.input_audio_transcription.completed":
-                got.append(orjson.loads(await ws.recv()))  # the update after a user turn
-        await ws.close()
+        assert ws.request is not None
+        call_id = parse_qs(urlsplit(ws.request.path).query).get("call_id", [None])[0]
+        if call_id is not None:
+            session = self.calls[call_id]
+        else:
+            session = RealtimeSession(self.scripts.pop(0))
+            await self._send(ws, {"type": "session.created", "session": {"type": "realtime"}})
+        session.path, session.headers = ws.request.path, ws.request.headers
+        self.sessions.append(session)
+        async with session.responses, session.requested, anyio.create_task_group() as tg:
+            tg.start_soon(self._listen, ws, session)
+            with anyio.fail_after(TIMEOUT):
+                await session.briefed.wait()
+            await self._play(ws, session)
+            await ws.close()
+            tg.cancel_scope.cancel()
+
+    async def _listen(self, ws: ServerConnection, session: RealtimeSession) -> None:
+        async for raw in ws:
+            session.apply(orjson.loads(raw))
+
+    async def _play(self, ws: ServerConnection, session: RealtimeSession) -> None:
+        for k, step in enumerate(session.script):
+            if isinstance(step, dict):
+                await self._send(ws, step)
+                continue
+            item = f"item_{k}"
+            await self._send(ws, {"type": "input_audio_buffer.speech_started", "item_id": item})
+            await self._send(ws, {"type": "input_audio_buffer.speech_stopped", "item_id": item})
+            await self._send(ws, committed(item))
+            if session.create_response:  # the response starts now, before the transcript is done
+                instructions = session.instructions
+                await self._send(ws, {"type": "response.created"})
+            await self._send(ws, heard(step.said, item))
+            if not session.create_response:
+                with anyio.fail_after(TIMEOUT):
+                    instructions = await session.requested.receive()
+                await self._send(ws, {"type": "response.created"})
+            session.answered.append((step.said, instructions))
+            if step.reply is not None:
+                await self._send(ws, said(step.reply))
+                await self._send(ws, {"type": "response.done"})
+
+    @staticmethod
+    async def _send(ws: ServerConnection, event: dict[str, Any]) -> None:
+        await ws.send(orjson.dumps(event).decode())
 
 
-def heard(text: str) -> dict[str, Any]:
-    return {"type": "conversation.item.input_audio_transcription.completed", "transcript": text}
+def heard(text: str, item: str) -> dict[str, Any]:
+    return {
+        "type": "conversation.item.input_audio_transcription.completed",
+        "item_id": item,
+        "transcript": text,
+    }
+
+
+def committed(item: str) -> dict[str, Any]:
+    return {"type": "input_audio_buffer.committed", "item_id": item}
+
+
+def failed(item: str) -> dict[str, Any]:
+    return {"type": "conversation.item.input_audio_transcription.failed", "item_id": item}
 
 
 def said(text: str) -> dict[str, Any]:
     return {"type": "response.output_audio_transcript.done", "transcript": text}
 
 
-@pytest.mark.asyncio
-async def test_a_realtime_session_is_briefed_after_each_user_turn_and_the_next_one_gets_the_handoff() -> None:
-    first = [
-        heard("Let's book Lisbon for May 3rd, flying out of Porto."),
-        said("Sure. For how many people?"),
-        heard("Two of us. Which flight leaves first?"),
-        {"type": "error", "error": {"type": "invalid_request_error", "code": "session_expired"}},
-    ]
-    fake = FakeRealtime([first, []])
+@asynccontextmanager
+async def serving(realtime: StandInRealtime) -> AsyncIterator[tuple[Server, str]]:
+    """A real voice-context server beside the stand-in realtime service, and the service's URL."""
     async with (
         running(settings(), summarizer=DeterministicSummarizer()) as server,
-        serve(fake.handler, "127.0.0.1", 0) as realtime,
+        serve(realtime.handler, "127.0.0.1", 0) as service,
     ):
-        port = realtime.sockets[0].getsockname()[1]
+        yield server, f"ws://127.0.0.1:{service.sockets[0].getsockname()[1]}/v1/realtime"
+
+
+@pytest.mark.asyncio
+async def test_with_server_vad_each_reply_carries_the_memory_of_the_turn_it_answers() -> None:
+    call = [
+        User("My booking code is QX7-ALPHA, keep it handy.", "Noted, QX7-ALPHA."),
+        User("I want an aisle seat on the Porto flight.", "Aisle seat noted."),
+        User("No checked bags, just a small backpack.", "Cabin bag only."),
+        User("Vegetarian meal please, no mushrooms.", "Vegetarian, no mushrooms."),
+        User("Can we leave after lunch instead of the morning?", "The 14:20 departure works."),
+        User("And put Marta next to me, she flies too.", "Marta is beside you."),
+        *[
+            User(f"On day {d} we visit museum number {d} in the old town.", f"Day {d} planned.")
+            for d in range(8)
+        ],
+        User("What was my booking code again?", "It is QX7-ALPHA."),
+    ]
+    realtime = StandInRealtime([call])
+    async with serving(realtime) as (server, service_url):
+        with anyio.fail_after(TIMEOUT * 4):
+            memory = await run(
+                f"{service_url}?model=gpt-realtime",
+                server.url,
+                "call-7",
+                base_instructions="You are Nova, a travel agent.",
+                limit_chars=900,
+                provider_sessions=1,
+            )
+        async with Client(server.url) as client:
+            state = await (await client.open("call-7")).state()
+    (session,) = realtime.sessions
+    # every response ran with a context that already held what the user had just said
+    assert [said for said, _ in session.answered] == [turn.said for turn in call]
+    for said_now, instructions in session.answered:
+        assert f"user: {said_now}" in instructions, f"answered {said_now!r} with:\n{instructions}"
+        assert len(instructions) <= 900
+    # and recall looked for the newest turn: the question is answered with what it asks about
+    _, instructions = session.answered[-1]
+    assert "QX7-ALPHA" in instructions.split("Recalled from earlier in this session")[1]
+    # for that, the briefing left the replies to the memory: server VAD, no automatic response
+    assert session.received[0]["session"]["audio"]["input"]["turn_detection"] == {
+        "type": "server_vad",
+        "create_response": False,
+    }
+    assert session.errors == []
+    assert memory is not None and (memory.replies, memory.fallbacks) == (len(call), 0)
+    assert state["turns"] == 2 * len(call)
+
+
+@pytest.mark.asyncio
+async def test_a_webrtc_call_is_served_over_its_sideband_connection_by_call_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    realtime = StandInRealtime()
+    call = realtime.call("rtc_u1_9c6574da", [User("Is my window seat still booked?", "Yes, 14A.")])
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-server-key")
+    async with serving(realtime) as (server, service_url):
+        async with Client(server.url) as client:  # the caller's call of yesterday
+            room = await client.open("caller-351")
+            await room.append_turn("user", "user", "Book me window seat 14A to Lisbon.", at=T0)
+            await room.append_turn("assistant", "assistant", "Done: 14A, Lisbon.", at=T0 + 5)
+        argv = [
+            "--realtime-url",
+            f"{service_url}?model=gpt-realtime",
+            "--voice-context",
+            server.url,
+            "--session",
+            "caller-351",
+            "--call-id",
+            "rtc_u1_9c6574da",
+            "--instructions",
+            "You are Nova.",
+        ]
+        with anyio.fail_after(TIMEOUT * 4):  # the command returns when the call hangs up
+            assert await anyio.to_thread.run_sync(main, argv, abandon_on_cancel=True) == 0
+        async with Client(server.url) as client:
+            state = await (await client.open("caller-351")).state()
+    assert state["turns"] == 4
+
+    assert realtime.sessions == [call]  # one connection: to the call, not to a fresh session
+    assert call.path == "/v1/realtime?call_id=rtc_u1_9c6574da"
+    assert call.headers["Authorization"] == "Bearer sk-server-key"
+    assert call.errors == []
+    briefing = call.received[0]["session"]
+    assert "Book me window seat 14A" in briefing["instructions"]
+    assert briefing["audio"]["input"]["turn_detection"]["create_response"] is False
+    ((question, instructions),) = call.answered
+    assert "Book me window seat 14A" in instructions and f"user: {question}" in instructions
+
+
+@pytest.mark.asyncio
+async def test_a_reply_never_waits_on_memory_that_will_not_come() -> None:
+    sent: list[dict[str, Any]] = []
+    replied = anyio.Condition()
+
+    async def send(event: dict[str, Any]) -> None:
+        sent.append(event)
+        async with replied:
+            replied.notify_all()
+
+    async def next_reply() -> dict[str, Any]:
+        async with replied:
+            while not sent:
+                await replied.wait()
+        return sent.pop(0)
+
+    async with (
+        running(settings(), summarizer=DeterministicSummarizer()) as server,
+        Client(server.url) as client,
+    ):
+        room = await client.open("call-9")
+        with anyio.fail_after(TIMEOUT):
+            async with RealtimeMemory(room, send, reply_within=TIMEOUT * 10) as memory:
+                # the transcription failed: the reply goes out at once, with the session's instructions
+                await memory.on_event(committed("a"))
+                await memory.on_event(failed("a"))
+                assert await next_reply() == {"type": "response.create"}
+                # the user speaks on before the reply went out: the next commit's reply answers both
+                await memory.on_event(committed("b"))
+                await memory.on_event({"type": "input_audio_buffer.speech_started"})
+                await memory.on_event(heard("Two tickets to Lisbon,", "b"))
+                assert sent.pop(0)["type"] == "session.update"  # nothing waits for it: the session's
+                await memory.on_event(committed("c"))
+                await memory.on_event(heard("in May.", "c"))
+                answer, update = await next_reply(), await next_reply()
+                assert answer["type"] == "response.create" and update["type"] == "session.update"
+                assert "user: Two tickets to Lisbon,\nuser: in May." in answer["response"]["instructions"]
+                assert update["session"]["instructions"] == answer["response"]["instructions"]
+                # no transcript within reply_within: the reply goes without it
+                memory.reply_within = 0.01
+                await memory.on_event(committed("d"))
+                assert await next_reply() == {"type": "response.create"}
+                # and the transcript that comes late is remembered for the next reply
+                await memory.on_event(heard("Window seats.", "d"))
+                assert "user: Window seats." in (await next_reply())["session"]["instructions"]
+    assert (memory.replies, memory.fallbacks) == (3, 2)
+    assert sent == []
+
+
+@pytest.mark.asyncio
+async def test_a_realtime_session_is_briefed_after_each_user_turn_and_the_next_one_gets_the_handoff() -> None:
+    first: list[User | dict[str, Any]] = [
+        User("Let's book Lisbon for May 3rd, flying out of Porto.", "Sure. For how many people?"),
+        User("Two of us. Which flight leaves first?", None),
+        {"type": "error", "error": {"type": "invalid_request_error", "code": "session_expired"}},
+    ]
+    realtime = StandInRealtime([first, []])
+    async with serving(realtime) as (server, service_url):
         with anyio.fail_after(TIMEOUT * 4):
             await run(
-                f"ws://127.0.0.1:{port}",
+                service_url,
                 server.url,
                 "call-7",
                 base_instructions="You are Nova, a travel agent.",
@@ -104,21 +369,18 @@ async def test_a_realtime_session_is_briefed_after_each_user_turn_and_the_next_o
                 provider_sessions=2,
             )
         async with Client(server.url) as client:
-            room = await client.open("call-7")
-            state = await room.state()
+            state = await (await client.open("call-7")).state()
     assert state["turns"] == 3
 
-    one, two = fake.received
-    assert all(event["type"] == "session.update" for event in one + two)
-    assert all(event["session"]["type"] == "realtime" for event in one + two)
-    updates = [event["session"]["instructions"] for event in one]
-    # the briefing, then one update after each user turn (the model's own words need none)
-    assert len(updates) == 3
-    assert updates[0] == "You are Nova, a travel agent."
-    assert "Alice" not in updates[0] and "Lisbon" in updates[1] and "Which flight" in updates[2]
-    assert all(len(text) <= 700 for text in updates)
+    one, two = realtime.sessions
+    assert one.errors == two.errors == []
+    briefing, *_ = one.received
+    assert briefing["session"]["instructions"] == "You are Nova, a travel agent."
+    answers = [instructions for _, instructions in one.answered]
+    assert "Lisbon" in answers[0] and "Which flight" not in answers[0] and "Which flight" in answers[1]
+    assert all(len(text) <= 700 for text in answers)
     # the fresh provider session starts where the old one stopped, the question still open
-    (handoff,) = [event["session"]["instructions"] for event in two]
+    (handoff,) = [event["session"]["instructions"] for event in two.received]
     assert len(handoff) <= 700
     assert "Let's book Lisbon" in handoff
     still_open = rf"{re.escape(OPEN_QUESTIONS_HEADER)}\n- \[[^]]+\] user: Which flight leaves first\?$"
@@ -155,3 +417,25 @@ def test_a_session_update_replaces_the_instructions_of_a_realtime_session() -> N
         "type": "session.update",
         "session": {"type": "realtime", "instructions": "Be brief."},
     }
+    assert session_update(None, {"type": "semantic_vad", "create_response": False}) == {
+        "type": "session.update",
+        "session": {
+            "type": "realtime",
+            "audio": {"input": {"turn_detection": {"type": "semantic_vad", "create_response": False}}},
+        },
+    }
+    assert response_create("Be brief.") == {
+        "type": "response.create",
+        "response": {"instructions": "Be brief."},
+    }
+    assert response_create() == {"type": "response.create"}
+
+
+def test_a_sideband_url_addresses_the_call_and_not_a_model() -> None:
+    assert (
+        sideband_url("wss://api.openai.com/v1/realtime?model=gpt-realtime", "rtc_u1_9c65")
+        == "wss://api.openai.com/v1/realtime?call_id=rtc_u1_9c65"
+    )
+    assert (
+        sideband_url("ws://127.0.0.1:9/v1/realtime", "rtc_2") == "ws://127.0.0.1:9/v1/realtime?call_id=rtc_2"
+    )

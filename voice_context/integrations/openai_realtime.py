@@ -1,44 +1,70 @@
-"""Keep an OpenAI Realtime session's ``instructions`` current from voice-context.
+"""Keep an OpenAI Realtime session's memory current from voice-context, in time for each reply.
 
 A realtime model hears the conversation itself, but forgets what falls out of
 its window, and a provider session ends after a while (a ``session_expired``
 error): the next one starts empty. :class:`RealtimeMemory` sits beside the
-realtime websocket:
+realtime websocket, the bot's own or the sideband of a WebRTC or SIP call:
 
 - every finalized transcript the realtime session reports becomes a turn in
   voice-context: the user's (``conversation.item.input_audio_transcription.completed``)
   and the model's (``response.output_audio_transcript.done``, or the text and
   beta names of the same events);
-- after each user turn it asks voice-context for the context in the realtime
-  ``instructions`` format, within ``limit_chars``, and sends it as one
-  ``session.update``: ``{"type": "session.update", "session": {"type":
-  "realtime", "instructions": ...}}``;
+- each reply waits for its memory. With server VAD the service commits the
+  user's audio (``input_audio_buffer.committed``) and, left to itself, starts
+  the response at once, while the transcript of that audio completes later: a
+  context fetched for it would reach only the reply after. So the briefing
+  turns the automatic response off (``turn_detection.create_response: false``),
+  and for each committed user turn :class:`RealtimeMemory` stores the
+  transcript, asks voice-context for the context in the realtime
+  ``instructions`` format (recall looking for what the user just said) and
+  sends ``response.create`` with it as that response's ``instructions``, then
+  the same as a ``session.update`` for responses created elsewhere (a tool
+  call's follow-up, an idle timeout);
+- with ``respond=False`` the session's turn detection keeps creating the
+  responses, and the context follows each user turn as a ``session.update``:
+  under server VAD it reaches the reply after the one it was fetched for;
 - when a fresh provider session takes over, :meth:`RealtimeMemory.handoff`
-  sends it the ``session.handoff`` instructions: the same context ending with
-  the questions still open.
+  briefs it: the ``session.handoff`` instructions (the context ending with the
+  questions still open) and, when it creates the replies, the turn detection.
 
-Nothing here waits on the realtime model: when voice-context is slow or down,
-the update is skipped after ``timeout`` seconds and logged (the realtime
-session keeps the instructions it had), and a turn that could not be stored is
-logged and dropped from memory, never retried in the audio path.
+A reply never waits on memory for long: when the transcript, the turn or the
+context is not in within ``reply_within`` seconds of the commit (or the
+transcription failed), a plain ``response.create`` goes out and the session
+answers with the instructions it had; each voice-context request gives up after
+``timeout`` seconds, and a turn that could not be stored is logged and dropped
+from memory, never retried in the audio path.
 
 The realtime websocket itself is the caller's (``send`` is its send of one
-JSON event); :func:`run` is the whole loop against a realtime URL (``python -m
-voice_context.integrations.openai_realtime --session ID``).
+JSON event); :func:`run` is the whole loop against a realtime URL, or against a
+call's sideband (``wss://api.openai.com/v1/realtime?call_id=...``) with
+``call_id`` (``python -m voice_context.integrations.openai_realtime --session
+ID [--call-id CALL]``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import anyio
+import anyio.abc
 import structlog
 
 from voice_context.client import SessionHandle
 from voice_context.errors import VoiceContextError
 
-__all__ = ["BOT_EVENTS", "USER_EVENTS", "RealtimeMemory", "session_update"]
+__all__ = [
+    "BOT_EVENTS",
+    "SERVER_VAD",
+    "USER_EVENTS",
+    "RealtimeMemory",
+    "response_create",
+    "session_update",
+    "sideband_url",
+]
 
 log = structlog.get_logger("voice_context.integrations.openai_realtime")
 
@@ -51,15 +77,68 @@ BOT_EVENTS: Mapping[str, str] = {
     "response.text.done": "text",
 }
 """Server events carrying what the model said, and the field that holds it."""
+COMMITTED = "input_audio_buffer.committed"
+"""The user's audio became a conversation item (``item_id``): a turn to answer."""
+TRANSCRIPTION_FAILED = "conversation.item.input_audio_transcription.failed"
+SPEECH_STARTED = "input_audio_buffer.speech_started"
+
+SERVER_VAD: Mapping[str, Any] = {"type": "server_vad"}
+"""The turn detection a briefing sets by default when :class:`RealtimeMemory` creates the replies
+(with ``create_response`` turned off)."""
 
 
-def session_update(instructions: str) -> dict[str, Any]:
-    """The client event that replaces a realtime session's instructions."""
-    return {"type": "session.update", "session": {"type": "realtime", "instructions": instructions}}
+def session_update(
+    instructions: str | None, turn_detection: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The client event that replaces a realtime session's instructions and, when given, its turn
+    detection."""
+    session: dict[str, Any] = {"type": "realtime"}
+    if instructions is not None:
+        session["instructions"] = instructions
+    if turn_detection is not None:
+        session["audio"] = {"input": {"turn_detection": dict(turn_detection)}}
+    return {"type": "session.update", "session": session}
+
+
+def response_create(instructions: str | None = None) -> dict[str, Any]:
+    """The client event that starts a response: with ``instructions``, they are that response's
+    (the session's stay as they were); without, the session's own."""
+    if instructions is None:
+        return {"type": "response.create"}
+    return {"type": "response.create", "response": {"instructions": instructions}}
+
+
+def sideband_url(realtime_url: str, call_id: str) -> str:
+    """The sideband websocket of a WebRTC or SIP call: ``realtime_url`` addressed by ``call_id``
+    (any ``model`` dropped: the call's session has its own)."""
+    parts = urlsplit(realtime_url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k not in ("model", "call_id")]
+    return urlunsplit(parts._replace(query=urlencode([*query, ("call_id", call_id)])))
+
+
+@dataclass(eq=False)
+class _Reply:
+    """A committed user turn waiting for its memory: ``ready`` once ``instructions`` are in, or
+    once it is known they will not come (``None``)."""
+
+    item: str
+    ready: anyio.Event = field(default_factory=anyio.Event)
+    instructions: str | None = None
 
 
 class RealtimeMemory:
-    """Feeds a realtime session's transcripts to voice-context and its context back as instructions."""
+    """Feeds a realtime session's transcripts to voice-context and its context back, in time for
+    the reply that answers each user turn.
+
+    With ``respond`` (the default) it creates the replies: use it as ``async with`` (the replies
+    wait in its task group), brief the session with :meth:`handoff` (which sets
+    ``turn_detection``, server VAD by default, with ``create_response: false``; ``None`` leaves
+    the session's own, for a session created so or a push-to-talk one), and let nothing else send
+    ``response.create`` for the user's turns. The session must transcribe the user's audio
+    (``audio.input.transcription``): a reply waits for its transcript at most ``reply_within``
+    seconds. ``timeout`` bounds each request to voice-context; ``limit_chars`` the instructions
+    (the session's ``instructions_budget_chars`` by default), which start with
+    ``base_instructions``."""
 
     def __init__(
         self,
@@ -71,6 +150,9 @@ class RealtimeMemory:
         user: str = "user",
         bot: str = "assistant",
         timeout: float = 0.5,
+        respond: bool = True,
+        turn_detection: Mapping[str, Any] | None = SERVER_VAD,
+        reply_within: float = 1.0,
     ) -> None:
         self.room = room
         self.send = send
@@ -79,46 +161,138 @@ class RealtimeMemory:
         self.user = user
         self.bot = bot
         self.timeout = timeout
+        self.respond = respond
+        self.turn_detection = turn_detection
+        self.reply_within = reply_within
         self.updates = 0
         self.skipped = 0
+        self.replies = 0
+        self.fallbacks = 0
+        self._waiting: dict[str, _Reply] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
 
     def __repr__(self) -> str:
-        return f"<RealtimeMemory {self.room.name!r} updates={self.updates} skipped={self.skipped}>"
+        return (
+            f"<RealtimeMemory {self.room.name!r} updates={self.updates} skipped={self.skipped} "
+            f"replies={self.replies} fallbacks={self.fallbacks} waiting={len(self._waiting)}>"
+        )
+
+    async def __aenter__(self) -> Self:
+        self._tg = await anyio.create_task_group().__aenter__()
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        # The realtime socket is done with: a reply still waiting has no one to answer.
+        for reply in self._waiting.values():
+            reply.ready.set()
+        self._waiting.clear()
+        assert self._tg is not None
+        tg, self._tg = self._tg, None
+        return await tg.__aexit__(kind, exc, tb)
 
     async def on_event(self, event: Mapping[str, Any]) -> None:
         """Take one server event of the realtime session (the others are ignored)."""
         kind = event.get("type")
+        item = event.get("item_id")
         if kind in USER_EVENTS:
             said = event.get("transcript")
-            if isinstance(said, str) and said.strip() and await self._append(self.user, "user", said):
-                await self.refresh()
+            if isinstance(said, str) and said.strip():
+                await self._heard(said, item if isinstance(item, str) else None)
+            else:
+                self._give_up(item, "empty_transcript")
         elif isinstance(kind, str) and kind in BOT_EVENTS:
             said = event.get(BOT_EVENTS[kind])
             if isinstance(said, str) and said.strip():
                 await self._append(self.bot, "assistant", said)
+        elif kind == COMMITTED and self.respond and isinstance(item, str):
+            self._wait_for_memory(item)
+        elif kind == TRANSCRIPTION_FAILED:
+            self._give_up(item, "transcription_failed")
+        elif kind == SPEECH_STARTED:
+            # The user speaks again before the reply went out: the next commit's reply answers both,
+            # as the session's own turn detection would have interrupted this one.
+            for reply in self._waiting.values():
+                log.info("realtime_reply_superseded", session=self.room.name, item=reply.item)
+                reply.ready.set()
+            self._waiting.clear()
 
     async def refresh(self) -> bool:
         """Send the session the current context as its instructions; ``False`` when voice-context
         did not answer within ``timeout`` (the session keeps the instructions it had)."""
-        reply = await self._ask(
-            lambda: self.room.context("instructions", self.limit_chars, self.base_instructions)
-        )
-        if reply is None:
+        instructions = await self._context()
+        if instructions is None:
             return False
-        await self.send(session_update(str(reply["instructions"])))
+        await self.send(session_update(instructions))
         self.updates += 1
         return True
 
     async def handoff(self) -> dict[str, Any] | None:
         """Brief a fresh provider session: one ``session.update`` with the handoff instructions
-        (the context, then the questions still open). Returns the ``handoff`` reply, or ``None``
-        when voice-context did not answer in time."""
+        (the context, then the questions still open) and, when this memory creates the replies,
+        the turn detection with ``create_response`` off. Returns the ``handoff`` reply, or
+        ``None`` when voice-context did not answer in time (the turn detection is set all the
+        same, and the session keeps the instructions it had)."""
         reply = await self._ask(lambda: self.room.handoff(self.limit_chars, self.base_instructions))
-        if reply is None:
+        detection = None
+        if self.respond and self.turn_detection is not None:
+            detection = {**self.turn_detection, "create_response": False}
+        if reply is None and detection is None:
             return None
-        await self.send(session_update(str(reply["instructions"])))
-        self.updates += 1
+        await self.send(session_update(None if reply is None else str(reply["instructions"]), detection))
+        if reply is not None:
+            self.updates += 1
         return reply
+
+    def _wait_for_memory(self, item: str) -> None:
+        if self._tg is None:
+            raise RuntimeError("RealtimeMemory creates replies inside `async with memory:`")
+        reply = self._waiting[item] = _Reply(item)
+        self._tg.start_soon(self._answer, reply)
+
+    async def _answer(self, reply: _Reply) -> None:
+        """Create the response to one committed user turn once its memory is in, or without it
+        after ``reply_within`` seconds."""
+        with anyio.move_on_after(self.reply_within):
+            await reply.ready.wait()
+        # Decided here, after the last wait: a reply superseded or closed is no longer ours to send.
+        if self._waiting.pop(reply.item, None) is not reply:
+            return
+        await self.send(response_create(reply.instructions))
+        self.replies += 1
+        if reply.instructions is None:
+            self.fallbacks += 1
+            log.warning("realtime_reply_without_memory", session=self.room.name, item=reply.item)
+            return
+        await self.send(session_update(reply.instructions))
+        self.updates += 1
+
+    def _give_up(self, item: object, why: str) -> None:
+        """A committed turn whose memory will not come: its reply goes out now, plainly."""
+        reply = self._waiting.get(item) if isinstance(item, str) else None
+        if reply is not None:
+            log.info("realtime_reply_not_waiting", session=self.room.name, item=item, reason=why)
+            reply.ready.set()
+
+    async def _heard(self, said: str, item: str | None) -> None:
+        """The user's transcript: store it, fetch the context for it, and hand that to the reply
+        waiting for it (or, with none waiting, to the session's instructions)."""
+        # Stored here, in event order, so that turns reach voice-context in the order said.
+        instructions = await self._context() if await self._append(self.user, "user", said) else None
+        reply = self._waiting.get(item) if item is not None else None
+        if reply is not None:
+            reply.instructions = instructions
+            reply.ready.set()
+        elif instructions is not None:
+            await self.send(session_update(instructions))
+            self.updates += 1
+
+    async def _context(self) -> str | None:
+        reply = await self._ask(
+            lambda: self.room.context("instructions", self.limit_chars, self.base_instructions)
+        )
+        return None if reply is None else str(reply["instructions"])
 
     async def _append(self, speaker: str, role: str, text: str) -> bool:
         try:
@@ -146,6 +320,26 @@ def _expired(event: Mapping[str, Any]) -> bool:
     return event.get("type") == "error" and isinstance(error, dict) and error.get("code") == "session_expired"
 
 
+async def _relay(ws: Any, memory: RealtimeMemory, provider_session: int) -> None:
+    """Feed one realtime connection's server events to ``memory`` until the provider expires the
+    session or closes the connection."""
+    import orjson
+    from websockets.exceptions import ConnectionClosed
+
+    name = memory.room.name
+    try:
+        async for raw in ws:
+            event = orjson.loads(raw)
+            if not isinstance(event, dict):
+                continue
+            if _expired(event):
+                log.info("realtime_session_expired", session=name, provider_session=provider_session)
+                return
+            await memory.on_event(event)
+    except ConnectionClosed:
+        log.info("realtime_session_closed", session=name, provider_session=provider_session)
+
+
 async def run(
     realtime_url: str,
     voice_context_url: str,
@@ -156,50 +350,64 @@ async def run(
     base_instructions: str = "",
     limit_chars: int | None = None,
     provider_sessions: int | None = None,
+    call_id: str | None = None,
+    respond: bool = True,
+    turn_detection: Mapping[str, Any] | None = SERVER_VAD,
+    reply_within: float = 1.0,
 ) -> RealtimeMemory | None:
     """Keep realtime sessions at ``realtime_url`` briefed from the voice-context ``session``, one
-    provider session after another: each starts with the handoff instructions, every user turn
-    refreshes them, and when the provider expires a session (an ``error`` with the code
+    provider session after another: each starts with the handoff, every user turn is answered with
+    its memory (see :class:`RealtimeMemory` for ``respond``, ``turn_detection`` and
+    ``reply_within``), and when the provider expires a session (an ``error`` with the code
     ``session_expired``) or closes it, a fresh one takes over. Stops after ``provider_sessions``
-    sessions (never, by default). Returns the last session's :class:`RealtimeMemory`."""
+    sessions (never, by default).
+
+    With ``call_id`` it serves that one WebRTC or SIP call instead, over the call's sideband
+    connection (``realtime_url`` addressed by ``?call_id=``, see :func:`sideband_url`), and returns
+    when the call ends. Returns the last session's :class:`RealtimeMemory`."""
     import orjson
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
 
     from voice_context.client import Client
 
+    url = realtime_url if call_id is None else sideband_url(realtime_url, call_id)
     memory: RealtimeMemory | None = None
     async with Client(voice_context_url, token=token) as client:
         room = await client.open(session)
         started = 0
         while provider_sessions is None or started < provider_sessions:
             started += 1
-            async with connect(realtime_url, additional_headers=dict(headers or {})) as ws:
+            async with connect(url, additional_headers=dict(headers or {})) as ws:
 
                 async def send(event: dict[str, Any], ws: Any = ws) -> None:
-                    await ws.send(orjson.dumps(event).decode())
+                    try:
+                        await ws.send(orjson.dumps(event).decode())
+                    except ConnectionClosed:
+                        log.info("realtime_event_not_sent", session=session, event=event["type"])
 
                 memory = RealtimeMemory(
-                    room, send, base_instructions=base_instructions, limit_chars=limit_chars
+                    room,
+                    send,
+                    base_instructions=base_instructions,
+                    limit_chars=limit_chars,
+                    respond=respond,
+                    turn_detection=turn_detection,
+                    reply_within=reply_within,
                 )
-                await memory.handoff()
-                try:
-                    async for raw in ws:
-                        event = orjson.loads(raw)
-                        if not isinstance(event, dict):
-                            continue
-                        if _expired(event):
-                            log.info("realtime_session_expired", session=session, provider_session=started)
-                            break
-                        await memory.on_event(event)
-                except ConnectionClosed:
-                    log.info("realtime_session_closed", session=session, provider_session=started)
+                async with memory:
+                    await memory.handoff()
+                    await _relay(ws, memory, started)
+            if call_id is not None:
+                log.info("realtime_call_ended", session=session, call_id=call_id)
+                break
     return memory
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m voice_context.integrations.openai_realtime``: see :func:`run`."""
     import argparse
+    import json
     import os
 
     parser = argparse.ArgumentParser(
@@ -209,10 +417,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--realtime-url", default="wss://api.openai.com/v1/realtime?model=gpt-realtime")
     parser.add_argument("--voice-context", default="ws://127.0.0.1:8765/v1", help="the voice-context server")
     parser.add_argument("--session", required=True, help="the voice-context session of this conversation")
+    parser.add_argument(
+        "--call-id", default=None, help="serve this WebRTC or SIP call over its sideband connection"
+    )
     parser.add_argument("--instructions", default="", help="the bot's own base instructions")
     parser.add_argument("--limit-chars", type=int, default=None, help="the instructions' size limit")
     parser.add_argument("--provider-sessions", type=int, default=None, help="stop after this many")
+    parser.add_argument(
+        "--respond",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="create each reply once its memory is in (default); --no-respond leaves replies to the "
+        "session's turn detection and its memory arrives a turn late",
+    )
+    parser.add_argument(
+        "--turn-detection",
+        default=json.dumps(SERVER_VAD),
+        help="the session's turn detection as JSON, set with create_response false; "
+        "'none' leaves the session's own",
+    )
+    parser.add_argument(
+        "--reply-within", type=float, default=1.0, help="seconds a reply waits for its memory"
+    )
     args = parser.parse_args(argv)
+    detection = None if args.turn_detection == "none" else json.loads(args.turn_detection)
+    if detection is not None and not isinstance(detection, dict):
+        parser.error("--turn-detection: a JSON object or 'none'")
     key = os.environ.get("OPENAI_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     anyio.run(
@@ -225,6 +455,10 @@ def main(argv: list[str] | None = None) -> int:
             base_instructions=args.instructions,
             limit_chars=args.limit_chars,
             provider_sessions=args.provider_sessions,
+            call_id=args.call_id,
+            respond=args.respond,
+            turn_detection=detection,
+            reply_within=args.reply_within,
         )
     )
     return 0
