@@ -68,7 +68,7 @@ import structlog
 from voice_context import DeterministicSummarizer, SessionConfig, SessionManager, Turn
 from voice_context.config import AheadMode, Settings
 from voice_context.core.budget import build_context
-from voice_context.core.session import Session
+from voice_context.core.session import Session, TurnAppended
 from voice_context.recall.index import RecallIndex, recall_candidates
 from voice_context.summarizers.compress import compress
 from voice_context.summarizers.fakes import SlowSummarizer
@@ -121,7 +121,7 @@ def bench_core(n: int) -> None:
     for size in (60, 200, 1000):
         session = Session("bench", SessionConfig(recent_window=size))
         for i in range(size):
-            session.append_turn(turn(i))
+            session.receive(TurnAppended(turn(i)))
         view = session.view()
         for fmt, budget in (("instructions", 5200), ("messages", None), ("messages", 8000)):
             samples = timed(
@@ -357,7 +357,8 @@ def bench_recall(n: int, size: int = 5000) -> None:
     for i in range(size):
         speaker, text = texts[i % len(texts)]
         new = Turn(speaker, "user", f"{text} (take {i // len(texts)})", at=1_700_000_000.0 + 4 * i)
-        index.add_turn(session.append_turn(new), new)
+        session.receive(TurnAppended(new))
+        index.add_turn(i, new)
     per_turn = (time.perf_counter() - tick) / size
     # fold as a server would have: the cursor near the end, every older turn only in the store
     folded = Session("bench", config, cursor=size - 60, turns=session.verbatim_turns[-60:])
@@ -452,7 +453,7 @@ def bench_tokens(n: int) -> None:
     for size in (60, 1000):
         session = Session("bench", SessionConfig(recent_window=size))
         for i in range(size):
-            session.append_turn(turn(i))
+            session.receive(TurnAppended(turn(i)))
         view = session.view()
         for fmt, tokens in (("instructions", 1300), ("messages", 2000)):
             by_chars = timed(

@@ -716,7 +716,7 @@ async def ramp(args: argparse.Namespace) -> None:
 
 async def length(args: argparse.Namespace) -> None:
     from voice_context.core.config import SessionConfig
-    from voice_context.core.session import Session
+    from voice_context.core.session import Session, TurnAppended
     from voice_context.core.turns import Turn
     from voice_context.recall.index import RecallIndex, recall_candidates
 
@@ -748,7 +748,7 @@ async def length(args: argparse.Namespace) -> None:
                     line.speaker, "assistant" if line.role == "assistant" else "user", line.text, time.time()
                 )
                 index.add_turn(n, turn)
-                session.append_turn(turn)
+                session.receive(TurnAppended(turn))
                 if n % 20 == 19:
                     await talker.context()  # folds keep up as they would in a call
                 if n % 500 == 0:

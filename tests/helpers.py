@@ -1,4 +1,5 @@
-"""Small builders shared by the tests: turns, notes, a clock the test moves, timeouts."""
+"""Small builders shared by the tests: turns, notes, event stories told to a session, a clock the
+test moves, timeouts."""
 
 from __future__ import annotations
 
@@ -7,7 +8,25 @@ from collections.abc import Callable, Sequence
 
 import anyio
 
+from voice_context.core.session import (
+    Applied,
+    CommitCompaction,
+    CompactionPlan,
+    CompactionStored,
+    ContextRequested,
+    Effect,
+    Event,
+    NoteReceived,
+    NotesChanged,
+    NotesStored,
+    PersistNotes,
+    Session,
+    Skip,
+    StartCompaction,
+    SummaryReturned,
+)
 from voice_context.core.turns import Note, Role, Turn
+from voice_context.core.window import FillBudget
 
 #: Every guard against a hang is a multiple of this; slow machines raise the scale.
 TIMEOUT_SCALE = float(os.environ.get("VOICE_CONTEXT_TEST_TIMEOUT_SCALE", "1"))
@@ -37,6 +56,53 @@ def notes(n: int, start_at: int = 0, *, width: int = 0) -> list[Note]:
         text = f"note {i}"
         out.append(Note(text.ljust(width, "~") if width else text, float(i)))
     return out
+
+
+# -- event stories: a session is told what happened, and answers with effects ---------------------
+
+
+def given(session: Session, *events: Event) -> list[Effect]:
+    """Feed ``events`` to the session in order; returns every effect that came back, in order."""
+    return [effect for event in events for effect in session.receive(event)]
+
+
+def started(session: Session, at: float, budget: FillBudget | None = None) -> CompactionPlan:
+    """A context is asked at ``at``: the plan whose compaction that starts."""
+    [effect] = session.receive(ContextRequested(at, budget))
+    assert isinstance(effect, StartCompaction), effect
+    return effect.plan
+
+
+def skipped(session: Session, at: float, budget: FillBudget | None = None) -> Skip:
+    """A context is asked at ``at``: why no compaction starts."""
+    [effect] = session.receive(ContextRequested(at, budget))
+    assert isinstance(effect, Skip), effect
+    return effect
+
+
+def summarized(session: Session, plan_id: int, text: str, at: float) -> Effect:
+    """The summarizer answers ``text`` for ``plan_id`` at ``at``, and a commit is stored at once,
+    as a shell without a store confirms it: the one effect the answer comes to (``Applied``,
+    ``Failed``, ``Stale``, or ``StartCompaction`` for a re-compaction pass)."""
+    [effect] = session.receive(SummaryReturned(plan_id, text, at))
+    if isinstance(effect, CommitCompaction):
+        [effect] = session.receive(CompactionStored(plan_id, at))
+    return effect
+
+
+def landed(session: Session, plan_id: int, text: str, at: float) -> Applied:
+    """The summarizer answers ``text`` for ``plan_id``, and the store commits it: what landed."""
+    effect = summarized(session, plan_id, text, at)
+    assert isinstance(effect, Applied), effect
+    return effect
+
+
+def noted(session: Session, note: Note) -> NotesChanged:
+    """A screen note arrives and the store holds the buffers at once: what it did to them."""
+    [persist] = session.receive(NoteReceived(note))
+    assert isinstance(persist, PersistNotes), persist
+    assert session.receive(NotesStored(persist.staged)) == []
+    return persist.changed
 
 
 class ManualClock:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers import turns
+from helpers import given, turns
 
 from voice_context.core.budget import (
     FACTS_HEADER,
@@ -18,7 +18,7 @@ from voice_context.core.budget import (
     estimate_tokens,
 )
 from voice_context.core.config import SessionConfig
-from voice_context.core.session import ContextView, Session
+from voice_context.core.session import ContextView, Session, TurnAppended
 from voice_context.core.text import clip
 from voice_context.core.turns import Note, Turn, TurnRun
 
@@ -157,8 +157,7 @@ def test_bad_arguments() -> None:
 
 def test_context_from_a_live_session() -> None:
     session = Session("room")
-    for t in turns(3):
-        session.append_turn(t)
+    given(session, *[TurnAppended(t) for t in turns(3)])
     ctx = build_context(session.view(), "messages")
     assert [m["content"] for m in ctx.messages] == ["Alice: turn 0", "Bob: turn 1", "Alice: turn 2"]
 

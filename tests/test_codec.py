@@ -38,7 +38,7 @@ from voice_context.codec import (
     parse,
 )
 from voice_context.core.budget import build_context
-from voice_context.core.session import NotesChanged, Session
+from voice_context.core.session import NotesChanged, Session, TurnAppended
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import ProtocolError
 from voice_context.manager import CompactionEvent, Opened
@@ -330,7 +330,7 @@ def test_lone_surrogates_and_deep_nesting_are_bad_requests() -> None:
 def test_server_messages_carry_the_contract_fields() -> None:
     session = Session("room-1")
     for i in range(3):
-        session.append_turn(Turn("Alice", "user", f"line {i}", T0 + i))
+        session.receive(TurnAppended(Turn("Alice", "user", f"line {i}", T0 + i)))
     stats = session.stats()
     opened = decode_reply(encode_opened("room-1", Opened("room-1", False, stats), "o"))
     assert opened == {

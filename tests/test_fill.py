@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import skipped, started, summarized
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from serving import T0, running, wire
@@ -10,10 +11,18 @@ from structlog.testing import capture_logs
 
 from voice_context.core.budget import build_context
 from voice_context.core.config import SessionConfig
-from voice_context.core.session import Applied, CompactionPlan, Session
+from voice_context.core.session import (
+    Applied,
+    CompactionFailed,
+    CompactionPlan,
+    ContextRequested,
+    Session,
+    StartCompaction,
+    TurnAppended,
+)
 from voice_context.core.tokens import CharEstimate
 from voice_context.core.turns import Turn
-from voice_context.core.window import FillBudget, Skip, SkipReason, fill_end
+from voice_context.core.window import FillBudget, SkipReason, fill_end
 from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 from voice_context.tokenizers import load_tokenizer
@@ -29,10 +38,10 @@ def long_turn(i: int, size: int = 400) -> Turn:
 
 def land(session: Session, plan: CompactionPlan, now: float) -> Applied:
     text = SUMMARIZER.summarize_now(SummaryRequest.for_plan(plan))
-    outcome = session.compaction_succeeded(plan.plan_id, text, now)
-    while isinstance(outcome, CompactionPlan):  # a re-compaction pass
-        text = SUMMARIZER.summarize_now(SummaryRequest.for_plan(outcome))
-        outcome = session.compaction_succeeded(outcome.plan_id, text, now)
+    outcome = summarized(session, plan.plan_id, text, now)
+    while isinstance(outcome, StartCompaction):  # a re-compaction pass
+        text = SUMMARIZER.summarize_now(SummaryRequest.for_plan(outcome.plan))
+        outcome = summarized(session, outcome.plan.plan_id, text, now)
     assert isinstance(outcome, Applied)
     return outcome
 
@@ -71,17 +80,17 @@ def test_long_turns_fold_by_fill_long_before_the_count_rule_and_nothing_falls_in
     session = Session("long", SessionConfig())  # recent_window 50, batch 10: the count rule waits for 61
     folds = []
     for i in range(40):
-        session.append_turn(long_turn(i))
+        session.receive(TurnAppended(long_turn(i)))
         now = T0 + i
         ctx = build_context(session.view(), "instructions", budget_chars=5200)
         assert ctx.first_turn <= session.cursor, (
             f"turns {session.cursor}..{ctx.first_turn - 1} in no one's hands"
         )
-        plan = session.plan_compaction(now, BUDGET)
-        if isinstance(plan, CompactionPlan):
-            assert plan.trigger == "fill"
-            folds.append((plan.start, plan.end))
-            land(session, plan, now)
+        [decision] = session.receive(ContextRequested(now, BUDGET))
+        if isinstance(decision, StartCompaction):
+            assert decision.plan.trigger == "fill"
+            folds.append((decision.plan.start, decision.plan.end))
+            land(session, decision.plan, now)
     # a line is 408 chars: the 9th turn passes 3,640 (0.7 of 5,200), and 4 turns (1,632) stay
     assert folds[:2] == [(0, 5), (5, 10)], folds
     assert session.cursor >= 30
@@ -90,8 +99,8 @@ def test_long_turns_fold_by_fill_long_before_the_count_rule_and_nothing_falls_in
 def test_without_the_fill_trigger_the_same_session_has_a_gap() -> None:
     session = Session("long", SessionConfig(fill_trigger=0.0))
     for i in range(40):
-        session.append_turn(long_turn(i))
-        assert isinstance(session.plan_compaction(T0 + i, BUDGET), Skip)
+        session.receive(TurnAppended(long_turn(i)))
+        skipped(session, T0 + i, BUDGET)  # the count rule waits, and nothing else fires
     ctx = build_context(session.view(), "instructions", budget_chars=5200)
     assert session.cursor == 0 and ctx.first_turn > 20, "turns 0..20 are neither summarized nor shown"
 
@@ -99,23 +108,19 @@ def test_without_the_fill_trigger_the_same_session_has_a_gap() -> None:
 def test_the_fill_trigger_waits_for_a_fold_in_flight_and_for_a_backoff() -> None:
     session = Session("long")
     for i in range(12):
-        session.append_turn(long_turn(i))
-    plan = session.plan_compaction(T0, BUDGET)
-    assert isinstance(plan, CompactionPlan)
-    again = session.plan_compaction(T0, BUDGET)
-    assert isinstance(again, Skip) and again.reason is SkipReason.ALREADY_IN_FLIGHT
-    session.compaction_failed(plan.plan_id, "timeout", True, T0)
-    waiting = session.plan_compaction(T0 + 1, BUDGET)
-    assert isinstance(waiting, Skip) and waiting.reason is SkipReason.BACKING_OFF
-    assert isinstance(session.plan_compaction(T0 + 3, BUDGET), CompactionPlan)
+        session.receive(TurnAppended(long_turn(i)))
+    plan = started(session, T0, BUDGET)
+    assert skipped(session, T0, BUDGET).reason is SkipReason.ALREADY_IN_FLIGHT
+    session.receive(CompactionFailed(plan.plan_id, "timeout", True, T0))
+    assert skipped(session, T0 + 1, BUDGET).reason is SkipReason.BACKING_OFF
+    assert started(session, T0 + 3, BUDGET).trigger == "fill"
 
 
 def test_when_the_count_rule_and_the_fill_line_both_fire_the_longer_fold_wins() -> None:
     session = Session("both", SessionConfig(recent_window=4, batch_size=2))
     for i in range(7):
-        session.append_turn(long_turn(i, 900))
-    plan = session.plan_compaction(T0, BUDGET)
-    assert isinstance(plan, CompactionPlan)
+        session.receive(TurnAppended(long_turn(i, 900)))
+    plan = started(session, T0, BUDGET)
     # 908-char lines: two of them (1,816) fit under 1,820, half the fill line
     assert (plan.end, plan.trigger) == (5, "fill"), "the count rule alone would fold 0..1"
 
@@ -134,7 +139,7 @@ def test_with_a_context_per_turn_no_turn_ever_falls_into_a_gap(
     fill = FillBudget(tokens=budget // 4, counter=counter) if tokens else FillBudget(chars=budget)
     session = Session("prop", SessionConfig(max_summary_chars=400))
     for i, size in enumerate(sizes):
-        session.append_turn(long_turn(i, size))
+        session.receive(TurnAppended(long_turn(i, size)))
         ctx = build_context(
             session.view(),
             "instructions",
@@ -143,9 +148,9 @@ def test_with_a_context_per_turn_no_turn_ever_falls_into_a_gap(
             tokens=counter if tokens else None,
         )
         assert ctx.first_turn <= session.cursor
-        plan = session.plan_compaction(T0 + i, fill)
-        if isinstance(plan, CompactionPlan):
-            land(session, plan, T0 + i)
+        [decision] = session.receive(ContextRequested(T0 + i, fill))
+        if isinstance(decision, StartCompaction):
+            land(session, decision.plan, T0 + i)
 
 
 # -- over the wire --------------------------------------------------------------------------

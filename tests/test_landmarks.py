@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers import started, summarized
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from serving import T0, running, wire
@@ -12,7 +14,18 @@ from serving import T0, running, wire
 from voice_context.core.budget import LANDMARKS_HEADER, Format, build_context
 from voice_context.core.config import SessionConfig
 from voice_context.core.landmarks import Landmark, detect, render
-from voice_context.core.session import Applied, CompactionPlan, Session
+from voice_context.core.session import (
+    Applied,
+    CompactionAbandoned,
+    ContextRequested,
+    PinRequested,
+    Session,
+    StartCompaction,
+    TurnAppended,
+    TurnHeld,
+    Unpinned,
+    UnpinRequested,
+)
 from voice_context.core.tokens import CharEstimate
 from voice_context.core.turns import Turn
 from voice_context.manager import SessionManager
@@ -80,29 +93,49 @@ def said(i: int, text: str, speaker: str = "Alice") -> Turn:
 
 def test_a_landmark_is_found_as_it_arrives_and_left_out_of_every_fold() -> None:
     session = Session("s", SessionConfig(recent_window=2, batch_size=3))
-    session.append_turn(said(0, "We could fly on Friday."))
-    session.append_turn(said(1, "Decision: we fly on Friday at 9:40.", "Bob"))
-    session.append_turn(said(2, "Fine by me."))
+    assert session.receive(TurnAppended(said(0, "We could fly on Friday."))) == [TurnHeld(0, None)]
+    [held] = session.receive(TurnAppended(said(1, "Decision: we fly on Friday at 9:40.", "Bob")))
+    assert isinstance(held, TurnHeld) and held.landmark is not None, "for the shell to store"
+    assert (held.index, held.landmark.kind, held.landmark.source) == (1, "decision", "heuristic")
+    assert session.landmark(1) == held.landmark
+    session.receive(TurnAppended(said(2, "Fine by me.")))
     for i in range(3, 6):
-        session.append_turn(said(i, f"Point {i} of the packing list."))
-    landmark = session.landmark(1)
-    assert landmark is not None and (landmark.kind, landmark.source) == ("decision", "heuristic")
-    plan = session.plan_compaction(T0 + 600)
-    assert isinstance(plan, CompactionPlan) and (plan.start, plan.end) == (0, 3)
+        session.receive(TurnAppended(said(i, f"Point {i} of the packing list.")))
+    plan = started(session, T0 + 600)
+    assert (plan.start, plan.end) == (0, 3)
     assert [t.text for t in plan.turns] == ["We could fly on Friday.", "Fine by me."]
     assert plan.landmarks == 1
+
+
+def test_a_turn_pinned_by_hand_is_left_out_of_every_fold_until_it_is_unpinned() -> None:
+    session = Session("s", SessionConfig(recent_window=2, batch_size=3))
+    for i in range(6):
+        session.receive(TurnAppended(said(i, f"Point {i} of the packing list.")))
+    pin = Landmark(1, said(1, "Point 1 of the packing list."), "spec", "the list", "manual", T0 + 400)
+    assert session.receive(PinRequested(pin)) == []
+    assert session.landmark(1) == pin
+    with pytest.raises(IndexError):
+        session.receive(PinRequested(replace(pin, index=6)))
+    plan = started(session, T0 + 600)
+    assert (plan.start, plan.end, plan.landmarks) == (0, 3, 1)
+    assert [t.text for t in plan.turns] == ["Point 0 of the packing list.", "Point 2 of the packing list."]
+    session.receive(CompactionAbandoned(plan.plan_id, T0 + 610))
+
+    assert session.receive(UnpinRequested(1, T0 + 620)) == [Unpinned(pin)]
+    assert session.receive(UnpinRequested(1, T0 + 620)) == [], "nothing left to unpin"
+    again = started(session, T0 + 630)
+    assert (again.landmarks, len(again.turns)) == (0, 3)
 
 
 def test_a_batch_of_landmarks_alone_lands_and_leaves_the_summary_as_it_was() -> None:
     session = Session(
         "s", SessionConfig(recent_window=1, batch_size=1), summary="[1 May 2024, 14:03] Ann: Hi."
     )
-    session.append_turn(said(0, "Decision: Lisbon."))
-    session.append_turn(said(1, "ok"))
-    session.append_turn(said(2, "sure"))
-    plan = session.plan_compaction(T0)
-    assert isinstance(plan, CompactionPlan) and plan.turns == () and plan.landmarks == 1
-    outcome = session.compaction_succeeded(plan.plan_id, "", T0 + 1)
+    for i, text in enumerate(("Decision: Lisbon.", "ok", "sure")):
+        session.receive(TurnAppended(said(i, text)))
+    plan = started(session, T0)
+    assert plan.turns == () and plan.landmarks == 1
+    outcome = summarized(session, plan.plan_id, "", T0 + 1)
     assert isinstance(outcome, Applied) and session.cursor == 1
     assert session.summary == "[1 May 2024, 14:03] Ann: Hi."
 
@@ -180,14 +213,12 @@ def test_no_landmark_is_ever_altered_or_folded_and_no_budget_exceeded(
     session = Session("prop", SessionConfig(recent_window=3, batch_size=2))
     sent: list[str] = []
     for i, text in enumerate(texts):
-        session.append_turn(said(i, text, ("Alice", "Bob")[i % 2]))
-        plan = session.plan_compaction(T0 + 60 * i)
-        while isinstance(plan, CompactionPlan):
+        session.receive(TurnAppended(said(i, text, ("Alice", "Bob")[i % 2])))
+        [effect] = session.receive(ContextRequested(T0 + 60 * i))
+        while isinstance(effect, StartCompaction):  # a fold, then any re-compaction pass
+            plan = effect.plan
             sent.extend(t.text for t in plan.turns)
-            result = session.compaction_succeeded(
-                plan.plan_id, folder.summarize_now(SummaryRequest.for_plan(plan)), 0
-            )
-            plan = result if isinstance(result, CompactionPlan) else None
+            effect = summarized(session, plan.plan_id, folder.summarize_now(SummaryRequest.for_plan(plan)), 0)
         counter = CharEstimate()
         ctx = build_context(
             session.view(),

@@ -10,6 +10,7 @@ import pytest
 from helpers import TIMEOUT, ManualClock, notes, turn, turns, wait_until
 
 from voice_context.core.budget import SUMMARY_FOOTER, SUMMARY_PREFIX
+from voice_context.core.session import Abandoned, CompactionAbandoned
 from voice_context.core.turns import Note
 from voice_context.errors import SessionClosed, StoreError, SummarizerError, UnknownSession
 from voice_context.manager import CompactionEvent, SessionManager
@@ -415,8 +416,11 @@ async def test_a_result_for_a_plan_no_longer_current_is_dropped_and_logged(logs:
         await manager.context("room")
         with anyio.fail_after(TIMEOUT):
             await gated.entered.wait()
-        plan = manager.session("room").abandon()  # what cancelling its task does to the session
+        session = manager.session("room")
+        plan = session.in_flight
         assert plan is not None
+        # what cancelling its task does to the session
+        assert session.receive(CompactionAbandoned(plan.plan_id, manager.clock())) == [Abandoned(plan)]
         gated.gate.set()
         await settle(manager)
 

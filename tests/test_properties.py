@@ -4,6 +4,7 @@ deterministic summarizer's contract."""
 from __future__ import annotations
 
 import anyio
+from helpers import noted, summarized
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -12,12 +13,21 @@ from voice_context.core.budget import Context, Format, build_context
 from voice_context.core.config import SessionConfig
 from voice_context.core.session import (
     MAX_FOLD_CHARS,
+    Abandoned,
     Applied,
+    CompactionAbandoned,
+    CompactionFailed,
     CompactionPlan,
+    CompactionStored,
+    ContextRequested,
     Failed,
     Session,
     SkipReason,
     Stale,
+    StartCompaction,
+    SummaryReturned,
+    TurnAppended,
+    TurnHeld,
 )
 from voice_context.core.text import clip, normalize
 from voice_context.core.turns import Note, Role, Turn
@@ -128,7 +138,8 @@ class SessionMachine(RuleBasedStateMachine):
         """Some turns arrive, then the bot asks for its next context at a later time."""
         for _ in range(count):
             turn = Turn(speaker, ROLE_OF[speaker], text, self.now)
-            assert self.session.append_turn(turn) == len(self.appended)
+            [held] = self.session.receive(TurnAppended(turn))
+            assert isinstance(held, TurnHeld) and held.index == len(self.appended)
             self.recall.add_turn(len(self.appended), turn)
             self.appended.append(turn)
         self.now += dt
@@ -137,7 +148,7 @@ class SessionMachine(RuleBasedStateMachine):
     @rule(text=TEXT, speaker=st.sampled_from([None, "Alice"]))
     def append_note(self, text: str, speaker: str | None) -> None:
         note = Note(text or "blank", self.now, speaker=speaker)
-        changed = self.session.append_note(note)
+        changed = noted(self.session, note)
         self.recall.add_note(note)
         config = self.session.config
         assert changed.live == len(self.session.live_notes) <= config.live_note_entries
@@ -148,7 +159,8 @@ class SessionMachine(RuleBasedStateMachine):
         """Evaluate the trigger as a context request does, then build the context."""
         session = self.session
         total, cursor, was_in_flight = session.total_turns, session.cursor, session.in_flight
-        decision = session.plan_compaction(self.now)
+        [effect] = session.receive(ContextRequested(self.now))
+        decision = effect.plan if isinstance(effect, StartCompaction) else effect
         window = recent_start(total, cursor, session.config.recent_window)
         event("plan" if isinstance(decision, CompactionPlan) else f"skip {decision.reason}")
         if isinstance(decision, CompactionPlan):
@@ -240,11 +252,11 @@ class SessionMachine(RuleBasedStateMachine):
         self.stale_ids.append(plan.plan_id)
         session = self.session
         if action == "abandon":
-            assert session.abandon() is plan
+            assert session.receive(CompactionAbandoned(plan.plan_id, self.now)) == [Abandoned(plan)]
             self.plan = None
             return
         if action in ("fail", "fatal"):
-            outcome = session.compaction_failed(plan.plan_id, "timeout", action == "fail", self.now)
+            [outcome] = session.receive(CompactionFailed(plan.plan_id, "timeout", action == "fail", self.now))
             assert isinstance(outcome, Failed)
             ceiling = session.config.retry_max_seconds
             assert self.now < outcome.retry_at <= self.now + ceiling
@@ -258,7 +270,7 @@ class SessionMachine(RuleBasedStateMachine):
             "overlong": (prose + " ") * (limit // max(1, len(prose)) + 1) + "Sentence to spare. " * 10,
             "empty": " \n ",
         }[action]
-        answer = session.compaction_succeeded(plan.plan_id, body, self.now)
+        answer = summarized(session, plan.plan_id, body, self.now)  # a commit stored at once
         clamped = getattr(answer, "clamped", False)
         event(f"result {type(answer).__name__}{' clamped' if clamped else ''}")
         if isinstance(answer, Applied):
@@ -269,19 +281,24 @@ class SessionMachine(RuleBasedStateMachine):
             assert answer.clamped == (plan.recompact and len(normalize(body)) > limit)
             self.cursor = plan.end
             self.plan = None
-        elif isinstance(answer, CompactionPlan):
+        elif isinstance(answer, StartCompaction):
+            again = answer.plan
             assert action == "overlong" and not plan.recompact
-            assert answer.recompact and answer.turns == () and answer.end == plan.end
-            assert session.in_flight is answer
-            self.plan = answer
+            assert again.recompact and again.turns == () and again.end == plan.end
+            assert session.in_flight is again
+            self.plan = again
         else:
             assert isinstance(answer, Failed)
             assert action == "empty" and answer.kind == "empty"
             self.plan = None
 
-    @rule(pick=st.integers(0, 1 << 16), text=TEXT, as_failure=st.booleans())
-    def deliver_stale(self, pick: int, text: str, as_failure: bool) -> None:
-        """A late answer for a plan that is no longer current changes nothing."""
+    @rule(
+        pick=st.integers(0, 1 << 16),
+        text=TEXT,
+        kind=st.sampled_from(["answer", "failure", "stored", "abandoned"]),
+    )
+    def deliver_stale(self, pick: int, text: str, kind: str) -> None:
+        """A late word about a plan that is no longer current changes nothing."""
         plan_id = self.stale_ids[pick % len(self.stale_ids)]
         session = self.session
         before = (
@@ -291,11 +308,13 @@ class SessionMachine(RuleBasedStateMachine):
             session.in_flight,
             session.retry_at,
         )
-        if as_failure:
-            outcome: object = session.compaction_failed(plan_id, "timeout", True, self.now)
-        else:
-            outcome = session.compaction_succeeded(plan_id, text or "Late.", self.now)
-        assert outcome == Stale(plan_id, self.plan.plan_id if self.plan else None)
+        late = {
+            "answer": SummaryReturned(plan_id, text or "Late.", self.now),
+            "failure": CompactionFailed(plan_id, "timeout", True, self.now),
+            "stored": CompactionStored(plan_id, self.now),
+            "abandoned": CompactionAbandoned(plan_id, self.now),
+        }[kind]
+        assert session.receive(late) == [Stale(plan_id, self.plan.plan_id if self.plan else None)]
         after = (session.stats(), session.summary, session.pending_notes, session.in_flight, session.retry_at)
         assert after == before
 

@@ -14,7 +14,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from voice_context.core.budget import SUMMARY_FOOTER, SUMMARY_HEADER
-from voice_context.core.session import Session
+from voice_context.core.session import Session, TurnAppended
 from voice_context.core.turns import Turn
 from voice_context.errors import StoreError, SummarizerError
 from voice_context.server import TokenBucket, find_duplicate, owner_of, recording_name
@@ -467,7 +467,7 @@ def test_the_token_bucket_allows_a_burst_then_the_rate() -> None:
 def test_only_a_recent_turn_with_the_same_id_and_words_is_a_duplicate() -> None:
     session = Session("s")
     for i in range(5):
-        session.append_turn(Turn("Alice", "user", f"t{i}", float(i), f"id-{i}"))
+        session.receive(TurnAppended(Turn("Alice", "user", f"t{i}", float(i), f"id-{i}")))
     assert find_duplicate(session, Turn("Alice", "user", "t3", 3.0, "id-3")) == 3
     assert find_duplicate(session, Turn("Alice", "user", "changed", 3.0, "id-3")) is None
     assert find_duplicate(session, Turn("Alice", "user", "t3", 3.0)) is None

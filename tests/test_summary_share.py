@@ -6,13 +6,14 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from helpers import noted
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from voice_context.core.budget import Format, build_context
 from voice_context.core.config import SessionConfig
 from voice_context.core.recalled import Recalled
-from voice_context.core.session import ContextView, Session
+from voice_context.core.session import ContextView, Session, TurnAppended
 from voice_context.core.text import condense_summary
 from voice_context.core.times import stamp
 from voice_context.core.turns import Note, Turn
@@ -247,12 +248,12 @@ def test_the_floor_counts_every_screen_note_a_plain_tail_shows_not_only_the_live
     transcript: list[str] = []
     for i in range(60):
         turn = Turn("Alice" if i % 2 else "Bob", "user", f"turn {i}: " + "we were saying " * 3, float(i))
-        session.append_turn(turn)
+        session.receive(TurnAppended(turn))
         transcript.append(f"[{stamp(turn.at)}] {turn.speaker}: {turn.text}")
         if i % 3 == 0:
             seen = f"the map shows the harbour from the north side, frame {i}"
             note = Note(seen, float(i), "Alice", "screen")
-            session.append_note(note)
+            noted(session, note)
             transcript.append(note.render())
     assert len(session.live_notes) == 8 and len(session.view().seen_notes) == 20
 

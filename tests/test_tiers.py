@@ -20,10 +20,17 @@ from typing import Any
 
 import anyio
 import pytest
-from helpers import ManualClock, wait_until
+from helpers import ManualClock, given, landed, started, wait_until
 
 from voice_context.core.config import SessionConfig
-from voice_context.core.session import CompactionPlan, Session
+from voice_context.core.session import (
+    Abandoned,
+    CompactionAbandoned,
+    Restored,
+    Session,
+    TiersRolled,
+    TurnAppended,
+)
 from voice_context.core.tiers import (
     Schedule,
     TierSummary,
@@ -189,23 +196,38 @@ def turn(speaker: str, text: str, when: float) -> Turn:
 def test_a_fold_that_begins_a_new_conversation_starts_the_rolling_summary_afresh() -> None:
     config = SessionConfig(tiers=True, recent_window=2, batch_size=2)
     session = Session("diary", config)
-    for k, when in enumerate([at(0), at(0) + 60, at(1), at(1) + 60, at(1) + 120, at(1) + 180]):
-        session.append_turn(turn("Ana", f"line {k}", when))
+    times = [at(0), at(0) + 60, at(1), at(1) + 60, at(1) + 120, at(1) + 180]
+    given(session, *[TurnAppended(turn("Ana", f"line {k}", when)) for k, when in enumerate(times)])
 
-    first = session.plan_compaction(at(1) + 200)
-    assert isinstance(first, CompactionPlan) and first.start == 0 and first.end == 2
-    session.compaction_succeeded(first.plan_id, "Ana wrote lines 0 and 1.", at(1) + 200)
+    first = started(session, at(1) + 200)
+    assert first.start == 0 and first.end == 2
+    landed(session, first.plan_id, "Ana wrote lines 0 and 1.", at(1) + 200)
 
     # turn 2 begins Tuesday's conversation, but Monday's has no summary yet: fold on
-    session.append_turn(turn("Ana", "line 6", at(1) + 240))
-    onward = session.plan_compaction(at(1) + 240)
-    assert isinstance(onward, CompactionPlan) and onward.previous_summary == "Ana wrote lines 0 and 1."
-    session.abandon()
+    given(session, TurnAppended(turn("Ana", "line 6", at(1) + 240)))
+    onward = started(session, at(1) + 240)
+    assert onward.previous_summary == "Ana wrote lines 0 and 1."
+    assert given(session, CompactionAbandoned(onward.plan_id, at(1) + 240)) == [Abandoned(onward)]
 
-    session.tiers_rolled(2)  # Monday's conversation is in its summary now
-    fresh = session.plan_compaction(at(1) + 240)
-    assert isinstance(fresh, CompactionPlan) and fresh.start == 2
+    # Monday's conversation is in its summary now
+    assert given(session, TiersRolled(2, at(1) + 240)) == []
+    fresh = started(session, at(1) + 240)
+    assert fresh.start == 2
     assert fresh.previous_summary == "" and [t.text for t in fresh.turns] == ["line 2", "line 3"]
+
+
+def test_a_restored_session_told_what_its_record_leaves_out_starts_a_new_conversation_afresh() -> None:
+    """A record holds the turns from the cursor on: the shell reads how far the tier summaries
+    cover and the time of the turn before the cursor, and tells the session."""
+    config = SessionConfig(tiers=True, recent_window=2, batch_size=2)
+    tuesday = [turn("Ana", f"line {k}", at(1) + 60 * k) for k in range(2, 7)]
+    session = Session("diary", config, cursor=2, turns=tuesday, summary="Ana wrote lines 0 and 1.")
+    assert given(session, Restored(2, at(0) + 60, at(1) + 400)) == []
+    assert session.folded_at == at(0) + 60
+    fresh = started(session, at(1) + 400)
+    assert (fresh.start, fresh.previous_summary) == (2, "")
+    given(session, Restored(2, at(0), at(1) + 400))
+    assert session.folded_at == at(0) + 60, "a time known already is kept"
 
 
 # -- a month of a garden diary, on SQLite ------------------------------------------------

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+from helpers import skipped, started, summarized
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from serving import T0, running, wire
@@ -13,7 +14,14 @@ from serving import T0, running, wire
 from voice_context.codec import TurnAppend, decode, message_dict
 from voice_context.core.budget import Format, build_context
 from voice_context.core.config import SessionConfig
-from voice_context.core.session import CompactionPlan, ContextView, Session, Skip, SkipReason
+from voice_context.core.session import (
+    ContextRequested,
+    ContextView,
+    Session,
+    SkipReason,
+    StartCompaction,
+    TurnAppended,
+)
 from voice_context.core.tokens import CharEstimate
 from voice_context.core.tools import fold_end, placeholder, tool_iterations, units
 from voice_context.core.turns import Turn
@@ -82,18 +90,16 @@ def test_iterations_count_back_from_the_newest() -> None:
 def test_a_batch_boundary_inside_a_tool_chain_moves_back_and_never_splits_it() -> None:
     session = Session("s", SessionConfig(recent_window=4, batch_size=3))
     for t in CHAIN:
-        session.append_turn(t)
-    plan = session.plan_compaction(T0)
-    assert isinstance(plan, CompactionPlan)
+        session.receive(TurnAppended(t))
+    plan = started(session, T0)
     assert (plan.start, plan.end) == (0, 1), "0..2 would take call c1 without its result"
 
 
 def test_an_open_chain_at_the_cursor_waits_for_its_result() -> None:
     session = Session("s", SessionConfig(recent_window=2, batch_size=1))
     for t in (call("c1"), user("a"), user("b"), user("c")):
-        session.append_turn(t)
-    skipped = session.plan_compaction(T0)
-    assert isinstance(skipped, Skip) and skipped.reason is SkipReason.NO_ELIGIBLE_BATCH
+        session.receive(TurnAppended(t))
+    assert skipped(session, T0).reason is SkipReason.NO_ELIGIBLE_BATCH
 
 
 # -- contexts ------------------------------------------------------------------------------------
@@ -188,22 +194,22 @@ def test_no_tool_pair_is_ever_split_by_a_cut_a_fold_or_a_budget(
             for _ in range(1 if step == "call" else 2):
                 made += 1
                 pending.append(f"c{made}")
-                session.append_turn(call(f"c{made}", arguments=f'{{"n": {made}}}'))
+                session.receive(TurnAppended(call(f"c{made}", arguments=f'{{"n": {made}}}')))
         elif step == "result" and pending:
-            session.append_turn(result(pending.pop(0), text=f'{{"answer": {i}}}' * (1 + i % 4)))
+            session.receive(TurnAppended(result(pending.pop(0), text=f'{{"answer": {i}}}' * (1 + i % 4))))
         elif step == "reply":
-            session.append_turn(reply(f"Reply {i}."))
+            session.receive(TurnAppended(reply(f"Reply {i}.")))
         else:
-            session.append_turn(user(f"Turn {i} from the user, at some length."))
-        plan = session.plan_compaction(T0 + i)
-        while isinstance(plan, CompactionPlan):
+            session.receive(TurnAppended(user(f"Turn {i} from the user, at some length.")))
+        [effect] = session.receive(ContextRequested(T0 + i))
+        while isinstance(effect, StartCompaction):  # a fold, then any re-compaction pass
+            plan = effect.plan
             folded = [t for t in plan.turns]
             called = {t.tool_call_id for t in folded if t.is_tool_call}
             answered = {t.tool_call_id for t in folded if t.is_tool_result}
             assert called == answered, "a fold took a call without its result, or the reverse"
             text = folder.summarize_now(SummaryRequest.for_plan(plan)) or "Nothing to note."
-            landed = session.compaction_succeeded(plan.plan_id, text, T0 + i)
-            plan = landed if isinstance(landed, CompactionPlan) else None
+            effect = summarized(session, plan.plan_id, text, T0 + i)
         counter = CharEstimate()
         ctx = build_context(
             session.view(),

@@ -58,6 +58,7 @@ from voice_context.core.recalled import Recalled
 from voice_context.core.session import (
     Applied,
     CommitCompaction,
+    CompactionAbandoned,
     CompactionFailed,
     CompactionPlan,
     CompactionStored,
@@ -68,12 +69,21 @@ from voice_context.core.session import (
     NoteReceived,
     NotesChanged,
     NotesStored,
+    OverflowReported,
     PersistNotes,
+    PinRequested,
+    Reconfigured,
+    Restored,
     Session,
+    SessionEnding,
     SessionStats,
     Stale,
     StartCompaction,
     SummaryReturned,
+    TiersRolled,
+    TurnAppended,
+    TurnHeld,
+    UnpinRequested,
 )
 from voice_context.core.tiers import (
     TIERS,
@@ -321,7 +331,7 @@ class SessionManager:
         assert self._tg is not None
         self._closing = True
         for live in self._live.values():
-            live.session.begin_ending()
+            live.session.receive(SessionEnding(self.clock()))
         with anyio.move_on_after(self.close_timeout, shield=True):
             await self._idle.wait()
         self._tg.cancel_scope.cancel()
@@ -405,7 +415,7 @@ class SessionManager:
                         await self.store.save_config(name, merged)
                         live.overrides = merged
                         before = (live.session.live_notes, live.session.pending_notes)
-                        live.session.reconfigure(config)
+                        live.session.receive(Reconfigured(config, self.clock()))
                         await self._save_notes_if_changed(live.session, before)
                     if self._live.get(name) is live:
                         return Opened(name, True, live.session.stats())
@@ -507,16 +517,16 @@ class SessionManager:
                     await self._catch_up_locked(live)
                     text = f"session {name!r} is being appended to elsewhere at the same time: try again"
                     raise StoreError(text, retryable=True) from conflict
-            index = live.session.append_turn(turn)
+            [held] = live.session.receive(TurnAppended(turn))
+            assert isinstance(held, TurnHeld)
             self._maybe_index(live)
             self._maybe_recall_ahead(live, turn)
             config = live.session.config
             if config.tiers and before is not None and turn.at - before > config.conversation_gap_seconds:
                 self._maybe_roll(live, now=True)  # a conversation just ended: roll it
-            found = live.session.landmark(index)
-            if found is not None:
-                await self._save_landmark(name, found)
-            return index
+            if held.landmark is not None:
+                await self._save_landmark(name, held.landmark)
+            return held.index
 
     async def append_note(self, name: str, note: Note, *, owner: str | None = None) -> NotesChanged:
         """Add a screen-watch note; evicted notes queue for the next compaction."""
@@ -704,13 +714,16 @@ class SessionManager:
             if keep > session.cursor:
                 if live.scope is not None:
                     live.scope.cancel()  # its plan is superseded: its result would be stale
-                plan = session.emergency(self.clock(), keep)
+                [start] = session.receive(OverflowReported(keep, self.clock()))
+                assert isinstance(start, StartCompaction)
+                plan = start.plan
                 text = emergency_fold(plan, counter, session.config.max_summary_chars)
                 # the same protocol as any fold: the result committed to the store, then applied
                 told: list[Applied] = []
                 effects = session.receive(SummaryReturned(plan.plan_id, text, self.clock()))
-                if await self._perform(live, session, effects, None, "empty emergency fold", told):
-                    session.abandon()  # a re-compaction pass: the next request folds again
+                again = await self._perform(live, session, effects, None, "empty emergency fold", told)
+                if again is not None:  # a re-compaction pass: the next request folds again
+                    session.receive(CompactionAbandoned(again.plan_id, self.clock()))
                 if told:
                     applied = told[0]
                     log.warning(
@@ -767,7 +780,7 @@ class SessionManager:
                 [turn] = await self.store.read_turns(name, index, index + 1)
             landmark = Landmark(index, turn, kind, reason, source, self.clock())
             await self.store.save_landmark(name, landmark)
-            live.session.pin(landmark)
+            live.session.receive(PinRequested(landmark))
             log.info("voice_context_landmark_pinned", session=name, index=index, kind=kind, source=source)
             return landmark
 
@@ -776,7 +789,8 @@ class SessionManager:
         live = self._get(name, owner)
         async with live.lock:
             removed = await self.store.delete_landmark(name, index)
-            removed = live.session.unpin(index) is not None or removed
+            unpinned = live.session.receive(UnpinRequested(index, self.clock()))
+            removed = bool(unpinned) or removed
             log.info("voice_context_landmark_unpinned", session=name, index=index, removed=removed)
             return removed
 
@@ -816,7 +830,7 @@ class SessionManager:
                 except Exception as exc:
                     log.warning("voice_context_tier_roll_failed", session=name, error=str(exc)[:300])
             live = self._get(name, owner)
-        live.session.begin_ending()
+        live.session.receive(SessionEnding(self.clock()))
         if live.scope is not None:
             live.scope.cancel()
         self._live.pop(name, None)
@@ -865,7 +879,7 @@ class SessionManager:
         replica must not act for its owner on what the store now keeps under that name."""
         session = live.session
         log.warning("voice_context_session_disowned", session=session.name)
-        session.begin_ending()
+        session.receive(SessionEnding(self.clock()))
         if live.scope is not None:
             live.scope.cancel()
         if self._live.get(session.name) is live:
@@ -901,7 +915,7 @@ class SessionManager:
         ) and record.turns[: len(held)] == held:
             # only turns were added elsewhere: take them, and let a fold in flight land
             for turn in record.turns[len(held) :]:
-                session.append_turn(turn)
+                session.receive(TurnAppended(turn))
             log.info(
                 "voice_context_session_caught_up",
                 session=session.name,
@@ -913,7 +927,7 @@ class SessionManager:
             return
         if session.in_flight is not None and live.scope is not None:
             live.scope.cancel()
-        session.begin_ending()
+        session.receive(SessionEnding(self.clock()))
         live.session = _restore(record, session.config, await self.store.load_landmarks(session.name))
         if live.session.config.tiers:
             live.tiers = await self._tier_state(live.session)
@@ -1116,7 +1130,7 @@ class SessionManager:
                 tiers=tiers,
             )
             live.tiers = report.rows
-            live.session.tiers_rolled(report.through)
+            live.session.receive(TiersRolled(report.through, self.clock()))
             return report
 
     def _maybe_roll(self, live: _Live, *, now: bool = False) -> None:
@@ -1152,10 +1166,11 @@ class SessionManager:
         """A restored session's rolled summaries, and what its core needs of them: how far
         they cover the transcript, and the time of the turn just before the cursor."""
         rows = await self.store.load_tiers(session.name)
-        session.tiers_rolled(rolled_through(rows))
+        folded_at: float | None = None
         if session.cursor and session.folded_at is None:
             [last] = await self.store.read_turns(session.name, session.cursor - 1, session.cursor)
-            session.restore_folded_at(last.at)
+            folded_at = last.at
+        session.receive(Restored(rolled_through(rows), folded_at, self.clock()))
         return rows
 
     @staticmethod
@@ -1309,12 +1324,12 @@ class SessionManager:
                 retry_at=decision.retry_at,
             )
             return
-        if self._tg is None:
-            session.abandon()  # nothing will run the plan: do not leave it in flight
+        assert isinstance(decision, StartCompaction)
+        if self._tg is None:  # nothing will run the plan: do not leave it in flight
+            session.receive(CompactionAbandoned(decision.plan.plan_id, self.clock()))
             raise RuntimeError("SessionManager must be used as 'async with SessionManager(...)'")
         self._in_flight += 1
         self._idle = anyio.Event() if self._in_flight == 1 else self._idle
-        assert isinstance(decision, StartCompaction)
         live.scope = anyio.CancelScope()  # a close before the task runs must cancel it too
         self._tg.start_soon(self._compact, live, decision.plan, live.scope)
 
@@ -1347,9 +1362,8 @@ class SessionManager:
                 )
         finally:
             # cancelled (the session closed, the manager shut down) with this task's plan
-            # still in flight: nothing else will land it
-            if session.in_flight is not None and session.in_flight.plan_id == running.plan_id:
-                session.abandon()
+            # still in flight: nothing else will land it (a plan no longer in flight is stale)
+            session.receive(CompactionAbandoned(running.plan_id, self.clock()))
             if live.scope is scope:
                 live.scope = None
             self._in_flight -= 1
@@ -1398,8 +1412,7 @@ class SessionManager:
             return False
         if record is None or record.cursor == plan.start:
             return True  # (a session gone from the store fails at its commit)
-        if session.in_flight is not None and session.in_flight.plan_id == plan.plan_id:
-            session.abandon()
+        session.receive(CompactionAbandoned(plan.plan_id, self.clock()))  # stale if no longer in flight
         self.counters["stale"] += 1
         log.info(
             "voice_context_compaction_stale",
@@ -1423,7 +1436,7 @@ class SessionManager:
             self._record_failure(live, session, plan, "store", exc.retryable, str(exc))
             return None
         if token is None:
-            session.abandon()
+            session.receive(CompactionAbandoned(plan.plan_id, self.clock()))
             log.info(
                 "voice_context_compaction_skipped",
                 session=session.name,

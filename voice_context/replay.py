@@ -94,10 +94,17 @@ from voice_context.core.session import (
     Failed,
     NoteReceived,
     NotesStored,
+    OverflowReported,
     PersistNotes,
+    PinRequested,
+    Reconfigured,
     Session,
     StartCompaction,
     SummaryReturned,
+    TiersRolled,
+    TurnAppended,
+    TurnHeld,
+    UnpinRequested,
 )
 from voice_context.core.tiers import TierSummary, hidden_lines, parse_zone, tiered_summary
 from voice_context.core.turns import Note, Turn
@@ -260,7 +267,7 @@ class OfflineReplay:
                 overrides = dict(message.config or {})
                 config = self.config.with_overrides(overrides).with_overrides(self.overrides)
                 if name in live:
-                    live[name].session.reconfigure(config)
+                    live[name].session.receive(Reconfigured(config, now))
                 else:
                     live[name] = _Live(Session(name, config), recall=RecallIndex(embedder=self.embedder))
                     result.turns[name] = live[name].turns
@@ -280,7 +287,9 @@ class OfflineReplay:
                 now = turn.at if not started else max(now, turn.at)
                 started = True
                 before = state.turns[-1].at if state.turns else None
-                index = state.session.append_turn(turn)
+                [held] = state.session.receive(TurnAppended(turn))
+                assert isinstance(held, TurnHeld)
+                index = held.index
                 state.recall.add_turn(index, turn)
                 state.recall.embed_pending()
                 state.turns.append(turn)
@@ -301,11 +310,11 @@ class OfflineReplay:
                     turn = state.turns[message.index]
                     source: LandmarkSource = "llm" if message.source == "llm" else "manual"  # as served
                     landmark = Landmark(message.index, turn, message.kind, message.reason, source, now)
-                    state.session.pin(landmark)
+                    state.session.receive(PinRequested(landmark))
                 else:  # the server answered an error and changed nothing
                     result.skipped.append(f"message {seq}: landmark.pin: no turn {message.index}")
             elif isinstance(message, LandmarkUnpin):
-                state.session.unpin(message.index)
+                state.session.receive(UnpinRequested(message.index, now))
             elif isinstance(message, ContextOverflow):
                 await self._overflow(seq, sent, message, state, now, result)
             elif isinstance(message, SessionClose) and state.session.config.tiers:
@@ -442,7 +451,9 @@ class OfflineReplay:
                 result.skipped.append(f"message {seq}: context.overflow: needs {needed} tokens, over {limit}")
                 return
         if keep > session.cursor:
-            plan = session.emergency(now, keep)
+            [start] = session.receive(OverflowReported(keep, now))
+            assert isinstance(start, StartCompaction)
+            plan = start.plan
             text = emergency_fold(plan, counter, session.config.max_summary_chars)
             record = self._record(
                 seq, plan, state, now, request_chars(SummaryRequest.for_plan(plan, session.name))
@@ -530,7 +541,7 @@ class OfflineReplay:
             closed=closed,
         )
         state.tiers = report.rows
-        session.tiers_rolled(report.through)
+        session.receive(TiersRolled(report.through, now))
 
     @staticmethod
     def _tier_index(state: _Live) -> SummaryIndex:

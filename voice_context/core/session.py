@@ -2,16 +2,26 @@
 
 A session holds the verbatim turns from the cursor on, the rolling summary of
 everything before it, the live screen-note buffer, the evicted notes waiting
-to be folded, and at most one compaction plan in flight. The shell feeds it
-events with the time as plain data, and performs the effects that come back::
+to be folded, its landmarks, and at most one compaction plan in flight. Every
+change of its state is an event fed to :meth:`Session.receive`, with the time
+as plain data; the shell performs the effects that come back, in order::
 
+    session.receive(TurnAppended(turn))            -> [TurnHeld(index, landmark)]
+    session.receive(NoteReceived(note))            -> [PersistNotes(staged)]   (nothing applied)
+    session.receive(NotesStored(staged))           -> []   (the buffers are the staged ones now)
     session.receive(ContextRequested(at))          -> [StartCompaction(plan)] or [Skip(...)]
     session.receive(SummaryReturned(id, text, at)) -> [CommitCompaction(...)], [StartCompaction(
                                                       recompact)], [Failed(...)] or [Stale(...)]
     session.receive(CompactionStored(id, at))      -> [Applied(...)]   (cursor and summary move)
     session.receive(CompactionFailed(id, ...))     -> [Failed(...)] or [Stale(...)]
-    session.receive(NoteReceived(note))            -> [PersistNotes(staged)]   (nothing applied)
-    session.receive(NotesStored(staged))           -> []   (the buffers are the staged ones now)
+    session.receive(CompactionAbandoned(id, at))   -> [Abandoned(plan)] or [Stale(...)]
+    session.receive(OverflowReported(end, at))     -> [StartCompaction(emergency plan)]
+    session.receive(PinRequested(landmark))        -> []   (pinned: shown whole, never folded)
+    session.receive(UnpinRequested(index, at))     -> [Unpinned(landmark)] or []
+    session.receive(Reconfigured(config, at))      -> []   (the limits apply from the next request)
+    session.receive(SessionEnding(at))             -> []   (no compaction starts from now on)
+    session.receive(TiersRolled(through, at))      -> []
+    session.receive(Restored(through, folded_at, at)) -> []
 
 A change the store must hold first is previewed, written by the shell, then
 applied: ``CommitCompaction`` and ``PersistNotes`` change nothing until the
@@ -19,8 +29,8 @@ shell says the store has them (``CompactionStored``, ``NotesStored``); a write
 that fails is answered ``CompactionFailed``, or simply never confirmed, and
 nothing needs rolling back. The session manager and the offline replay are
 two shells over this one protocol: one writes to a store between an effect
-and its confirmation, the other confirms at once. (A turn is stored by the
-shell before it is handed to :meth:`Session.append_turn`: it needs no preview.)
+and its confirmation, the other confirms at once. (A turn, a pinned landmark
+and an unpin are stored by the shell before they are fed: they need no preview.)
 
 Invariants, checked by the property tests:
 
@@ -158,9 +168,6 @@ class Stale:
     current_plan_id: int | None
 
 
-Outcome = Applied | Failed | Stale | CompactionPlan
-
-
 @dataclass(frozen=True, slots=True)
 class NotesChanged:
     """What appending a note did to the buffers."""
@@ -241,7 +248,112 @@ class CompactionFailed:
     retry_after: float | None = None
 
 
-Event = ContextRequested | NoteReceived | NotesStored | SummaryReturned | CompactionStored | CompactionFailed
+@dataclass(frozen=True, slots=True)
+class CompactionAbandoned:
+    """Nothing will land plan ``plan_id`` (its task was cancelled, or will never run): it is
+    forgotten, and is no failure (no backoff)."""
+
+    plan_id: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class TurnAppended:
+    """A finalized turn, already stored by the shell: it is held verbatim from now on, and
+    pinned as it arrives when the landmark heuristics recognise it."""
+
+    turn: Turn
+
+    @property
+    def at(self) -> float:
+        return self.turn.at
+
+
+@dataclass(frozen=True, slots=True)
+class OverflowReported:
+    """The bot's model refused its context as too long: every verbatim turn before ``end``
+    (a tool unit boundary, where the safety region begins) is to be folded at once."""
+
+    end: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class PinRequested:
+    """Pin ``landmark`` (replacing one at its index), already stored by the shell: from now on
+    it is shown whole, and no compaction folds it. Its time is ``landmark.pinned_at``."""
+
+    landmark: Landmark
+
+    @property
+    def at(self) -> float:
+        return self.landmark.pinned_at
+
+
+@dataclass(frozen=True, slots=True)
+class UnpinRequested:
+    """Unpin the landmark at ``index`` (already deleted from the store). A turn already folded
+    stays out of the summary; one still verbatim is folded as usual."""
+
+    index: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Reconfigured:
+    """New limits, from the next request on (a plan in flight is left alone); a smaller live
+    note buffer evicts its oldest notes to pending at once."""
+
+    config: SessionConfig
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEnding:
+    """The session is closing (or no longer served here): no new compaction starts."""
+
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class TiersRolled:
+    """The tier summaries now cover every turn before ``through``
+    (:func:`voice_context.core.tiers.rolled_through`). With ``tiers`` on, a fold whose batch
+    begins a new conversation then starts the rolling summary afresh from that conversation:
+    what came before is in its conversation's summary."""
+
+    through: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """What a restored session's record leaves out, read by the shell: how far the tier
+    summaries cover the transcript (``rolled_through``) and the time of the turn just before
+    the cursor (``folded_at``, ``None`` when unknown); a time known already is kept."""
+
+    rolled_through: int
+    folded_at: float | None
+    at: float
+
+
+Event = (
+    ContextRequested
+    | NoteReceived
+    | NotesStored
+    | SummaryReturned
+    | CompactionStored
+    | CompactionFailed
+    | CompactionAbandoned
+    | TurnAppended
+    | OverflowReported
+    | PinRequested
+    | UnpinRequested
+    | Reconfigured
+    | SessionEnding
+    | TiersRolled
+    | Restored
+)
 
 
 # -- effects: what the shell is to do, or to tell ----------------------------------------------
@@ -285,9 +397,43 @@ class CommitCompaction:
     clamped: bool
 
 
-#: ``Applied``, ``Failed``, ``Stale`` and ``Skip`` are told (logged, pushed to clients);
-#: the others are done.
-Effect = StartCompaction | PersistNotes | CommitCompaction | Applied | Failed | Stale | Skip
+@dataclass(frozen=True, slots=True)
+class TurnHeld:
+    """A turn is held at transcript ``index``; ``landmark`` is the one the heuristics pinned
+    on it, for the shell to store (``None``: none)."""
+
+    index: int
+    landmark: Landmark | None
+
+
+@dataclass(frozen=True, slots=True)
+class Unpinned:
+    """The landmark an unpin removed."""
+
+    landmark: Landmark
+
+
+@dataclass(frozen=True, slots=True)
+class Abandoned:
+    """The plan in flight was forgotten: its result, if one ever comes, is stale."""
+
+    plan: CompactionPlan
+
+
+#: ``StartCompaction``, ``PersistNotes`` and ``CommitCompaction`` are done (the last two then
+#: confirmed); the others are told (logged, pushed to clients, stored when they name a landmark).
+Effect = (
+    StartCompaction
+    | PersistNotes
+    | CommitCompaction
+    | Applied
+    | Failed
+    | Stale
+    | Skip
+    | TurnHeld
+    | Unpinned
+    | Abandoned
+)
 
 
 class SessionStats(NamedTuple):
@@ -348,7 +494,7 @@ class Session:
 
         With ``tiers`` on, ``folded_at`` is the time of the turn just before the cursor
         and ``rolled_through`` how far the tier summaries cover the transcript (see
-        :meth:`tiers_rolled`)."""
+        ``TiersRolled``)."""
         if cursor < 0:
             raise ValueError("cursor must be >= 0")
         self.name = name
@@ -469,86 +615,85 @@ class Session:
             f"summary_chars={len(self._summary)} failures={self._failures}>"
         )
 
-    # -- events ----------------------------------------------------------------
-
-    def append_turn(self, turn: Turn) -> int:
-        """Append a finalized turn; returns its transcript index. A turn the landmark
-        heuristics recognise is pinned as it arrives (see :meth:`landmark`)."""
-        self._turns.append(turn)
-        index = self.total_turns - 1
-        if self.config.landmarks:
-            found = found_in(index, turn)
-            if found is not None:
-                self._landmarks[index] = found
-        return index
-
-    def tiers_rolled(self, through: int) -> None:
-        """The tier summaries now cover every turn before ``through``
-        (:func:`voice_context.core.tiers.rolled_through`). With ``tiers`` on, a fold whose
-        batch begins a new conversation then starts the rolling summary afresh from that
-        conversation: what came before is in its conversation's summary."""
-        self._rolled_through = max(self._rolled_through, through)
-
-    def restore_folded_at(self, at: float) -> None:
-        """The time of the turn just before the cursor, read from the store on restore."""
-        if self._folded_at is None:
-            self._folded_at = at
-
     @property
     def folded_at(self) -> float | None:
         """The time of the newest folded turn (known once a fold landed, or when restored)."""
         return self._folded_at
 
-    def pin(self, landmark: Landmark) -> None:
-        """Pin a landmark (or replace the one at its index): from now on it is shown whole,
-        and no compaction folds it."""
-        if not 0 <= landmark.index < self.total_turns:
-            raise IndexError(f"no turn {landmark.index} (turns {self.total_turns})")
-        self._landmarks[landmark.index] = landmark
-
-    def unpin(self, index: int) -> Landmark | None:
-        """Unpin the landmark at ``index``; returns it (``None`` if there was none). A turn
-        already folded stays out of the summary; one still verbatim is folded as usual."""
-        return self._landmarks.pop(index, None)
+    # -- events ----------------------------------------------------------------
 
     def receive(self, event: Event) -> list[Effect]:
-        """Feed one event; returns the effects for the shell to perform or tell, in order."""
+        """Feed one event; returns the effects for the shell to perform or tell, in order.
+
+        Raises ``ValueError`` for notes staged before another change of the buffers, or an
+        overflow with nothing before its ``end`` to fold; ``IndexError`` for a pin of a turn
+        the session does not have."""
         match event:
-            case ContextRequested(at=at, budget=budget):
-                decision = self.plan_compaction(at, budget)
-                return [decision if isinstance(decision, Skip) else StartCompaction(decision)]
+            case TurnAppended(turn=turn):
+                return [self._append_turn(turn)]
             case NoteReceived(note=note):
                 return [PersistNotes(self._stage_note(note))]
             case NotesStored(staged=staged):
                 self._take_notes(staged)
                 return []
+            case ContextRequested(at=at, budget=budget):
+                decision = self._plan_compaction(at, budget)
+                return [decision if isinstance(decision, Skip) else StartCompaction(decision)]
             case SummaryReturned(plan_id=plan_id, text=text, at=at):
                 return [self._summary_returned(plan_id, text, at)]
             case CompactionStored(plan_id=plan_id, at=at):
                 return [self._compaction_stored(plan_id, at)]
             case CompactionFailed(plan_id=plan_id, kind=kind, retryable=retryable, at=at):
-                return [self.compaction_failed(plan_id, kind, retryable, at, event.retry_after)]
+                return [self._compaction_failed(plan_id, kind, retryable, at, event.retry_after)]
+            case CompactionAbandoned(plan_id=plan_id):
+                return [self._abandon(plan_id)]
+            case OverflowReported(end=end, at=at):
+                return [StartCompaction(self._emergency(at, end))]
+            case PinRequested(landmark=landmark):
+                self._pin(landmark)
+                return []
+            case UnpinRequested(index=index):
+                removed = self._landmarks.pop(index, None)
+                return [] if removed is None else [Unpinned(removed)]
+            case Reconfigured(config=config):
+                self._reconfigure(config)
+                return []
+            case SessionEnding():
+                self._ending = True
+                return []
+            case TiersRolled(through=through):
+                self._rolled_through = max(self._rolled_through, through)
+                return []
+            case Restored(rolled_through=through, folded_at=folded_at):
+                self._rolled_through = max(self._rolled_through, through)
+                if self._folded_at is None:
+                    self._folded_at = folded_at
+                return []
         raise TypeError(f"not a session event: {event!r}")  # pragma: no cover - the union is closed
 
-    def append_note(self, note: Note) -> NotesChanged:
-        """Add a note to the live buffer at once (no store to wait for); notes pushed out of it
-        queue for the next compaction."""
-        staged = self._stage_note(note)
-        self._take_notes(staged)
-        return staged.changed
+    # -- internals -------------------------------------------------------------
 
-    def begin_ending(self) -> None:
-        """The session is closing: no new compaction starts from now on."""
-        self._ending = True
+    def _append_turn(self, turn: Turn) -> TurnHeld:
+        """Hold a finalized turn; a turn the landmark heuristics recognise is pinned as it arrives."""
+        self._turns.append(turn)
+        index = self.total_turns - 1
+        found = found_in(index, turn) if self.config.landmarks else None
+        if found is not None:
+            self._landmarks[index] = found
+        return TurnHeld(index, found)
 
-    def reconfigure(self, config: SessionConfig) -> None:
-        """Change the limits; they apply from the next request on."""
+    def _pin(self, landmark: Landmark) -> None:
+        if not 0 <= landmark.index < self.total_turns:
+            raise IndexError(f"no turn {landmark.index} (turns {self.total_turns})")
+        self._landmarks[landmark.index] = landmark
+
+    def _reconfigure(self, config: SessionConfig) -> None:
         self.config = config
         self._notes_version += 1
         while len(self._live) > config.live_note_entries:
             self._queue_pending(self._live.popleft())
 
-    def plan_compaction(self, now: float, budget: FillBudget | None = None) -> CompactionPlan | Skip:
+    def _plan_compaction(self, now: float, budget: FillBudget | None = None) -> CompactionPlan | Skip:
         """Evaluate the trigger for a context request at time ``now``.
 
         ``budget`` is the budget the context is asked in: with one, the fill
@@ -581,13 +726,9 @@ class Session:
             turn_times=[t.at for t in self._turns] if self.config.min_age_seconds else (),
         )
 
-    def check_result(self, plan_id: int, text: str) -> Accepted | CompactionPlan | Rejected | Stale:
-        """What ``compaction_succeeded`` would do with ``text``, without doing it.
-
-        The shell uses it to persist an accepted summary before applying it, so
-        the store and the session move together. A ``CompactionPlan`` here is
-        only a preview of the re-compaction pass (its id is not taken yet).
-        """
+    def _check_result(self, plan_id: int, text: str) -> Accepted | CompactionPlan | Rejected | Stale:
+        """What ``text`` would come to for ``plan_id``, without doing it. A ``CompactionPlan``
+        here is only a preview of the re-compaction pass (its id is not taken yet)."""
         plan = self._in_flight
         if plan is None or plan.plan_id != plan_id:
             return self._stale(plan_id)
@@ -609,49 +750,32 @@ class Session:
             )
         return Accepted(plan, clamp_sentences(text, limit), True)
 
-    def pending_after(self, plan: CompactionPlan) -> tuple[Note, ...]:
+    def _pending_after(self, plan: CompactionPlan) -> tuple[Note, ...]:
         """The pending notes that remain once ``plan`` lands."""
         return tuple(note for seq, note in self._pending if seq > plan.last_note_seq)
 
-    def compaction_succeeded(self, plan_id: int, text: str, now: float) -> Outcome:
-        """A summarizer answered ``text`` for ``plan_id``, and there is no store to wait for.
-
-        Returns ``Applied`` (cursor and summary moved together), ``Stale`` (not
-        the plan in flight: dropped), ``Failed`` (the text was empty), or a new
-        ``CompactionPlan`` when the text was too long and one re-compaction pass
-        is due. A re-compaction result that is still too long is clamped at
-        the last sentence boundary. (``SummaryReturned`` then, for a commit,
-        ``CompactionStored``.)
-        """
-        effect = self._summary_returned(plan_id, text, now)
-        if isinstance(effect, CommitCompaction):
-            return self._compaction_stored(plan_id, now)
-        if isinstance(effect, StartCompaction):
-            return effect.plan
-        return effect
-
-    def compaction_failed(
+    def _compaction_failed(
         self, plan_id: int, kind: str, retryable: bool, now: float, retry_after: float | None = None
     ) -> Failed | Stale:
-        """The summarizer failed for ``plan_id``: nothing moves, a later request retries
-        (not before ``retry_after`` seconds when the provider asked for that, up to an hour)."""
+        """Nothing moves, a later request retries (not before ``retry_after`` seconds when the
+        provider asked for that, up to an hour)."""
         plan = self._in_flight
         if plan is None or plan.plan_id != plan_id:
             return self._stale(plan_id)
         return self._fail(plan, kind, retryable, now, retry_after)
 
-    def abandon(self) -> CompactionPlan | None:
-        """Forget the plan in flight (its task was cancelled); returns it."""
-        plan, self._in_flight = self._in_flight, None
+    def _abandon(self, plan_id: int) -> Abandoned | Stale:
+        plan = self._in_flight
+        if plan is None or plan.plan_id != plan_id:
+            return self._stale(plan_id)
+        self._in_flight = None
         self._committing = None
-        return plan
-
-    # -- internals -------------------------------------------------------------
+        return Abandoned(plan)
 
     def _summary_returned(
         self, plan_id: int, text: str, now: float
     ) -> CommitCompaction | StartCompaction | Failed | Stale:
-        verdict = self.check_result(plan_id, text)
+        verdict = self._check_result(plan_id, text)
         if isinstance(verdict, Stale):
             return verdict
         if isinstance(verdict, CompactionPlan):  # too long: one re-compaction pass
@@ -662,7 +786,7 @@ class Session:
             return self._fail(verdict.plan, verdict.kind, True, now)
         self._committing = verdict
         plan = verdict.plan
-        return CommitCompaction(plan, verdict.summary, self.pending_after(plan), verdict.clamped)
+        return CommitCompaction(plan, verdict.summary, self._pending_after(plan), verdict.clamped)
 
     def _compaction_stored(self, plan_id: int, now: float) -> Applied | Stale:
         verdict, plan = self._committing, self._in_flight
@@ -744,7 +868,7 @@ class Session:
             return Skip(SkipReason.NO_ELIGIBLE_BATCH, batch.recent_start)
         return self._start(replace(batch, end=end), now, trigger=trigger)
 
-    def emergency(self, now: float, end: int) -> CompactionPlan:
+    def _emergency(self, now: float, end: int) -> CompactionPlan:
         """A fold of every verbatim turn before ``end`` (a tool unit boundary), to run at once
         because the bot's model overflowed: it supersedes a plan in flight, whose result
         will be stale. Raises ``ValueError`` when there is nothing before ``end`` to fold."""
@@ -828,9 +952,10 @@ class Session:
 
 
 __all__ = [
-    "Accepted",
+    "Abandoned",
     "Applied",
     "CommitCompaction",
+    "CompactionAbandoned",
     "CompactionFailed",
     "CompactionPlan",
     "CompactionStored",
@@ -842,10 +967,13 @@ __all__ = [
     "NoteReceived",
     "NotesChanged",
     "NotesStored",
-    "Outcome",
+    "OverflowReported",
     "PersistNotes",
-    "Rejected",
+    "PinRequested",
+    "Reconfigured",
+    "Restored",
     "Session",
+    "SessionEnding",
     "SessionStats",
     "Skip",
     "SkipReason",
@@ -853,4 +981,9 @@ __all__ = [
     "Stale",
     "StartCompaction",
     "SummaryReturned",
+    "TiersRolled",
+    "TurnAppended",
+    "TurnHeld",
+    "UnpinRequested",
+    "Unpinned",
 ]
