@@ -86,7 +86,9 @@ def settings_and_grid(args: argparse.Namespace) -> tuple[Settings, Any]:
             raise ConfigError(f"--budget wants integers, got {args.budget!r}") from exc
     points = grid(assignments, budgets)
     for point in points:  # fail on a bad value before replaying anything
-        apply_values(settings, dict(point.values))
+        summarizer = apply_values(settings, dict(point.values)).summarizer
+        if summarizer.kind == "openai":
+            summarizer.endpoint()
     return settings, points
 
 
