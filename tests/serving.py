@@ -87,11 +87,15 @@ class GatedStore(MemoryStore):
 
 
 class Proxy:
-    """A TCP relay in front of a server that the test can cut, as a network drops a connection."""
+    """A TCP relay in front of a server that the test can cut, as a network drops a connection,
+    or take down: then it accepts each connection and closes it at once, counting it in
+    ``refused``, as a host whose server is gone (each is one connect a client tried)."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.port = 0
+        self.down = False
+        self.refused = 0
         self._scopes: set[anyio.CancelScope] = set()
         self._stack = AsyncExitStack()
 
@@ -120,7 +124,19 @@ class Proxy:
         for scope in list(self._scopes):
             scope.cancel()
 
+    def go_down(self) -> None:
+        """Drop every relayed connection, and refuse every new one until :meth:`come_back`."""
+        self.down = True
+        self.cut()
+
+    def come_back(self) -> None:
+        self.down = False
+
     async def _relay(self, client: anyio.abc.SocketStream) -> None:
+        if self.down:
+            self.refused += 1
+            await client.aclose()
+            return
         async with client, await anyio.connect_tcp("127.0.0.1", self.target_port) as upstream:
             with anyio.CancelScope() as scope:
                 self._scopes.add(scope)

@@ -1,16 +1,24 @@
-"""The bot's client against a real server: replies, errors, pushed events, reconnect and resume."""
+"""The bot's client against a real server: replies, errors, pushed events, reconnect and resume,
+rate limits, and a server that is down (the circuit breaker, in the client and a held session)."""
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from typing import Any
 
 import anyio
 import pytest
+from helpers import ManualClock
 from serving import T0, TIMEOUT, GatedStore, Proxy, running, settings, wait_until
 
 from voice_context.client import Client, ClientError, ConnectionLost
+from voice_context.core.breaker import CircuitBreaker
+from voice_context.integrations._held import HeldSession
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.deterministic import DeterministicSummarizer
+
+#: A backoff no test outlives: only the test's clock ends it.
+LONG = 1000.0
 
 
 def fast(url: str, **kwargs: Any) -> Client:
@@ -204,3 +212,127 @@ async def test_an_unreachable_server_fails_after_the_bounded_backoff() -> None:
         async with fast(url, reconnect_attempts=3):
             pass
     assert "after 3 attempts" in lost.value.message
+
+
+@pytest.mark.asyncio
+async def test_an_error_raised_in_the_block_comes_out_of_async_with_as_itself() -> None:
+    async with running() as server:
+        try:
+            async with fast(server.url) as client:
+                await client.open("room-1", config={"colour": "blue"})
+        except ClientError as refused:  # not an ExceptionGroup around it
+            assert refused.code == "bad_request"
+        else:
+            raise AssertionError("the bad config was accepted")
+        with pytest.raises(KeyError):
+            async with fast(server.url) as client:
+                await client.open("room-1")
+                raise KeyError("the bot's own error")
+
+
+@pytest.mark.asyncio
+async def test_a_rate_limited_turn_or_note_is_sent_again_after_the_wait_the_server_asks() -> None:
+    # 5 turns and notes a second, no burst: each one after the first waits its turn
+    async with running(settings(turns_per_second=5.0, turn_burst=1)) as server, fast(server.url) as client:
+        room = await client.open("room-1")
+        for i in range(3):  # no ids: a refused turn was not stored, so sending it again is safe
+            assert await room.append_turn("Alice", "user", f"turn {i}", at=T0 + i) == i
+        await room.append_note("a seat map of an A320", at=T0 + 3)
+        assert client.rate_limit_waits >= 1
+        state = await room.state()
+        assert (state["turns"], state["live_notes"]) == (3, 1)
+
+        client.rate_limit_wait = 0.0  # a bot that would rather not wait
+        with pytest.raises(ClientError) as limited:
+            for i in range(3, 6):
+                await room.append_turn("Alice", "user", f"turn {i}", at=T0 + i)
+        assert limited.value.code == "rate_limited"
+        assert limited.value.reply is not None and limited.value.reply["retry_after"] > 0
+
+
+@pytest.mark.asyncio
+async def test_a_client_without_reconnect_tries_its_first_connect_once() -> None:
+    async with running() as server, Proxy(server.port) as proxy:
+        proxy.go_down()
+        with pytest.raises(ConnectionLost) as lost:
+            async with fast(proxy.url, reconnect=False):
+                pass
+        assert proxy.refused == 1, "one attempt, not reconnect_attempts of them"
+    assert "after 1 attempt" in lost.value.message
+
+
+def circuit(logs: list[MutableMapping[str, Any]]) -> list[str]:
+    return [e["event"] for e in logs if str(e["event"]).startswith("voice_context_client_circuit_")]
+
+
+@pytest.mark.asyncio
+async def test_while_the_server_is_down_calls_fail_at_once_and_one_call_tries_again_after_each_backoff(
+    clock: ManualClock, logs: list[MutableMapping[str, Any]]
+) -> None:
+    breaker = CircuitBreaker(base=LONG, cap=4 * LONG, jitter=0.0)
+    async with (
+        running() as server,
+        Proxy(server.port) as proxy,
+        fast(proxy.url, reconnect_attempts=1, breaker=breaker, clock=clock) as client,
+    ):
+        room = await client.open("room-1")
+        await room.append_turn("Alice", "user", "before", at=T0)
+        proxy.go_down()
+        await wait_until(lambda: not client.connected)
+        for _ in range(3):  # a bot's next three turns
+            with pytest.raises(ConnectionLost):
+                await room.state()
+        assert proxy.refused == 1, "the first call tried; the next ones failed at once"
+        assert "circuit open" in repr(client)
+
+        clock.advance(LONG)
+        with pytest.raises(ConnectionLost):
+            await room.state()  # the backoff has passed: one call tries, and fails again
+        assert proxy.refused == 2
+        clock.advance(LONG)
+        with pytest.raises(ConnectionLost):
+            await room.state()  # the next backoff is twice as long
+        assert proxy.refused == 2
+
+        proxy.come_back()
+        clock.advance(LONG)
+        assert (await room.state())["turns"] == 1, "reconnected, and the session resumed"
+        assert (client.reconnects, proxy.refused) == (1, 2)
+    assert circuit(logs) == ["voice_context_client_circuit_opened", "voice_context_client_circuit_closed"]
+
+
+async def turns_while_down(held: HeldSession, turns: int = 3) -> None:
+    """A bot's next turns while its server is down: each one's call fails."""
+    for _ in range(turns):
+        with pytest.raises(ConnectionLost):
+            await held.open()
+
+
+@pytest.mark.asyncio
+async def test_a_held_session_waits_for_a_down_server_once_then_fails_at_once_until_it_is_back(
+    clock: ManualClock, logs: list[MutableMapping[str, Any]]
+) -> None:
+    """What the pipecat and LiveKit integrations hold: each call bounded by the bot's timeout."""
+    breaker = CircuitBreaker(base=LONG, cap=LONG, jitter=0.0)
+    async with running() as server, Proxy(server.port) as proxy:
+        held = HeldSession(proxy.url, "call-7", breaker=breaker, clock=clock)
+        proxy.go_down()  # down when the call starts
+        await turns_while_down(held)
+        assert proxy.refused == 1
+
+        proxy.come_back()
+        clock.advance(LONG)
+        room = await held.open()
+        await room.append_turn("Alice", "user", "Let's book Lisbon.", at=T0)
+
+        proxy.go_down()  # and down again mid-call
+        await wait_until(lambda: not room.client.connected)
+        await turns_while_down(held)
+        assert proxy.refused == 2
+
+        proxy.come_back()
+        clock.advance(LONG)
+        room = await held.open()
+        assert (await room.state())["turns"] == 1, "connected again, to the same session"
+        await held.close()
+    assert circuit(logs) == ["voice_context_client_circuit_opened", "voice_context_client_circuit_closed"] * 2

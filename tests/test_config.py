@@ -17,6 +17,13 @@ from voice_context.summarizers.deterministic import DeterministicSummarizer
 from voice_context.summarizers.fakes import ScriptedSummarizer
 from voice_context.summarizers.fallback import FallbackSummarizer
 
+#: a model summarizer says where its model is: the API root and the model's name
+OPENAI = {
+    "VOICE_CONTEXT_SUMMARIZER_KIND": "openai",
+    "VOICE_CONTEXT_SUMMARIZER_BASE_URL": "http://127.0.0.1:8080/v1",
+    "VOICE_CONTEXT_SUMMARIZER_MODEL": "gpt-4o-mini",
+}
+
 
 def test_a_file_then_the_environment_override_the_defaults(tmp_path: Path) -> None:
     path = tmp_path / "voice-context.toml"
@@ -65,9 +72,7 @@ def test_the_deterministic_summarizer_gets_its_larger_summary_ceiling_by_default
 
 def test_a_model_summarizer_keeps_the_design_ceiling_and_an_explicit_value_always_wins() -> None:
     assert session_defaults(ScriptedSummarizer()).max_summary_chars == MAX_SUMMARY_CHARS == 1200
-    paragraph = load_settings(
-        env={"VOICE_CONTEXT_SUMMARIZER_KIND": "openai", "VOICE_CONTEXT_SUMMARIZER_FOLD": "paragraph"}
-    )
+    paragraph = load_settings(env={**OPENAI, "VOICE_CONTEXT_SUMMARIZER_FOLD": "paragraph"})
     assert paragraph.session_config(make_summarizer(paragraph.summarizer)).max_summary_chars == 1200
     pinned = load_settings(env={"VOICE_CONTEXT_SESSION_MAX_SUMMARY_CHARS": "1200"})
     assert pinned.session_config(DeterministicSummarizer()).max_summary_chars == 1200
@@ -76,7 +81,7 @@ def test_a_model_summarizer_keeps_the_design_ceiling_and_an_explicit_value_alway
 
 
 def test_a_model_that_folds_by_lines_gets_the_deterministic_ceiling_through_its_fallback() -> None:
-    lines = load_settings(env={"VOICE_CONTEXT_SUMMARIZER_KIND": "openai"})
+    lines = load_settings(env=OPENAI)
     assert lines.summarizer.fold == "lines"
     assert lines.session_config(make_summarizer(lines.summarizer)).max_summary_chars == 12_000
 
@@ -93,9 +98,7 @@ def test_each_attempt_gets_the_compaction_timeout_shared_among_the_attempts() ->
     )
     assert local.summarizer.attempt_timeout == 300
     # an explicit timeout that fits is kept, and is what the client gets
-    chosen = load_settings(
-        env={"VOICE_CONTEXT_SUMMARIZER_KIND": "openai", "VOICE_CONTEXT_SUMMARIZER_TIMEOUT": "15"}
-    )
+    chosen = load_settings(env={**OPENAI, "VOICE_CONTEXT_SUMMARIZER_TIMEOUT": "15"})
     assert chosen.summarizer.attempt_timeout == 15.0
     summarizer = make_summarizer(chosen.summarizer)
     assert isinstance(summarizer, FallbackSummarizer), "a failed fold is folded deterministically"
@@ -112,8 +115,28 @@ def test_a_summarizer_or_store_whose_extra_is_missing_names_it(monkeypatch: pyte
     for package, module in (("openai", "summarizers.openai_compat"), ("redis", "store.redis")):
         monkeypatch.setitem(sys.modules, package, None)  # as if it were not installed
         monkeypatch.delitem(sys.modules, f"voice_context.{module}", raising=False)
-    openai = Settings().with_values("summarizer", {"kind": "openai", "model": "m"}).summarizer
+    openai = load_settings(env=OPENAI).summarizer
     with pytest.raises(ConfigError, match=r"pip install 'voice-context\[openai\]'"):
         make_summarizer(openai)
     with pytest.raises(ConfigError, match=r"pip install 'voice-context\[redis\]'"):
         open_store("redis://127.0.0.1:6379/0")
+
+
+def test_a_model_summarizer_that_does_not_say_where_its_model_is_is_refused_naming_what_is_missing(
+    tmp_path: Path,
+) -> None:
+    """Nothing is guessed: with the OpenAI host and a default model every fold would fail over
+    to the deterministic summarizer, and the service would start without a word."""
+    bare = Settings().with_values("summarizer", {"kind": "openai"}).summarizer
+    with pytest.raises(ConfigError, match=r"needs summarizer\.base_url and summarizer\.model"):
+        make_summarizer(bare)
+    no_model = replace(bare, base_url="http://127.0.0.1:8080/v1")
+    with pytest.raises(ConfigError, match=r"needs summarizer\.model: "):
+        make_summarizer(no_model)
+    # the check comes once every layer is applied: the file names the kind, the environment the rest
+    path = tmp_path / "voice-context.toml"
+    path.write_text('[summarizer]\nkind = "openai"\n')
+    env = {k: v for k, v in OPENAI.items() if k != "VOICE_CONTEXT_SUMMARIZER_KIND"}
+    layered = load_settings(path, env=env).summarizer
+    assert layered.endpoint() == ("http://127.0.0.1:8080/v1", "gpt-4o-mini")
+    assert isinstance(make_summarizer(layered), FallbackSummarizer)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from serving import running
+from serving import TIMEOUT, clean_env, running, serve_process
 
 from voice_context.cli import main
 from voice_context.codec import TurnAppend
@@ -305,3 +306,42 @@ async def test_landmarks_and_an_overflow_replay_the_same_against_a_live_server(t
         assert [lm["turn"] for lm in got["landmarks"]] == [lm["turn"] for lm in want["landmarks"]]
     assert result.contexts[-1]["response"]["tokens"] <= 300
     assert any("landmark.pin" in skip for skip in result.skipped)
+
+
+async def replay_command(*args: str) -> tuple[int, str, str]:
+    """``voice-context replay ARGS`` as a real process: its exit code, stdout and stderr."""
+    command = [sys.executable, "-m", "voice_context", "replay", "--no-progress", *args]
+    with anyio.fail_after(TIMEOUT * 12):
+        done = await anyio.run_process(command, env=clean_env(), check=False)
+    return done.returncode, done.stdout.decode(), done.stderr.decode()
+
+
+@pytest.mark.asyncio
+async def test_the_fixtures_replay_against_a_served_default_server_and_write_their_report(
+    tmp_path: Path,
+) -> None:
+    """A default server takes 20 turns a second for a session: the client waits when it is told to."""
+    async with serve_process("--store", "memory", "--log-level", "warning") as served:
+        code, out, err = await replay_command(str(FIXTURES), "--url", served.url, "--out", str(tmp_path))
+    assert (code, err) == (0, ""), err
+    assert "report: " in out
+    assert (tmp_path / "report" / "index.html").is_file()
+    contexts = read_contexts(tmp_path / "raid-night.contexts.jsonl")
+    assert contexts[-1]["request_id"] == "checkpoint-end"
+    recorded = parse_recording((FIXTURES / "raid-night.jsonl").read_text().splitlines())
+    sent = [m for m in recorded.decoded if isinstance(m, TurnAppend)]
+    assert contexts[-1]["state"]["turns"] == len(sent) == 99, "every turn stored, none refused"
+    table = json.loads((tmp_path / "report" / "sweep.json").read_text())
+    assert table[0]["chars_sent"] is None, "a live server does not say what its summarizer was sent"
+
+
+@pytest.mark.asyncio
+async def test_a_file_that_is_not_a_recording_is_refused_with_why(tmp_path: Path) -> None:
+    probes = FIXTURES / "raid-night.probes.jsonl"  # JSON lines, but questions, not messages
+    code, out, err = await replay_command(str(probes))
+    assert code == 2 and out == ""
+    assert f"{probes} is not a recording: no line is a message a server takes: line 1: bad_request" in err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    code, _, err = await replay_command(str(empty))
+    assert code == 2 and "is not a recording: it is empty" in err

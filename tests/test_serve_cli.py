@@ -60,6 +60,20 @@ async def test_a_bad_config_file_exits_2_with_the_reason(tmp_path: Path) -> None
     assert b"server.port must be 0..65535" in result.stderr
 
 
+@pytest.mark.asyncio
+async def test_a_model_summarizer_without_its_url_and_model_exits_2_saying_what_to_set(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "voice-context.toml"
+    config.write_text('[summarizer]\nkind = "openai"\n')
+    command = [sys.executable, "-m", "voice_context", "serve", "--port", "0", "--store", "memory"]
+    with anyio.fail_after(TIMEOUT * 2):
+        result = await anyio.run_process([*command, "--config", str(config)], env=clean_env(), check=False)
+    assert result.returncode == 2
+    assert result.stdout == b"", "it never listened"
+    assert b"summarizer.kind = 'openai' needs summarizer.base_url and summarizer.model" in result.stderr
+
+
 def test_flags_override_the_file_and_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = tmp_path / "voice-context.toml"
     config.write_text('[server]\nhost = "0.0.0.0"\nport = 9000\nauth_tokens = ["t1"]\n')

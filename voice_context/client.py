@@ -7,27 +7,55 @@
         realtime_session.update(instructions=ctx["instructions"])
 
 Replies are plain dicts, exactly as the server sent them (see ``docs/protocol.md``);
-an ``error`` reply raises :class:`ClientError` with its ``code``.
+an ``error`` reply raises :class:`ClientError` with its ``code``. Whatever is raised
+in the ``async with`` block, or by the client as it closes, comes out as itself (not
+wrapped in an ``ExceptionGroup``), so ``except ClientError`` around the block catches it.
 
 Compaction events pushed by the server reach ``on_event`` (a plain function
 called with each event dict) and :meth:`Client.events` (an async iterator).
 
+**Rate limits.** A server takes at most ``turns_per_second`` turns and notes a
+second for one session (20 by default, in bursts of ``turn_burst``, 40), and
+``owner_turns_per_second`` (100) for all the sessions of one token; over it, the
+turn or note is refused, not stored, with a ``rate_limited`` error that says
+``retry_after`` (seconds). The client waits that long and sends it again, for as
+long as ``rate_limit_wait`` (10 s) allows in all for one request; past it, or with
+``rate_limit_wait=0``, the ``rate_limited`` :class:`ClientError` is raised (its
+``reply`` has ``retry_after``). ``rate_limit_waits`` counts the waits.
+
 **Reconnect and resume.** When the connection drops, nothing happens until the
-next call: it reconnects (with bounded exponential backoff), re-sends
-``session.open`` for every session this client has open (with the config it
-was opened with), then goes on. A request that was in flight when the
-connection dropped is retried once after the resume when that is safe:
-``session.open``, ``context.get``, ``session.state``, ``session.close``, ``ping``,
-and ``turn.append`` of a turn that carries an ``id`` (the server answers a
-repeated turn with the index of the first copy, so it is stored exactly once).
-Anything else in flight (``turn.append`` without an ``id``, ``note.append``)
-raises :class:`ConnectionLost`, because it may or may not have been applied.
-Pushed events sent while the client was disconnected are not replayed.
+next call: it reconnects (up to ``reconnect_attempts`` tries, the waits between
+them growing from ``backoff_base`` to ``backoff_max``), re-sends ``session.open``
+for every session this client has open (with the config it was opened with),
+then goes on. A request that was in flight when the connection dropped is
+retried once after the resume when that is safe: ``session.open``,
+``context.get``, ``session.state``, ``session.close``, ``ping``, and
+``turn.append`` of a turn that carries an ``id`` (the server answers a repeated
+turn with the index of the first copy, so it is stored exactly once). Anything
+else in flight (``turn.append`` without an ``id``, ``note.append``) raises
+:class:`ConnectionLost`, because it may or may not have been applied. Pushed
+events sent while the client was disconnected are not replayed.
+``Client(reconnect=False)`` makes one attempt to connect, and none after a drop.
+
+**When the server is down** (a circuit breaker,
+:class:`~voice_context.core.breaker.CircuitBreaker`): after a try to connect
+fails, every call raises :class:`ConnectionLost` at once, without trying,
+until the backoff has passed (from ``backoff_base``, doubling with each failure
+in a row up to ``backoff_max``, jittered); then one call tries again while the
+others are still refused. The call that is reconnecting sleeps the backoff
+between its own tries; a call cancelled while connecting (a bot's own timeout)
+counts as a failed try. A bot that wraps each call in a short timeout thus waits
+for a server that is down once, not at every turn. The circuit's opening and
+closing are logged once each (``voice_context_client_circuit_opened`` /
+``_closed``), not every refused call. Clients of one server may share one
+breaker (``breaker=``), as the pipecat and LiveKit integrations do across the
+clients they make.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -43,6 +71,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from voice_context import codec
 from voice_context.codec import (
+    RATE_LIMITED,
     ClientMessage,
     ContextGet,
     ContextOverflow,
@@ -58,6 +87,7 @@ from voice_context.codec import (
     SessionStateGet,
     TurnAppend,
 )
+from voice_context.core.breaker import CircuitBreaker
 from voice_context.core.budget import Format
 from voice_context.core.handoff import LAST_TURNS
 from voice_context.core.turns import Note, Role, Turn
@@ -67,6 +97,8 @@ log = structlog.get_logger("voice_context.client")
 
 EVENT_BUFFER = 256
 MAX_REPLY_BYTES = 16 * 1024 * 1024
+#: Seconds one request may wait out ``rate_limited`` replies in all, by default.
+RATE_LIMIT_WAIT = 10.0
 Event = dict[str, Any]
 EventCallback = Callable[[Event], None]
 
@@ -108,6 +140,9 @@ class Client:
         reconnect_attempts: int = 8,
         backoff_base: float = 0.05,
         backoff_max: float = 2.0,
+        rate_limit_wait: float = RATE_LIMIT_WAIT,
+        breaker: CircuitBreaker | None = None,
+        clock: Callable[[], float] = time.monotonic,
         on_event: EventCallback | None = None,
     ) -> None:
         self.url = url
@@ -118,8 +153,13 @@ class Client:
         self.reconnect_attempts = max(1, reconnect_attempts)
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
+        self.rate_limit_wait = rate_limit_wait
+        self.breaker = breaker if breaker is not None else CircuitBreaker(base=backoff_base, cap=backoff_max)
+        self.clock = clock
+        """The breaker's time (any monotonic clock in seconds)."""
         self.on_event = on_event
         self.reconnects = 0
+        self.rate_limit_waits = 0
         self.events_dropped = 0
         self._sessions: dict[str, SessionHandle] = {}
         self._link: _Link | None = None
@@ -131,7 +171,7 @@ class Client:
         self._events_out: MemoryObjectReceiveStream[Event] | None = None
 
     def __repr__(self) -> str:
-        state = "connected" if self.connected else "disconnected"
+        state = "connected" if self.connected else f"disconnected, circuit {self.breaker.state}"
         return f"<Client {self.url} {state} sessions={len(self._sessions)}>"
 
     @property
@@ -172,6 +212,10 @@ class Client:
         self._tg.cancel_scope.cancel()
         try:
             return await self._tg.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            # the task group wraps the block's own error (and a reader's): hand out the error itself
+            error = _unwrap(group, exc)
+            raise error from error.__cause__
         finally:
             self._tg = None
 
@@ -207,23 +251,43 @@ class Client:
                 yield event
 
     async def request(self, message: ClientMessage) -> Event:
-        """Send one message and return its reply; raises ``ClientError`` for an ``error`` reply."""
+        """Send one message and return its reply; raises ``ClientError`` for an ``error`` reply.
+
+        A ``rate_limited`` reply with a ``retry_after`` is waited out and the message sent
+        again (the server stored nothing), within ``rate_limit_wait`` seconds in all; a
+        request in flight when the connection dropped is sent again once when that is
+        safe (see the module docstring)."""
         retry_safe = _retry_safe(message)
-        for attempt in range(2):
+        resent = False
+        waited = 0.0
+        while True:
             link = await self._ensure_link()
             try:
                 reply = await self._roundtrip(link, message)
             except ConnectionLost:
-                if attempt == 0 and retry_safe and self.reconnect and not self._closed:
+                if not resent and retry_safe and self.reconnect and not self._closed:
+                    resent = True
                     log.info("voice_context_client_retrying", type=message.type, session=message.session)
                     continue
                 raise
+            delay = _retry_after(reply)
+            if delay is not None and waited + delay <= self.rate_limit_wait:
+                waited += delay
+                self.rate_limit_waits += 1
+                await anyio.sleep(delay)
+                continue
             return _check(reply)
-        raise AssertionError("unreachable")  # pragma: no cover
 
     # -- internals -------------------------------------------------------------------
 
     async def _ensure_link(self) -> _Link:
+        link = self._link
+        if link is not None and link.alive:
+            return link
+        if self._closed:
+            raise ClientError("closed", "the client is closed")
+        # refused before queueing behind the call that is connecting: no wait while the circuit is open
+        self._refuse_while_open()
         async with self._lock:
             if self._link is not None and self._link.alive:
                 return self._link
@@ -237,32 +301,76 @@ class Client:
                 self.reconnects += 1
             return self._link
 
+    def _refuse_while_open(self) -> None:
+        wait = self.breaker.wait(self.clock())
+        if wait == math.inf:
+            raise ConnectionLost(f"{self.url} did not answer; another call is trying it again")
+        if wait > 0:
+            raise ConnectionLost(f"{self.url} did not answer; the next try is in {wait:.2f}s")
+
     async def _connect_and_resume(self, first: bool) -> _Link:
+        attempts = self.reconnect_attempts if self.reconnect else 1
         last: Exception | None = None
-        for attempt in range(self.reconnect_attempts):
-            if attempt:
-                await anyio.sleep(min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1)))
+        for attempt in range(attempts):
+            if (
+                attempt
+            ):  # this call failed to connect: it sleeps the breaker's backoff, the others are refused
+                wait = self.breaker.wait(self.clock())
+                if wait == math.inf:
+                    break  # a client sharing the breaker is probing
+                await anyio.sleep(wait)
+            else:
+                self._refuse_while_open()
+            self.breaker.attempt(self.clock())
+            link: _Link | None = None
             try:
                 link = await self._connect()
-            except ClientError:
-                raise
-            except (OSError, TimeoutError, InvalidHandshake) as exc:
-                last = exc
-                log.info("voice_context_client_connect_failed", attempt=attempt + 1, error=type(exc).__name__)
-                continue
-            try:
                 await self._resume(link)
-            except ConnectionLost as exc:
-                last = exc
+            except (ConnectionLost, OSError, TimeoutError, InvalidHandshake) as exc:
+                last = exc  # refused, unreachable, or dropped (or silent) before the sessions were open again
+                self._unreachable(repr(exc))
+                await self._let_go(link)
                 continue
-            except BaseException:
-                with anyio.move_on_after(self.open_timeout, shield=True):
-                    await link.ws.close()
+            except ClientError:
+                self._reached()  # the server answered, and refused: it is not down
+                await self._let_go(link)
                 raise
+            except BaseException:
+                self._unreachable("cancelled before the server answered")
+                await self._let_go(link)
+                raise
+            self._reached()
             if not first:
                 log.info("voice_context_client_resumed", sessions=len(self._sessions))
             return link
-        raise ConnectionLost(f"cannot reach {self.url} after {self.reconnect_attempts} attempts: {last}")
+        tries = f"{attempts} attempts" if attempts > 1 else "1 attempt"
+        raise ConnectionLost(f"cannot reach {self.url} after {tries}: {last}")
+
+    async def _let_go(self, link: _Link | None) -> None:
+        if link is not None:
+            with anyio.move_on_after(self.open_timeout, shield=True):
+                await link.ws.close()
+
+    def _unreachable(self, error: str) -> None:
+        now = self.clock()
+        if self.breaker.failed(now):
+            log.warning(
+                "voice_context_client_circuit_opened",
+                url=self.url,
+                error=error,
+                retry_in=round(self.breaker.retry_at - now, 3),
+            )
+
+    def _reached(self) -> None:
+        failures = self.breaker.failures
+        down = self.breaker.succeeded(self.clock())
+        if down is not None:
+            log.info(
+                "voice_context_client_circuit_closed",
+                url=self.url,
+                down_seconds=round(down, 3),
+                failures=failures,
+            )
 
     async def _connect(self) -> _Link:
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
@@ -425,7 +533,9 @@ class SessionHandle:
         query: str | None = None,
     ) -> Event:
         """The bot's model refused its context as too long: compact at once and get a context
-        within ``limit_tokens``; a ``context_overflow`` error when nothing can fit."""
+        within ``limit_tokens``. When even the base instructions and the turns that must stay
+        do not fit, raises :class:`ClientError` with code ``too_large`` (its ``reply`` has
+        ``"limit": "limit_tokens"`` and ``needed``, the tokens they take)."""
         message = ContextOverflow(
             self.name, limit_tokens, format, budget_chars, base_instructions or "", tuple(facts or ()), query
         )
@@ -472,6 +582,31 @@ def _retry_safe(message: ClientMessage) -> bool:
     if isinstance(message, TurnAppend):
         return message.turn.id is not None
     return not isinstance(message, NoteAppend)
+
+
+def _retry_after(reply: Event) -> float | None:
+    """The seconds a ``rate_limited`` reply asks to wait before sending again, if it says."""
+    if reply.get("type") != "error" or reply.get("code") != RATE_LIMITED:
+        return None
+    delay = reply.get("retry_after")
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay < math.inf:
+        return None
+    return float(delay)
+
+
+def _unwrap(group: BaseExceptionGroup[BaseException], raised: BaseException | None) -> BaseException:
+    """The error to raise for what a task group collected: the block's own error, or the one error."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        error = pending.pop()
+        if isinstance(error, BaseExceptionGroup):
+            pending.extend(reversed(error.exceptions))
+        else:
+            leaves.append(error)
+    if raised is not None and any(leaf is raised for leaf in leaves):
+        return raised
+    return leaves[0] if len(leaves) == 1 else group
 
 
 def _check(reply: Event) -> Event:

@@ -7,9 +7,9 @@ Groups, each a frozen value with named defaults::
                   max_connections, max_outbox_chars, send_timeout, ping_interval,
                   ping_timeout, replica, owner_turns_per_second, owner_turn_burst,
                   max_connections_per_owner, lease_ttl, gc_freeze_seconds
-    [summarizer]  kind ("deterministic" | "openai"), base_url, model, api_key, timeout (per
-                  attempt; derived from compaction_timeout when unset), max_retries,
-                  compaction_timeout
+    [summarizer]  kind ("deterministic" | "openai"), base_url, model (both needed by "openai"),
+                  api_key, timeout (per attempt; derived from compaction_timeout when unset),
+                  max_retries, compaction_timeout
     [store]       url ("sqlite" default, "memory", "sqlite:///path/to.db", "redis://host:port/0"),
                   data_dir, session_ttl (unset: kept until deleted), sweep_interval
     [session]     any field of SessionConfig (recent_window, batch_size, max_summary_chars, ...)
@@ -135,11 +135,14 @@ class SummarizerSettings:
     (:mod:`voice_context.summarizers.fallback`). ``fold`` is how a model folds a batch:
     ``lines`` (rewrite the batch's dated notes as prose, the previous summary kept as it
     is) or ``paragraph`` (the whole summary written again). Raises :class:`ConfigError`.
+
+    The ``openai`` kind needs ``base_url`` and ``model`` (see :meth:`endpoint`); they are
+    checked when the summarizer is made, once every layer of settings has been applied.
     """
 
     kind: str = "deterministic"
     base_url: str | None = None
-    model: str = "gpt-4o-mini"
+    model: str | None = None
     api_key: str | None = field(default=None, repr=False)
     timeout: float | None = None
     max_retries: int = 2
@@ -169,6 +172,20 @@ class SummarizerSettings:
                 f"{self.compaction_timeout:g}s: lower timeout or max_retries, raise compaction_timeout, "
                 "or leave timeout unset to derive it"
             )
+
+    def endpoint(self) -> tuple[str, str]:
+        """``(base_url, model)`` for the ``openai`` kind. Raises :class:`ConfigError` when either
+        is missing: nothing is guessed, since a guess (the OpenAI host, a model name) that does
+        not answer would fail every fold over to the deterministic summarizer."""
+        missing = [name for name in ("base_url", "model") if not getattr(self, name)]
+        if missing or self.base_url is None or self.model is None:
+            raise ConfigError(
+                f"summarizer.kind = 'openai' needs summarizer.{' and summarizer.'.join(missing)}: the "
+                "API root and the model name of an OpenAI-compatible server, e.g. base_url = "
+                "'http://127.0.0.1:8080/v1' or 'https://api.openai.com/v1', model = 'gpt-4o-mini' "
+                "(VOICE_CONTEXT_SUMMARIZER_BASE_URL and VOICE_CONTEXT_SUMMARIZER_MODEL)"
+            )
+        return self.base_url, self.model
 
     @property
     def attempt_timeout(self) -> float:
@@ -415,6 +432,7 @@ FALLBACK_ALLOWANCE = 1.0
 def make_summarizer(settings: SummarizerSettings) -> Summarizer:
     """The summarizer the settings name (the deterministic one by default)."""
     if settings.kind == "openai":
+        base_url, model_name = settings.endpoint()
         try:
             from voice_context.summarizers.openai_compat import OpenAISummarizer
         except ImportError as exc:
@@ -423,9 +441,9 @@ def make_summarizer(settings: SummarizerSettings) -> Summarizer:
             ) from exc
 
         model = OpenAISummarizer(
-            base_url=settings.base_url,
+            base_url=base_url,
             api_key=settings.api_key,
-            model=settings.model,
+            model=model_name,
             timeout=settings.attempt_timeout,
             max_retries=settings.max_retries,
             fold="paragraph" if settings.fold == "paragraph" else "lines",

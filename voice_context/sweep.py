@@ -112,6 +112,14 @@ class PointResult:
         chars = [c["response"]["chars"] for c in contexts]
         summarizer_ms = [ms for run in self.runs for ms in run.result.summarizer_ms]
         context_ms = [ms for run in self.runs for ms in run.result.context_ms]
+        if contexts and not any(_counts_summarizer(c) for c in contexts):
+            # a live server does not say what its summarizer was sent: unknown, not 0; its state
+            # says how many compactions each session has had
+            applied = sum(
+                run.result.contexts[-1]["state"].get("compactions", 0)
+                for run in self.runs
+                if run.result.contexts
+            )
         row: dict[str, Any] = {
             "point": self.point.label,
             "recordings": len(self.runs),
@@ -129,6 +137,8 @@ class PointResult:
             "context_ms_p50": _quantile(context_ms, 0.5),
             "context_ms_p95": _quantile(context_ms, 0.95),
         }
+        if contexts and not any(_counts_summarizer(c) for c in contexts):
+            row.update(summarizer_calls=None, chars_sent=None, chars_sent_per_turn=None)
         scored = [run.scores for run in self.runs if run.scores is not None]
         if scored:
             total = Scores()
@@ -339,10 +349,13 @@ def write_report(results: Sequence[PointResult], out_dir: Path, fmt: str = "html
         ax.step(xs, [c["state"]["cursor"] for c in run.result.contexts], where="post", label=label, lw=1)
 
     def sent(ax: Any, run: Run, label: str) -> None:
-        xs = [c["turn_index"] for c in run.result.contexts]
-        ys = [c["state"]["chars_sent"] / max(1, c["turn_index"] + 1) for c in run.result.contexts]
+        counted = [c for c in run.result.contexts if _counts_summarizer(c)]  # not a live server's
+        if not counted:
+            return
+        xs = [c["turn_index"] for c in counted]
+        ys = [c["state"]["chars_sent"] / max(1, c["turn_index"] + 1) for c in counted]
         (line,) = ax.plot(xs, ys, label=label, lw=1)
-        calls = [c["state"]["summarizer_calls"] for c in run.result.contexts]
+        calls = [c["state"]["summarizer_calls"] for c in counted]
         twin = getattr(ax, "_calls_axis", None) or ax.twinx()
         ax._calls_axis = twin
         twin.plot(xs, calls, linestyle=":", lw=1, color=line.get_color())
@@ -357,12 +370,13 @@ def write_report(results: Sequence[PointResult], out_dir: Path, fmt: str = "html
         summary_size,
     )
     per_recording("cursor.png", "Cursor: turns folded into the summary", "cursor", cursor)
-    per_recording(
-        "summarizer.png",
-        "Characters sent to the summarizer per turn so far; calls (dotted)",
-        "chars/turn",
-        sent,
-    )
+    if any(_counts_summarizer(c) for r in results for run in r.runs for c in run.result.contexts):
+        per_recording(
+            "summarizer.png",
+            "Characters sent to the summarizer per turn so far; calls (dotted)",
+            "chars/turn",
+            sent,
+        )
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
     labels = [r.point.label for r in results]
@@ -423,6 +437,12 @@ def write_report(results: Sequence[PointResult], out_dir: Path, fmt: str = "html
     index = out_dir / "index.html"
     index.write_text("\n".join(parts) + "\n", encoding="utf-8")
     return index
+
+
+def _counts_summarizer(context: Mapping[str, Any]) -> bool:
+    """Whether a context's state says what the summarizer was sent (a replay here does; a live
+    server's ``session.state`` does not)."""
+    return "chars_sent" in context["state"] and "summarizer_calls" in context["state"]
 
 
 def recordings_in(paths: Iterable[str | Path]) -> list[Path]:

@@ -15,7 +15,8 @@ values, or several ``--budget`` values, run as a grid. With ``--out``, each run
 writes ``NAME.contexts.jsonl``, ``NAME.compactions.jsonl`` and
 ``NAME.timings.json`` (in one folder per grid point when there are several),
 and a report with plots goes to ``DIR/report``. A table is always printed;
-recordings with a ``NAME.probes.jsonl`` beside them are scored too.
+recordings with a ``NAME.probes.jsonl`` beside them are scored too. A file in which
+no line is a message a server takes is refused (exit 2) before anything is replayed.
 
 ``--realtime`` sleeps the recorded gaps (divided by ``--speed``) and runs the
 server's own session manager, compactions landing when they finish; ``--url``
@@ -33,7 +34,7 @@ import anyio
 
 from voice_context.audit import audit_contexts
 from voice_context.config import Settings, load_settings
-from voice_context.errors import ConfigError
+from voice_context.errors import ClientError, ConfigError
 from voice_context.replay import (
     ReplayResult,
     apply_values,
@@ -86,7 +87,9 @@ def settings_and_grid(args: argparse.Namespace) -> tuple[Settings, Any]:
             raise ConfigError(f"--budget wants integers, got {args.budget!r}") from exc
     points = grid(assignments, budgets)
     for point in points:  # fail on a bad value before replaying anything
-        apply_values(settings, dict(point.values))
+        summarizer = apply_values(settings, dict(point.values)).summarizer
+        if summarizer.kind == "openai":
+            summarizer.endpoint()
     return settings, points
 
 
@@ -135,8 +138,17 @@ def run(args: argparse.Namespace) -> int:
     if args.speed <= 0:
         print("voice-context replay: --speed must be positive", file=sys.stderr)
         return 2
+    for path in paths:
+        problem = not_a_recording(path, settings.server.max_text_chars)
+        if problem is not None:
+            print(f"voice-context replay: {path} is not a recording: {problem}", file=sys.stderr)
+            return 2
     if args.url or args.realtime:
-        results = anyio.run(_live, args, settings, points, paths)
+        try:
+            results = anyio.run(_live, args, settings, points, paths)
+        except ClientError as exc:  # the server at --url refused, or could not be reached
+            print(f"voice-context replay: {args.url}: {exc}", file=sys.stderr)
+            return 1
     else:
         results = anyio.run(
             lambda: run_grid(paths, settings, points, out_dir=args.out, progress=not args.no_progress)
@@ -152,6 +164,20 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"report: {index}")
     return 0
+
+
+def not_a_recording(path: Path, max_text_chars: int) -> str | None:
+    """Why ``path`` cannot be replayed (no line of it is a message a server takes), or ``None``."""
+    try:
+        recording = read_recording(path, max_text_chars=max_text_chars)
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"cannot read it ({exc})"
+    if recording.messages:
+        return None
+    if not recording.skipped:
+        return "it is empty"
+    more = f" (and {len(recording.skipped) - 1} more)" if len(recording.skipped) > 1 else ""
+    return f"no line is a message a server takes: {recording.skipped[0]}{more}"
 
 
 async def _live(
