@@ -36,6 +36,9 @@ Behaviours:
   a JSON body.
 * ``StallMidStream(text)``: streamed, the words of ``text``, then nothing
   until the client hangs up; not streamed, a plain ``Stall()``.
+* ``CallTool(name, arguments, call_id)``: the model asks for one tool call
+  (``finish_reason: "tool_calls"``); streamed, the call's name in one chunk and
+  its arguments in the next, as the real API streams them.
 
 When the script runs out, ``default`` applies to every further request.
 """
@@ -58,6 +61,7 @@ from typing import Any, Self
 
 __all__ = [
     "Behaviour",
+    "CallTool",
     "Cut",
     "Empty",
     "Garbage",
@@ -132,7 +136,21 @@ class StallMidStream:
     text: str
 
 
-Behaviour = Reply | ReplyWith | Stall | Status | Garbage | Empty | Cut | StallMidStream
+@dataclass(frozen=True, slots=True)
+class CallTool:
+    """Answer with one tool call: ``name`` with ``arguments`` (JSON text), as ``call_id``."""
+
+    name: str
+    arguments: str = "{}"
+    call_id: str = "call_1"
+
+    def as_json(self) -> dict[str, Any]:
+        """The call as a completion message's ``tool_calls`` holds it."""
+        function = {"name": self.name, "arguments": self.arguments}
+        return {"id": self.call_id, "type": "function", "function": function}
+
+
+Behaviour = Reply | ReplyWith | Stall | Status | Garbage | Empty | Cut | StallMidStream | CallTool
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,6 +338,17 @@ class OpenAIServer:
         match behaviour:
             case Reply(text) | Cut(text) | StallMidStream(text) if streamed:
                 return await self._stream(behaviour, request, text, reader, writer)
+            case CallTool() if streamed:
+                return await self._stream(behaviour, request, "", reader, writer)
+            case CallTool():
+                body = self._completion(request, "")
+                body["choices"][0]["message"] = {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [behaviour.as_json()],
+                }
+                body["choices"][0]["finish_reason"] = "tool_calls"
+                await self._send(writer, 200, body, keep_alive=keep_alive)
             case ReplyWith(fn):
                 try:
                     text = fn(request.json)
@@ -361,8 +390,8 @@ class OpenAIServer:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> bool:
-        """Send ``text`` as server-sent events (a word a chunk, or ``Reply.chunk_chars`` a chunk);
-        ``False`` if the client hung up."""
+        """Send ``text`` as server-sent events (a word a chunk, or ``Reply.chunk_chars`` a chunk),
+        or a ``CallTool``'s call (its name, then its arguments); ``False`` if the client hung up."""
         asked = request.json if isinstance(request.json, dict) else {}
         head = (
             "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
@@ -375,16 +404,30 @@ class OpenAIServer:
         else:
             pieces = re.findall(r"\s*\S+\s*", text) or [text]
 
-        def event(delta: dict[str, str], finish_reason: str | None = None) -> dict[str, Any]:
+        def event(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
             return self._chunk(chunk_id, asked, [choice])
 
         try:
             writer.write(head.encode("latin-1"))
-            await _send_event(writer, event({"role": "assistant", "content": ""}))
-            for piece in pieces:
-                await _send_event(writer, event({"content": piece}))
+            if isinstance(behaviour, CallTool):
+                named = {
+                    "index": 0,
+                    **behaviour.as_json(),
+                    "function": {"name": behaviour.name, "arguments": ""},
+                }
+                arguments = {"index": 0, "function": {"arguments": behaviour.arguments}}
+                await _send_event(
+                    writer, event({"role": "assistant", "content": None, "tool_calls": [named]})
+                )
+                await _send_event(writer, event({"tool_calls": [arguments]}))
+            else:
+                await _send_event(writer, event({"role": "assistant", "content": ""}))
+                for piece in pieces:
+                    await _send_event(writer, event({"content": piece}))
             match behaviour:
+                case CallTool():
+                    await _send_event(writer, event({}, "tool_calls"))
                 case StallMidStream():
                     await _wait_unless_client_leaves(reader, math.inf)
                     return False
