@@ -305,7 +305,7 @@ async def serve_process(*args: str, env: Mapping[str, str] | None = None) -> Asy
                 line = b""
                 while not line.endswith(b"\n"):
                     line += await process.stdout.receive()
-            text = line.decode().strip()
+            text = line.decode().split("\n")[0].strip()  # the inspector's URL may come with it
             assert text.startswith("listening on ws://127.0.0.1:"), text
             url = text.removeprefix("listening on ")
             port = int(url.rsplit(":", 1)[1].split("/")[0])
