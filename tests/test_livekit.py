@@ -185,7 +185,7 @@ async def test_a_tool_call_and_its_output_are_stored_as_tool_turns_and_sent_once
         running(settings()) as server,
         OpenAIServer(default=Reply("Sure.")) as model,
     ):
-        model.script(CallTool("find_flight", '{"destination": "Lisbon"}', "call_1"), Reply("TP 1234, 09:40."))
+        model.script(CallTool("find_flight", {"destination": "Lisbon"}, "call_1"), Reply("TP 1234, 09:40."))
         memory = VoiceContextMemory(server.url, session="call-11", budget_chars=3000, timeout=5)
         await call(
             model, memory, Assistant(memory), "Find me a flight to Lisbon.", "Thanks. When does it leave?"
@@ -221,7 +221,7 @@ async def test_a_long_tool_output_reaches_the_run_after_it_whole_and_is_stored_c
         running(settings()) as server,  # max_text_chars 8000
         OpenAIServer(default=Reply("Sure.")) as model,
     ):
-        model.script(CallTool("timetable", '{"destination": "Lisbon"}', "call_7"), Reply("Many flights."))
+        model.script(CallTool("timetable", {"destination": "Lisbon"}, "call_7"), Reply("Many flights."))
         memory = VoiceContextMemory(server.url, session="call-12", budget_chars=6000, timeout=5)
         await call(model, memory, Assistant(memory), "Which flights go to Lisbon?", "Book the first one.")
         async with Client(server.url) as client:

@@ -36,9 +36,9 @@ Behaviours:
   a JSON body.
 * ``StallMidStream(text)``: streamed, the words of ``text``, then nothing
   until the client hangs up; not streamed, a plain ``Stall()``.
-* ``CallTool(name, arguments, call_id)``: the model asks for one tool call
-  (``finish_reason: "tool_calls"``); streamed, the call's name in one chunk and
-  its arguments in the next, as the real API streams them.
+* ``CallTool(name, arguments, call_id)``: the model asks for a function: an
+  assistant message with one ``tool_calls`` entry (its arguments as JSON text,
+  streamed in pieces as the real API does) and finish reason ``tool_calls``.
 
 When the script runs out, ``default`` applies to every further request.
 """
@@ -138,16 +138,20 @@ class StallMidStream:
 
 @dataclass(frozen=True, slots=True)
 class CallTool:
-    """Answer with one tool call: ``name`` with ``arguments`` (JSON text), as ``call_id``."""
+    """Answer with a call of the function ``name`` with ``arguments`` (a JSON value), id ``call_id``."""
 
     name: str
-    arguments: str = "{}"
+    arguments: object = field(default_factory=dict)
     call_id: str = "call_1"
 
-    def as_json(self) -> dict[str, Any]:
-        """The call as a completion message's ``tool_calls`` holds it."""
-        function = {"name": self.name, "arguments": self.arguments}
-        return {"id": self.call_id, "type": "function", "function": function}
+    def as_message(self) -> dict[str, Any]:
+        """The assistant message that makes the call, as a complete (not streamed) answer has it."""
+        call = {
+            "id": self.call_id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": json.dumps(self.arguments)},
+        }
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
 
 
 Behaviour = Reply | ReplyWith | Stall | Status | Garbage | Empty | Cut | StallMidStream | CallTool
@@ -339,15 +343,10 @@ class OpenAIServer:
             case Reply(text) | Cut(text) | StallMidStream(text) if streamed:
                 return await self._stream(behaviour, request, text, reader, writer)
             case CallTool() if streamed:
-                return await self._stream(behaviour, request, "", reader, writer)
+                return await self._stream_call(behaviour, request, writer)
             case CallTool():
-                body = self._completion(request, "")
-                body["choices"][0]["message"] = {
-                    "role": "assistant",
-                    "content": None,
-                    "tool_calls": [behaviour.as_json()],
-                }
-                body["choices"][0]["finish_reason"] = "tool_calls"
+                message, finish = behaviour.as_message(), "tool_calls"
+                body = self._completion(request, "", message=message, finish_reason=finish)
                 await self._send(writer, 200, body, keep_alive=keep_alive)
             case ReplyWith(fn):
                 try:
@@ -390,13 +389,9 @@ class OpenAIServer:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> bool:
-        """Send ``text`` as server-sent events (a word a chunk, or ``Reply.chunk_chars`` a chunk),
-        or a ``CallTool``'s call (its name, then its arguments); ``False`` if the client hung up."""
+        """Send ``text`` as server-sent events (a word a chunk, or ``Reply.chunk_chars`` a chunk);
+        ``False`` if the client hung up."""
         asked = request.json if isinstance(request.json, dict) else {}
-        head = (
-            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-            "Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"
-        )
         chunk_id = f"chatcmpl-{next(self._ids)}"
         size = behaviour.chunk_chars if isinstance(behaviour, Reply) else None
         if size:
@@ -404,30 +399,16 @@ class OpenAIServer:
         else:
             pieces = re.findall(r"\s*\S+\s*", text) or [text]
 
-        def event(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        def event(delta: dict[str, str], finish_reason: str | None = None) -> dict[str, Any]:
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
             return self._chunk(chunk_id, asked, [choice])
 
         try:
-            writer.write(head.encode("latin-1"))
-            if isinstance(behaviour, CallTool):
-                named = {
-                    "index": 0,
-                    **behaviour.as_json(),
-                    "function": {"name": behaviour.name, "arguments": ""},
-                }
-                arguments = {"index": 0, "function": {"arguments": behaviour.arguments}}
-                await _send_event(
-                    writer, event({"role": "assistant", "content": None, "tool_calls": [named]})
-                )
-                await _send_event(writer, event({"tool_calls": [arguments]}))
-            else:
-                await _send_event(writer, event({"role": "assistant", "content": ""}))
-                for piece in pieces:
-                    await _send_event(writer, event({"content": piece}))
+            writer.write(_STREAM_HEAD)
+            await _send_event(writer, event({"role": "assistant", "content": ""}))
+            for piece in pieces:
+                await _send_event(writer, event({"content": piece}))
             match behaviour:
-                case CallTool():
-                    await _send_event(writer, event({}, "tool_calls"))
                 case StallMidStream():
                     await _wait_unless_client_leaves(reader, math.inf)
                     return False
@@ -438,9 +419,39 @@ class OpenAIServer:
                         usage = self._chunk(chunk_id, asked, [])
                         usage["usage"] = self._usage(asked, text)
                         await _send_event(writer, usage)
-            await _send_event(writer, "[DONE]")
-            writer.write(b"0\r\n\r\n")
-            await writer.drain()
+            await _end_stream(writer)
+        except ConnectionError:
+            return False
+        return True
+
+    async def _stream_call(
+        self, behaviour: CallTool, request: RecordedRequest, writer: asyncio.StreamWriter
+    ) -> bool:
+        """Stream a tool call as the real API does: the call's id and name first, then its
+        arguments in pieces, then finish reason ``tool_calls``; ``False`` if the client hung up."""
+        asked = request.json if isinstance(request.json, dict) else {}
+        chunk_id = f"chatcmpl-{next(self._ids)}"
+        arguments = json.dumps(behaviour.arguments)
+        opening = {"index": 0, "id": behaviour.call_id, "type": "function"}
+        deltas: list[dict[str, Any]] = [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{**opening, "function": {"name": behaviour.name, "arguments": ""}}],
+            },
+            *(
+                {"tool_calls": [{"index": 0, "function": {"arguments": arguments[i : i + 8]}}]}
+                for i in range(0, len(arguments), 8)
+            ),
+        ]
+        try:
+            writer.write(_STREAM_HEAD)
+            for delta in deltas:
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+                await _send_event(writer, self._chunk(chunk_id, asked, [choice]))
+            done = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "tool_calls"}
+            await _send_event(writer, self._chunk(chunk_id, asked, [done]))
+            await _end_stream(writer)
         except ConnectionError:
             return False
         return True
@@ -469,7 +480,14 @@ class OpenAIServer:
             "total_tokens": prompt_words + completion_words,
         }
 
-    def _completion(self, request: RecordedRequest, text: str) -> dict[str, Any]:
+    def _completion(
+        self,
+        request: RecordedRequest,
+        text: str,
+        *,
+        message: dict[str, Any] | None = None,
+        finish_reason: str = "stop",
+    ) -> dict[str, Any]:
         asked = request.json if isinstance(request.json, dict) else {}
         return {
             "id": f"chatcmpl-{next(self._ids)}",
@@ -479,9 +497,9 @@ class OpenAIServer:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": text},
+                    "message": message or {"role": "assistant", "content": text},
                     "logprobs": None,
-                    "finish_reason": "stop",
+                    "finish_reason": finish_reason,
                 }
             ],
             "usage": self._usage(asked, text),
@@ -517,6 +535,19 @@ class OpenAIServer:
         head = f"HTTP/1.1 {status} {reason}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items())
         writer.write(head.encode("latin-1") + b"\r\n" + payload)
         await writer.drain()
+
+
+_STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+    b"Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"
+)
+
+
+async def _end_stream(writer: asyncio.StreamWriter) -> None:
+    """``data: [DONE]``, then the last (empty) HTTP chunk."""
+    await _send_event(writer, "[DONE]")
+    writer.write(b"0\r\n\r\n")
+    await writer.drain()
 
 
 async def _send_event(writer: asyncio.StreamWriter, data: object) -> None:
