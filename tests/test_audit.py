@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from voice_context.audit import Sources, audit_contexts, audit_summaries, dated_sentences
-from voice_context.replay import parse_recording
+from voice_context.tuning.audit import Sources, audit_contexts, audit_summaries, dated_sentences
+from voice_context.tuning.replay import parse_recording
 
 #: Monday 26 June 2023, 18:00 UTC, and a second conversation thirteen days later
 JUNE_26 = datetime(2023, 6, 26, 18, 0, tzinfo=UTC).timestamp()

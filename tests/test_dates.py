@@ -11,12 +11,12 @@ from datetime import UTC, datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from voice_context.audit import Source, Sources, audit_summaries
 from voice_context.core.text import condense_summary
 from voice_context.core.turns import Note, Turn
-from voice_context.scoring import content_terms
 from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.deterministic import SESSION_GAP, DeterministicSummarizer
+from voice_context.tuning.audit import Source, Sources, audit_summaries
+from voice_context.tuning.scoring import content_terms
 
 T0 = datetime(2023, 5, 8, 21, 30, tzinfo=UTC).timestamp()  # late evening: conversations cross midnight
 HEAD = re.compile(r"^\[(\d{1,2} [A-Z][a-z]+ \d{4}), (\d{2}:\d{2})\] ")

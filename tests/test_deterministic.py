@@ -10,7 +10,6 @@ import anyio
 from voice_context.codec import NoteAppend, TurnAppend
 from voice_context.core.config import BATCH_SIZE
 from voice_context.core.turns import Note, Turn
-from voice_context.replay import read_recording
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 from voice_context.summarizers.deterministic import (
     LINE_CHARS,
@@ -21,6 +20,7 @@ from voice_context.summarizers.deterministic import (
     shorten,
     spoken_numbers,
 )
+from voice_context.tuning.replay import read_recording
 
 #: Monday 8 May 2023, 13:56 UTC
 MONDAY = datetime(2023, 5, 8, 13, 56, tzinfo=UTC).timestamp()

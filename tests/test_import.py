@@ -8,9 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from voice_context.cli import main
-from voice_context.importers import MEETING_START, import_ami, import_files, import_locomo, import_qmsum
-from voice_context.replay import parse_recording, read_recording
-from voice_context.scoring import read_probes
+from voice_context.tuning.importers import (
+    MEETING_START,
+    import_ami,
+    import_files,
+    import_locomo,
+    import_qmsum,
+)
+from voice_context.tuning.replay import parse_recording, read_recording
+from voice_context.tuning.scoring import read_probes
 
 LOCOMO: dict[str, Any] = {
     "speaker_a": "Ana",

@@ -17,9 +17,9 @@ import pytest
 from serving import running, settings
 
 from voice_context.config import Settings
-from voice_context.replay import LogicalTime, ReplayResult, replay_file, replay_live
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.deterministic import DeterministicSummarizer
+from voice_context.tuning.replay import LogicalTime, ReplayResult, replay_file, replay_live
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

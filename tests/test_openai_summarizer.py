@@ -19,7 +19,6 @@ from helpers import TIMEOUT
 from voice_context.config import Settings
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SummarizerError
-from voice_context.replay import replay_file
 from voice_context.summarizers import openai_compat
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 from voice_context.summarizers.check import missing_batch, speaks_for_itself
@@ -47,6 +46,7 @@ from voice_context.testing.openai_server import (
     StallMidStream,
     Status,
 )
+from voice_context.tuning.replay import replay_file
 
 # 2024-05-01 14:03:07 UTC
 T0 = 1714572187.0

@@ -16,7 +16,9 @@ from voice_context.codec import TurnAppend
 from voice_context.config import Settings
 from voice_context.core.config import SessionConfig
 from voice_context.errors import ConfigError
-from voice_context.replay import (
+from voice_context.summarizers.deterministic import DeterministicSummarizer
+from voice_context.summarizers.fakes import FailingSummarizer, ScriptedSummarizer
+from voice_context.tuning.replay import (
     OfflineReplay,
     Recording,
     parse_assignments,
@@ -25,8 +27,6 @@ from voice_context.replay import (
     replay_live,
     replay_realtime,
 )
-from voice_context.summarizers.deterministic import DeterministicSummarizer
-from voice_context.summarizers.fakes import FailingSummarizer, ScriptedSummarizer
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 T0 = 1714572187.0

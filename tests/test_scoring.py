@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from voice_context.cli import main
-from voice_context.replay import parse_recording
-from voice_context.scoring import (
+from voice_context.tokenizers import load_tokenizer
+from voice_context.tuning.replay import parse_recording
+from voice_context.tuning.scoring import (
     Conversation,
     Line,
     bm25_baseline,
@@ -26,7 +27,6 @@ from voice_context.scoring import (
     score_questions,
     tail_baseline,
 )
-from voice_context.tokenizers import load_tokenizer
 
 T0 = 1714572187.0
 TURNS = [

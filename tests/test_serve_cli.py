@@ -110,3 +110,48 @@ def test_flags_override_the_file_and_the_environment(tmp_path: Path, monkeypatch
     assert settings.server.record_dir == "rec"
     assert settings.store.url == "memory"
     assert settings.session.recent_window == 30
+
+
+@pytest.mark.asyncio
+async def test_serve_loads_none_of_the_tuning_tools(tmp_path: Path) -> None:
+    """The service imports what serving needs: not the replay, scoring, sweep, audit and import
+    tools, nor what their reports draw with. Python itself lists every module a process imports
+    (``-X importtime``), here while a bot opens a session, talks and asks for its context."""
+    imports = tmp_path / "imports.txt"
+    command = [sys.executable, "-X", "importtime", "-m", "voice_context", "serve", "--port", "0"]
+    with imports.open("wb") as stderr:
+        async with await anyio.open_process(
+            [*command, "--store", "memory"], env=clean_env(), stderr=stderr
+        ) as process:
+            try:
+                await talk_to(process)
+            finally:
+                process.send_signal(signal.SIGTERM)
+                with anyio.fail_after(TIMEOUT):
+                    await process.wait()
+    loaded = {row.split("|")[-1].strip() for row in imports.read_text().splitlines() if "|" in row}
+    assert "voice_context.server" in loaded, "the listing is the server's"
+    tuning = sorted(m for m in loaded if m.startswith("voice_context.") and m.split(".")[-1] in TUNING)
+    assert tuning == []
+    assert sorted(m for m in loaded if m.split(".")[0] in REPORTS) == []
+
+
+async def talk_to(process: Process) -> None:
+    """A bot's first exchange with a served process: open, a turn, its context."""
+    assert process.stdout is not None
+    with anyio.fail_after(TIMEOUT * 2):
+        line = b""
+        while not line.endswith(b"\n"):
+            line += await process.stdout.receive()
+    url = line.decode().split("\n")[0].removeprefix("listening on ").strip()
+    async with connect(url) as ws:
+        wire = Wire(ws)
+        await wire.request("session.open", session="room-1")
+        turn = {"speaker": "Ann", "role": "user", "text": "Book Lisbon for May 3rd.", "at": 1_700_000_000.0}
+        assert (await wire.request("turn.append", session="room-1", turn=turn))["type"] == "turn.appended"
+        context = await wire.request("context.get", session="room-1", budget_chars=900)
+        assert "Lisbon" in str(context["messages"])
+
+
+TUNING = {"tuning", "replay", "scoring", "sweep", "audit", "importers", "import_", "score"}
+REPORTS = {"matplotlib", "tqdm"}  # what the reports draw with (rich comes with structlog where installed)

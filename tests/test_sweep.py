@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from voice_context.cli import main
-from voice_context.sweep import Point, grid, table_cells
+from voice_context.tuning.sweep import Point, grid, table_cells
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "raid-night.jsonl"
 

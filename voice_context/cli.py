@@ -1,37 +1,45 @@
-"""``voice-context``: the command line. Each subcommand lives in ``voice_context.commands``.
+"""``voice-context``: the command line.
 
-A module there that defines ``register(subparsers)`` adds its command; the
-parser it adds sets ``func`` (taking the parsed arguments, returning an exit code).
+Each command is a module that defines ``register(subparsers)``; the parser it adds sets
+``func`` (taking the parsed arguments, returning an exit code). A command's module is imported
+only when that command runs (or for ``--help``, which lists them all), so ``voice-context serve``
+loads none of the tuning tools (:mod:`voice_context.tuning`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import pkgutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from voice_context import __version__
 
+COMMANDS: Mapping[str, str] = {
+    "compact": "voice_context.commands.compact",
+    "import": "voice_context.tuning.commands.import_",
+    "replay": "voice_context.tuning.commands.replay",
+    "score": "voice_context.tuning.commands.score",
+    "serve": "voice_context.commands.serve",
+}
+"""Each command's name and the module that registers it."""
 
-def build_parser() -> argparse.ArgumentParser:
-    import voice_context.commands as commands
 
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser with ``command`` registered, or every command when it names none of them."""
     parser = argparse.ArgumentParser(prog="voice-context", description="Long-session memory for voice bots.")
     parser.add_argument("--version", action="version", version=f"voice-context {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"{commands.__name__}.{info.name}")
-        register = getattr(module, "register", None)
-        if register is not None:
-            register(sub)
+    names = [command] if command is not None and command in COMMANDS else sorted(COMMANDS)
+    for name in names:
+        importlib.import_module(COMMANDS[name]).register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    command = next((arg for arg in args_in if not arg.startswith("-")), None)
+    args = build_parser(command).parse_args(args_in)
     code: int = args.func(args)
     return code
 

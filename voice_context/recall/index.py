@@ -40,9 +40,9 @@ from voice_context.core.text import ELLIPSIS, clip, normalize, sentences
 from voice_context.core.times import stamp
 from voice_context.core.turns import Note, Turn
 from voice_context.recall.dates import DATE_TERMS, MAX_DATE_TERMS, date_terms, is_date_term, query_date_terms
-from voice_context.summarizers.deterministic import _RELATIVE as RELATIVE_DATE
 from voice_context.summarizers.deterministic import (
     NUMBER_TOKENS,
+    RELATIVE_DATE,
     resolve_dates,
     spoken_numbers_lower,
     without_small_talk,

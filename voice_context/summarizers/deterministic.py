@@ -346,7 +346,7 @@ _COUNTS = {
     "couple of": 2,
     "a couple of": 2,
 }
-_RELATIVE = re.compile(
+RELATIVE_DATE = re.compile(
     # "the last week of June", "my next year", "for the past year" are not dates said relative to now
     r"(?<!\bthe )(?<!\bmy )(?<!\bour )(?<!\bhis )(?<!\bher )(?<!\btheir )(?<!\bthat )(?<!\bthis )"
     r"\b(?P<prep>(?:since|until|till|from|by|before|after|on|in|during|over|of)\s+)?"
@@ -461,7 +461,7 @@ def resolve_dates(text: str, at: float) -> str:
     the date added in parentheses.
     """
     when = utc(at)
-    return _RELATIVE.sub(lambda m: _resolve(m, when), text)
+    return RELATIVE_DATE.sub(lambda m: _resolve(m, when), text)
 
 
 def _digits(match: re.Match[str]) -> str:

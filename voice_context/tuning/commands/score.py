@@ -15,9 +15,9 @@ the context: the rarity-weighted recall of the answer's content words, whether
 the evidence speaker is named with it and whether its numbers and dates
 survive, for our context and, at the same budget, for the last turns that fit
 (tail), head plus tail, and the whole transcript (the ceiling). See
-:mod:`voice_context.scoring` for the exact definitions. After the table, the
+:mod:`voice_context.tuning.scoring` for the exact definitions. After the table, the
 date audit of each row: how many summary sentences were shown under a date
-other than the day they were said, or under none (:mod:`voice_context.audit`).
+other than the day they were said, or under none (:mod:`voice_context.tuning.audit`).
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from typing import Any
 
 import anyio
 
-from voice_context.audit import DateAudit, audit_contexts
-from voice_context.commands.replay import add_settings_arguments, settings_and_grid, warnings_only
 from voice_context.errors import ConfigError
-from voice_context.replay import read_contexts, read_recording, recording_stem
-from voice_context.scoring import Conversation, Scores, read_probes, score_contexts
-from voice_context.sweep import probes_path, recordings_in, run_grid
+from voice_context.tuning.audit import DateAudit, audit_contexts
+from voice_context.tuning.commands.replay import add_settings_arguments, settings_and_grid, warnings_only
+from voice_context.tuning.replay import read_contexts, read_recording, recording_stem
+from voice_context.tuning.scoring import Conversation, Scores, read_probes, score_contexts
+from voice_context.tuning.sweep import probes_path, recordings_in, run_grid
 
 HEADERS = ("point", "pairs", "ours", "tail", "head+tail", "ceiling", "gap", "speaker", "numbers")
 

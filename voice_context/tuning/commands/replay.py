@@ -36,10 +36,10 @@ from typing import Any
 import anyio
 import structlog
 
-from voice_context.audit import audit_contexts
 from voice_context.config import Settings, load_settings
 from voice_context.errors import ClientError, ConfigError
-from voice_context.replay import (
+from voice_context.tuning.audit import audit_contexts
+from voice_context.tuning.replay import (
     ReplayResult,
     apply_values,
     parse_assignments,
@@ -49,8 +49,8 @@ from voice_context.replay import (
     replay_realtime,
     write_result,
 )
-from voice_context.scoring import Conversation, read_probes, score_contexts
-from voice_context.sweep import (
+from voice_context.tuning.scoring import Conversation, read_probes, score_contexts
+from voice_context.tuning.sweep import (
     PointResult,
     Run,
     grid,

@@ -11,7 +11,7 @@ Each conversation or meeting becomes ``DIR/NAME.jsonl`` (a recording, as
 ids of the checkpoint requests). LoCoMo gets a checkpoint at the end of every
 session, the others every ``--every`` turns; a bot asks for its context every
 ``--requests-every`` turns besides. ``ami`` also reads ICSI files of the same
-shape. See :mod:`voice_context.importers` for the details.
+shape. See :mod:`voice_context.tuning.importers` for the details.
 """
 
 from __future__ import annotations
@@ -22,7 +22,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from voice_context.importers import DEFAULT_CHECKPOINT_EVERY, DEFAULT_REQUEST_EVERY, SOURCES, import_files
+from voice_context.tuning.importers import (
+    DEFAULT_CHECKPOINT_EVERY,
+    DEFAULT_REQUEST_EVERY,
+    SOURCES,
+    import_files,
+)
 
 
 def register(subparsers: Any) -> None:

@@ -3,14 +3,14 @@
 A grid is every combination of the values given per key
 (``--set recent_window=20,50 --set max_summary_chars=800,1200``) and of the
 budgets (``--budget 4000,8000``). Each point replays every recording offline
-(:mod:`voice_context.replay`); when a recording has a probes file beside it
-(``NAME.probes.jsonl``), the point is also scored (:mod:`voice_context.scoring`).
+(:mod:`voice_context.tuning.replay`); when a recording has a probes file beside it
+(``NAME.probes.jsonl``), the point is also scored (:mod:`voice_context.tuning.scoring`).
 
 The table has one row per point: contexts served, compactions, summarizer calls
 and characters sent (in all, and per turn), context and summary sizes,
 wall-clock latencies of the summarizer and of the context assembly, the
 recall scores when there were probes, and the share of summary sentences shown
-under the wrong date or none (the date audit, :mod:`voice_context.audit`). The
+under the wrong date or none (the date audit, :mod:`voice_context.tuning.audit`). The
 report (``report/index.html`` with PNG plots, or the PNGs alone) shows, per
 recording and point: the context size over the session, the summary size with
 the compactions marked, the cursor, summarizer calls and characters sent over
@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from voice_context.audit import DateAudit, audit_contexts
 from voice_context.config import Settings
-from voice_context.replay import (
+from voice_context.summarizers.base import Summarizer
+from voice_context.tuning.audit import DateAudit, audit_contexts
+from voice_context.tuning.replay import (
     Recording,
     ReplayResult,
     read_recording,
@@ -44,8 +45,7 @@ from voice_context.replay import (
     replay_file,
     write_result,
 )
-from voice_context.scoring import Conversation, Scores, read_probes, score_contexts
-from voice_context.summarizers.base import Summarizer
+from voice_context.tuning.scoring import Conversation, Scores, read_probes, score_contexts
 
 MAX_PLOTTED_RECORDINGS = 8
 

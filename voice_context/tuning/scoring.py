@@ -68,8 +68,8 @@ from typing import Any
 from voice_context.codec import NoteAppend, TurnAppend
 from voice_context.core.budget import FACTS_HEADER, RECENT_HEADER
 from voice_context.core.tokens import DEFAULT_TOKENIZER
-from voice_context.replay import Recording
 from voice_context.summarizers.deterministic import spoken_numbers
+from voice_context.tuning.replay import Recording
 
 METHODS = ("ours", "tail", "head_tail", "bm25_10", "bm25_30", "full")
 BUCKETS = ("final", "temporal", "other", "question")

@@ -38,8 +38,8 @@ from typing import Any
 from voice_context.codec import NoteAppend, TurnAppend
 from voice_context.core.text import normalize, sentences
 from voice_context.core.times import utc
-from voice_context.replay import Recording
-from voice_context.scoring import content_terms
+from voice_context.tuning.replay import Recording
+from voice_context.tuning.scoring import content_terms
 
 #: A sentence is judged only when its best source holds at least this share of its word weight.
 MIN_COVER = 0.6
