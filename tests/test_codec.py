@@ -17,6 +17,12 @@ from voice_context.codec import (
     CLIENT_TYPES,
     ERROR_CODES,
     ContextGet,
+    ContextReply,
+    ErrorReply,
+    NoteStored,
+    SessionOpened,
+    SessionState,
+    TurnStored,
     DecodeError,
     NoteAppend,
     Ping,
@@ -28,13 +34,8 @@ from voice_context.codec import (
     decode,
     decode_reply,
     encode,
-    encode_context,
-    encode_error,
     encode_event,
-    encode_note_appended,
-    encode_opened,
-    encode_state,
-    encode_turn_appended,
+    encode_reply,
     parse,
 )
 from voice_context.core.budget import build_context
@@ -332,7 +333,7 @@ def test_server_messages_carry_the_contract_fields() -> None:
     for i in range(3):
         session.receive(TurnAppended(Turn("Alice", "user", f"line {i}", T0 + i)))
     stats = session.stats()
-    opened = decode_reply(encode_opened("room-1", Opened("room-1", False, stats), "o"))
+    opened = decode_reply(encode_reply(SessionOpened("room-1", Opened("room-1", False, stats), "o")))
     assert opened == {
         "type": "session.opened",
         "id": "o",
@@ -343,25 +344,25 @@ def test_server_messages_carry_the_contract_fields() -> None:
         "summary_chars": 0,
         "in_flight": False,
     }
-    assert decode_reply(encode_turn_appended("room-1", 3, 4)) == {
+    assert decode_reply(encode_reply(TurnStored("room-1", 3, 4))) == {
         "type": "turn.appended",
         "id": 4,
         "session": "room-1",
         "index": 3,
     }
-    noted = decode_reply(encode_note_appended("room-1", NotesChanged(2, 1, 1, 0)))
+    noted = decode_reply(encode_reply(NoteStored("room-1", NotesChanged(2, 1, 1, 0))))
     assert (noted["live"], noted["pending"]) == (2, 1)
     ctx = build_context(session.view(), "instructions", budget_chars=500)
-    reply = decode_reply(encode_context("room-1", ctx, in_flight=True, msg_id=9))
+    reply = decode_reply(encode_reply(ContextReply("room-1", ctx, True, 9)))
     assert reply["type"] == "context"
     assert reply["instructions"] == ctx.instructions
     assert "messages" not in reply
     for key in ("summary", "cursor", "covered_through", "in_flight", "chars"):
         assert key in reply
     plain = build_context(session.view(), "messages")
-    messages = decode_reply(encode_context("room-1", plain, in_flight=False))
+    messages = decode_reply(encode_reply(ContextReply("room-1", plain, False)))
     assert [m["content"] for m in messages["messages"]] == ["Alice: line 0", "Alice: line 1", "Alice: line 2"]
-    state = decode_reply(encode_state("room-1", stats))
+    state = decode_reply(encode_reply(SessionState("room-1", stats)))
     for key in ("turns", "cursor", "in_flight", "summary_chars", "pending_notes", "failures"):
         assert key in state
 
@@ -381,7 +382,7 @@ def test_pushed_events_and_errors() -> None:
         "failed", "r", 0, -1, 0, 0.1, error="timeout", retryable=True, failures=2, retry_at=T0
     )
     assert decode_reply(encode_event(failed))["type"] == "compaction.failed"
-    error = decode_reply(encode_error("rate_limited", "slow down", msg_id=1, session="r", retry_after=0.5))
+    error = decode_reply(encode_reply(ErrorReply("rate_limited", "slow down", 1, "r", retry_after=0.5)))
     assert error == {
         "type": "error",
         "id": 1,

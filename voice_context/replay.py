@@ -180,10 +180,7 @@ def context_response(
 ) -> dict[str, Any]:
     """A :class:`Context` as the ``context`` reply the server sends (built by the same codec)."""
     msg_id = request_id if isinstance(request_id, str | int) and not isinstance(request_id, bool) else None
-    reply: dict[str, Any] = json.loads(
-        codec.encode_context(session, context, in_flight=in_flight, msg_id=msg_id)
-    )
-    return reply
+    return codec.reply_dict(codec.ContextReply(session, context, in_flight, msg_id))
 
 
 def request_chars(request: SummaryRequest) -> int:
