@@ -331,17 +331,15 @@ def valid_session_name(name: object) -> bool:
     return isinstance(name, str) and 0 < len(name) <= MAX_SESSION_CHARS and name.isprintable()
 
 
+@dataclass(frozen=True, slots=True)
 class _Reader:
     """Reads typed fields out of one ``kind`` message object, raising ``DecodeError`` with context."""
 
-    def __init__(
-        self, obj: Mapping[str, object], kind: str, id: MessageId, session: str | None, max_text_chars: int
-    ) -> None:
-        self.obj = obj
-        self.kind = kind
-        self.id = id
-        self.session = session
-        self.max_text_chars = max_text_chars
+    obj: Mapping[str, object]
+    kind: str
+    id: MessageId
+    session: str | None
+    max_text_chars: int
 
     def fail(self, message: str, code: str = BAD_REQUEST) -> DecodeError:
         return DecodeError(code, message, id=self.id, session=self.session)

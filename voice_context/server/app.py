@@ -94,7 +94,7 @@ class Server:
             monotonic=monotonic, on_refuse=lambda how: self.metrics.descriptors_refused.labels(how=how).inc()
         )
         self._routes = Routes(
-            self.settings.server,
+            settings=self.settings.server,
             metrics=self.metrics,
             journal=self._journal,
             descriptors=self._descriptors,
@@ -218,8 +218,8 @@ class Server:
             manager.indexing_lags,
         )
         self._handlers = Handlers(
-            manager,
-            cfg,
+            manager=manager,
+            settings=cfg,
             limits=self._limits,
             metrics=self.metrics,
             journal=self._journal,
@@ -233,7 +233,7 @@ class Server:
                 if ttl is not None:
                     await tg.start(self._retain, ttl)
                 if self._recorder is not None:
-                    await tg.start(self._recorder.run)
+                    await self._recorder.prepare()
                 self._ws = await serve(
                     self._handle,
                     cfg.host,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
 import anyio
@@ -131,32 +132,22 @@ def error_reply(exc: Exception, message: ClientMessage) -> ErrorReply:
             return ErrorReply(INTERNAL, "internal error", **at, retryable=False)
 
 
+@dataclass(eq=False, kw_only=True)
 class Handlers:
     """Answers the requests of every connection of one server, and keeps which connections
     hold which sessions (the last to let a session go closes it)."""
 
-    def __init__(
-        self,
-        manager: SessionManager,
-        settings: ServerSettings,
-        *,
-        limits: Limits,
-        metrics: Metrics,
-        journal: inspector.Journal,
-        recorder: Recorder | None,
-        stopping: Callable[[], bool],
-    ) -> None:
-        self.manager = manager
-        self.settings = settings
-        self.limits = limits
-        self.metrics = metrics
-        self.journal = journal
-        self.recorder = recorder
-        self.stopping = stopping
-        #: the connections holding each session
-        self.holders: dict[str, set[Connection]] = {}
-        #: sessions closed here so far (what the collector may reclaim)
-        self.released = 0
+    manager: SessionManager
+    settings: ServerSettings
+    limits: Limits
+    metrics: Metrics
+    journal: inspector.Journal
+    recorder: Recorder | None
+    stopping: Callable[[], bool]
+    #: the connections holding each session
+    holders: dict[str, set[Connection]] = field(default_factory=dict)
+    #: sessions closed here so far (what the collector may reclaim)
+    released: int = 0
 
     def __repr__(self) -> str:
         return f"<Handlers sessions_held={len(self.holders)} released={self.released}>"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Callable
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -71,27 +72,17 @@ class Health(NamedTuple):
     in_flight: int
 
 
+@dataclass(eq=False, kw_only=True)
 class Routes:
     """Answers the HTTP requests on the server's port (websockets' ``process_request``)."""
 
-    def __init__(
-        self,
-        settings: ServerSettings,
-        *,
-        metrics: Metrics,
-        journal: inspector.Journal,
-        descriptors: DescriptorGuard,
-        limits: Limits,
-        health: Callable[[], Health],
-        manager: Callable[[], SessionManager | None],
-    ) -> None:
-        self.settings = settings
-        self.metrics = metrics
-        self.journal = journal
-        self.descriptors = descriptors
-        self.limits = limits
-        self.health = health
-        self.manager = manager
+    settings: ServerSettings
+    metrics: Metrics
+    journal: inspector.Journal
+    descriptors: DescriptorGuard
+    limits: Limits
+    health: Callable[[], Health]
+    manager: Callable[[], SessionManager | None]
 
     def owner(self, request: Request | None) -> str | None:
         """The owner of a connection's sessions: its token's, when tokens are configured."""

@@ -1,17 +1,20 @@
 """Recordings: each accepted message, as the client sent it, appended to its session's file.
 
 ``DIR/<session>.jsonl`` holds one JSON object a line (see :func:`recording_name` for the
-file name). The files are written off the event loop: :class:`Recorder` hands each line to
-one writer task, which appends what has gathered in a worker thread, in the order it came.
-A request is answered once its line is written, so a reply the client reads is in the
-recording; a delete is ordered after the writes before it. Leaving :meth:`Recorder.run`'s
-task group writes what is queued (within ``SHUTDOWN_GRACE``).
+file name). The files are written off the event loop: each line is appended by a worker
+thread (at most ``WRITERS`` at once), one write each, flushed as the file closes. A
+session's lines are written one at a time, in the order they came (a delete too, after the
+lines before it); different sessions' side by side, so a file the disk holds up holds up
+only its own session. A request is answered once its line is written, so a reply the client
+reads is in the recording. :meth:`Recorder.aclose` stops taking lines and waits (within
+``SHUTDOWN_GRACE``) for those being written.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,14 +24,12 @@ import anyio
 import anyio.to_thread
 import orjson
 import structlog
-from anyio.abc import TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 log = structlog.get_logger("voice_context.server")
 
-#: Writes waiting for the writer, at most (past it, a request waits to queue its line).
-QUEUED_WRITES = 1024
-#: Seconds the writer may take, at shutdown, to write what is queued.
+#: Worker threads writing recordings at once, at most.
+WRITERS = 8
+#: Seconds the recorder may take, at shutdown, to finish the lines being written.
 SHUTDOWN_GRACE = 5.0
 
 
@@ -48,50 +49,31 @@ def recording_name(session: str) -> str:
 
 
 @dataclass(eq=False)
-class _Job:
-    """A line to append to ``path`` (or, with no line, ``path`` to delete); ``done`` is set
-    once the writer has done it, and ``error`` says what failed."""
+class _Lane:
+    """The writes of one file, one at a time in the order they came (anyio's lock is fair)."""
 
-    path: Path
-    line: bytes | None
-    done: anyio.Event = field(default_factory=anyio.Event)
-    error: str | None = None
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    users: int = 0
 
 
 class Recorder:
-    """Writes the recordings of one server into ``record_dir``. Run :meth:`run` in a task
-    group with ``await tg.start(recorder.run)``; :meth:`aclose` ends it."""
+    """Writes the recordings of one server into ``record_dir``."""
 
     def __init__(self, record_dir: Path) -> None:
         self.record_dir = record_dir
-        self._jobs: MemoryObjectSendStream[_Job]
-        self._queue: MemoryObjectReceiveStream[_Job]
-        self._jobs, self._queue = anyio.create_memory_object_stream[_Job](QUEUED_WRITES)
-        self._finished = anyio.Event()
         self.written = 0
+        self._threads = anyio.CapacityLimiter(WRITERS)
+        self._lanes: dict[Path, _Lane] = {}
+        self._busy = 0
+        self._idle = anyio.Event()
+        self._closed = False
 
     def __repr__(self) -> str:
-        queued = self._jobs.statistics().current_buffer_used
-        return f"<Recorder {str(self.record_dir)!r} written={self.written} queued={queued}>"
+        return f"<Recorder {str(self.record_dir)!r} written={self.written} files_busy={len(self._lanes)}>"
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Make the directory, then write each batch of what has gathered, until closed."""
-        try:
-            await anyio.to_thread.run_sync(lambda: self.record_dir.mkdir(parents=True, exist_ok=True))
-            task_status.started()
-            async with self._queue:
-                async for job in self._queue:
-                    batch = [job]
-                    with contextlib.suppress(anyio.WouldBlock):
-                        while True:
-                            batch.append(self._queue.receive_nowait())
-                    try:  # a disk that hangs past the shutdown's grace is left to its thread
-                        await anyio.to_thread.run_sync(_perform, batch, abandon_on_cancel=True)
-                    finally:
-                        for done in batch:
-                            done.done.set()
-        finally:
-            self._finished.set()
+    async def prepare(self) -> None:
+        """Make the directory."""
+        await anyio.to_thread.run_sync(lambda: self.record_dir.mkdir(parents=True, exist_ok=True))
 
     async def record(self, session: str, sent: dict[str, Any]) -> None:
         """Append an accepted message, as the client sent it, to its session's recording, and
@@ -100,31 +82,23 @@ class Recorder:
         path = self.record_dir / recording_name(session)
         try:
             line = orjson.dumps(sent) + b"\n"
-        except orjson.JSONEncodeError as exc:
+            async with self._lane(path):
+                await anyio.to_thread.run_sync(
+                    _append, path, line, limiter=self._threads, abandon_on_cancel=True
+                )
+        except (OSError, orjson.JSONEncodeError, anyio.ClosedResourceError) as exc:
             log.warning("voice_context_record_failed", path=str(path), error=str(exc))
-            return
-        job = await self._submit(path, line)
-        if job.error is not None:
-            log.warning("voice_context_record_failed", path=str(path), error=job.error)
         else:
             self.written += 1
 
     async def delete(self, session: str, path: Path | None = None) -> None:
-        """Delete a session's recording (or the file at ``path``), after every line queued before."""
+        """Delete a session's recording (or the file at ``path``), after the lines queued before."""
         path = path if path is not None else self.record_dir / recording_name(session)
-        job = await self._submit(path, None)
-        if job.error is not None:
-            log.warning("voice_context_recording_not_deleted", path=str(path), error=job.error)
-
-    async def _submit(self, path: Path, line: bytes | None) -> _Job:
-        job = _Job(path, line)
         try:
-            await self._jobs.send(job)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            job.error = "the server has stopped recording"
-            return job
-        await job.done.wait()
-        return job
+            async with self._lane(path):
+                await anyio.to_thread.run_sync(_unlink, path, limiter=self._threads, abandon_on_cancel=True)
+        except (OSError, anyio.ClosedResourceError) as exc:
+            log.warning("voice_context_recording_not_deleted", path=str(path), error=str(exc))
 
     async def stale(self, before: float) -> list[tuple[str, Path]]:
         """The recordings last written before ``before`` (unix time), with the session each
@@ -132,27 +106,45 @@ class Recorder:
         return await anyio.to_thread.run_sync(_stale_recordings, self.record_dir, before)
 
     async def aclose(self) -> None:
-        """Stop taking lines and let the writer write what is queued, within ``SHUTDOWN_GRACE``."""
-        self._jobs.close()
+        """Take no more lines, and let those being written finish, within ``SHUTDOWN_GRACE``."""
+        self._closed = True
         with anyio.move_on_after(SHUTDOWN_GRACE, shield=True) as waited:
-            await self._finished.wait()
+            while self._busy:
+                await self._idle.wait()
         if waited.cancelled_caught:
-            log.warning("voice_context_recordings_unwritten", record_dir=str(self.record_dir))
+            log.warning("voice_context_recordings_unwritten", files=len(self._lanes))
 
-
-def _perform(batch: list[_Job]) -> None:
-    """Do each job in order (in a worker thread): one write of its line (flushed as the file
-    closes), or the file's deletion."""
-    for job in batch:
+    @contextlib.asynccontextmanager
+    async def _lane(self, path: Path) -> AsyncIterator[None]:
+        """Hold ``path``'s turn to be written."""
+        if self._closed:
+            raise anyio.ClosedResourceError("the server has stopped recording")
+        lane = self._lanes.get(path)
+        if lane is None:
+            lane = self._lanes[path] = _Lane()
+        lane.users += 1
+        self._busy += 1
         try:
-            if job.line is None:
-                with contextlib.suppress(FileNotFoundError):
-                    job.path.unlink()
-            else:
-                with job.path.open("ab") as out:
-                    out.write(job.line)
-        except OSError as exc:
-            job.error = str(exc)
+            async with lane.lock:
+                yield
+        finally:
+            lane.users -= 1
+            if not lane.users:
+                del self._lanes[path]
+            self._busy -= 1
+            if not self._busy:
+                self._idle.set()
+                self._idle = anyio.Event()
+
+
+def _append(path: Path, line: bytes) -> None:
+    with path.open("ab") as out:  # one write, flushed on close
+        out.write(line)
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
 
 
 def _stale_recordings(record_dir: Path, before: float) -> list[tuple[str, Path]]:
