@@ -233,6 +233,8 @@ class CompactionEvent:
     retry_at: float | None = None
     trigger: str | None = None
     """For a completed fold: ``count`` (the batch rule) or ``fill`` (the fill trigger)."""
+    clamped: bool = False
+    """For a completed fold: whether its summary was cut to the ceiling as a last resort."""
 
 
 Listener = Callable[[CompactionEvent], None]
@@ -285,12 +287,15 @@ class SessionManager:
         embedder: Embedder | None = None,
         lease_ttl: float = SERVER.lease_ttl,
         recall_ahead: AheadMode = "first",
+        tokenizer_ahead: bool = True,
     ) -> None:
         if lease_ttl <= 0:
             raise ValueError("lease_ttl must be positive")
         self.summarizer = summarizer
         self.embedder = embedder
         self.recall_ahead = recall_ahead
+        #: whether entering reads the default tokenizer (some 1 s), before a reply counts tokens
+        self.tokenizer_ahead = tokenizer_ahead
         self.config = config or session_defaults(summarizer)
         self.store: Store = store if store is not None else MemoryStore()
         self.compaction_timeout = compaction_timeout
@@ -318,9 +323,10 @@ class SessionManager:
     # -- lifetime --------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
-        # the default tokenizer's file is read once per process, before the first reply needs it
-        tokenizer = self.config.tokenizer
-        self._counters[tokenizer] = await anyio.to_thread.run_sync(load_tokenizer, tokenizer)
+        if self.tokenizer_ahead:
+            # the default tokenizer's file is read once per process, before the first reply needs it
+            tokenizer = self.config.tokenizer
+            self._counters[tokenizer] = await anyio.to_thread.run_sync(load_tokenizer, tokenizer)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         return self
@@ -564,7 +570,8 @@ class SessionManager:
         live = self._get(name, owner)
         tokenizer = live.session.config.tokenizer
         counter = self._counters.get(tokenizer)
-        if counter is None:  # the first use of a tokenizer reads its file: off the event loop
+        if counter is None and budget_tokens is not None:  # only a token budget counts tokens
+            # the first use of a tokenizer reads its file: off the event loop
             counter = await anyio.to_thread.run_sync(load_tokenizer, tokenizer)
             self._counters[tokenizer] = counter
             live = self._get(name, owner)  # decide again after the await
@@ -667,6 +674,12 @@ class SessionManager:
             if lag >= before:
                 break
         return lag
+
+    async def wait_idle(self) -> None:
+        """Wait until no compaction or tier roll runs here: for a replay on a logical clock,
+        which lets each one land before the next message (and for tests)."""
+        while self._in_flight:
+            await self._idle.wait()
 
     def state(self, name: str, *, owner: str | None = None) -> SessionStats:
         return self._get(name, owner).session.stats()
@@ -1618,6 +1631,7 @@ class SessionManager:
                 outcome.latency,
                 old_cursor=outcome.old_cursor,
                 trigger=outcome.plan.trigger,
+                clamped=outcome.clamped,
             ),
         )
 

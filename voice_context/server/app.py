@@ -101,6 +101,7 @@ class Server:
             limits=self._limits,
             health=self._health,
             manager=lambda: self._manager,
+            store=lambda: self._store,
         )
         self._manager: SessionManager | None = None
         self._handlers: Handlers | None = None
@@ -133,6 +134,11 @@ class Server:
         if ":" in host:
             host = f"[{host}]"
         return f"ws://{host}:{self.port}{PATH}"
+
+    @property
+    def inspector_url(self) -> str:
+        """Where a browser finds the inspector (:mod:`voice_context.inspector`)."""
+        return "http" + self.url.removeprefix("ws").removesuffix(PATH) + "/inspector"
 
     @property
     def stopping(self) -> bool:
@@ -210,7 +216,7 @@ class Server:
         task group ``tg``; on the way out, the shutdown, then the loops end."""
         cfg = self.settings.server
         self._manager, self._tg = manager, tg
-        manager.add_listener(self._journal.compaction)
+        self._journal.attach(manager)
         self.metrics.watch_manager(
             lambda: manager.counters,
             lambda: manager.sessions,

@@ -321,6 +321,7 @@ class Handlers:
             self.manager.remove_listener(holder.push, session=name)
         conn.sessions.discard(name)
         await self.manager.delete(name, owner=conn.owner)
+        self.journal.forget(name)
         if self.recorder is not None:
             await self.recorder.delete(name)
         log.info("voice_context_session_deleted")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, NamedTuple
@@ -24,13 +24,21 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from voice_context import inspector
-from voice_context.codec import RATE_LIMITED, UNAUTHORIZED, UNKNOWN_SESSION, ErrorReply, encode_reply
+from voice_context.codec import (
+    INTERNAL,
+    RATE_LIMITED,
+    UNAUTHORIZED,
+    UNKNOWN_SESSION,
+    ErrorReply,
+    encode_reply,
+)
 from voice_context.config import ServerSettings
 from voice_context.descriptors import DescriptorGuard, refusal_body
-from voice_context.errors import UnknownSession
+from voice_context.errors import StoreError, UnknownSession
 from voice_context.manager import SessionManager
 from voice_context.metrics import CONTENT_TYPE, Metrics
 from voice_context.server.limits import Limits
+from voice_context.store.base import Store
 
 log = structlog.get_logger("voice_context.server")
 
@@ -83,6 +91,7 @@ class Routes:
     limits: Limits
     health: Callable[[], Health]
     manager: Callable[[], SessionManager | None]
+    store: Callable[[], Store | None]
 
     def owner(self, request: Request | None) -> str | None:
         """The owner of a connection's sessions: its token's, when tokens are configured."""
@@ -90,8 +99,11 @@ class Routes:
             return None
         return owner_of(bearer_token(request.headers))
 
-    def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        """An HTTP response, or ``None`` to let the websocket handshake go on."""
+    def process_request(
+        self, connection: ServerConnection, request: Request
+    ) -> Response | Coroutine[Any, Any, Response] | None:
+        """An HTTP response (a coroutine for the inspector's: it may read the store), or
+        ``None`` to let the websocket handshake go on."""
         path = urlsplit(request.path).path
         if path == "/healthz":
             health = self.health()
@@ -106,7 +118,7 @@ class Routes:
         if path == "/metrics":
             return _response(HTTPStatus.OK, self.metrics.render(), CONTENT_TYPE)
         if path == "/inspector" or path.startswith("/inspector/"):
-            return self._inspector(path, request)
+            return self._inspector(path, request)  # a coroutine: it may read the store
         if path != PATH:
             return _error(HTTPStatus.NOT_FOUND, ErrorReply("not_found", f"no such path: {path}"))
         return self._admit(connection, request)
@@ -144,33 +156,52 @@ class Routes:
             )
         return None
 
-    def _inspector(self, path: str, request: Request) -> Response:
+    async def _inspector(self, path: str, request: Request) -> Response:
         """The read-only inspector (:mod:`voice_context.inspector`), behind the same tokens: a
         token comes as ``Authorization: Bearer`` or, for a browser, as ``?token=``."""
         tokens = self.settings.auth_tokens
-        asked = parse_qs(urlsplit(request.path).query).get("token", [])
+        query = parse_qs(urlsplit(request.path).query)
+        asked = query.get("token", [])
         token = bearer_token(request.headers) or (asked[0] if asked else None)
         if tokens and not token_matches(token, tokens):
             self.metrics.errors.labels(code=UNAUTHORIZED).inc()
             denied = ErrorReply(UNAUTHORIZED, "the inspector needs a valid token (?token=...)")
             return _error(HTTPStatus.UNAUTHORIZED, denied)
         owner = owner_of(token) if tokens else None
-        manager = self.manager()
+        manager, store = self.manager(), self.store()
         if path == "/inspector":
             return _response(HTTPStatus.OK, inspector.page(), "text/html; charset=utf-8")
-        if manager is not None and path == "/inspector/api/sessions":
-            listed = orjson.dumps(inspector.session_list(manager, owner))
-            return _response(HTTPStatus.OK, listed, "application/json")
         prefix = "/inspector/api/sessions/"
-        if manager is not None and path.startswith(prefix):
-            name = unquote(path[len(prefix) :])
-            try:
-                view = inspector.session_view(manager, name, owner, self.journal)
-            except UnknownSession:
-                missing = ErrorReply(UNKNOWN_SESSION, f"no live session {name!r} here")
-                return _error(HTTPStatus.NOT_FOUND, missing)
-            return _response(HTTPStatus.OK, orjson.dumps(view), "application/json")
+        # a session's name comes percent-encoded: "/turns" after it is never part of it
+        raw = path[len(prefix) :] if path.startswith(prefix) else ""
+        turns_of = raw.endswith("/turns")
+        name = unquote(raw.removesuffix("/turns"))
+        try:
+            if manager is not None and store is not None:
+                if path == "/inspector/api/sessions":
+                    listed = await inspector.session_list(manager, store, owner)
+                    return _response(HTTPStatus.OK, orjson.dumps(listed), "application/json")
+                if turns_of:
+                    start, end = _int(query, "start"), _int(query, "end")
+                    turns = await inspector.folded_turns(manager, store, name, owner, start, end)
+                    return _response(HTTPStatus.OK, orjson.dumps(turns), "application/json")
+                if name:
+                    chosen = _int(query, "context") or None
+                    view = await inspector.session_view(manager, store, self.journal, name, owner, chosen)
+                    return _response(HTTPStatus.OK, orjson.dumps(view), "application/json")
+        except UnknownSession:
+            missing = ErrorReply(UNKNOWN_SESSION, f"no session {name!r} for this token")
+            return _error(HTTPStatus.NOT_FOUND, missing)
+        except StoreError as exc:
+            failed = ErrorReply(INTERNAL, f"the store cannot be read: {exc}", retryable=exc.retryable)
+            return _error(HTTPStatus.SERVICE_UNAVAILABLE, failed)
         return _error(HTTPStatus.NOT_FOUND, ErrorReply("not_found", f"no such path: {path}"))
+
+
+def _int(query: dict[str, list[str]], key: str) -> int:
+    """An integer query parameter (0 when absent or not a number)."""
+    values = query.get(key, [])
+    return int(values[0]) if values and values[0].lstrip("-").isdigit() else 0
 
 
 def _error(status: HTTPStatus, error: ErrorReply, *extra: tuple[str, str]) -> Response:
