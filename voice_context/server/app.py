@@ -262,6 +262,7 @@ class Server:
                             await self._recorder.aclose()
                         tg.cancel_scope.cancel()  # the background loops end with the server
         finally:
+            self._released += self._handlers.released  # the sessions it closed stay counted
             self._manager = self._handlers = self._tg = None
 
     @contextlib.contextmanager
