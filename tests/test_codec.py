@@ -16,28 +16,39 @@ from hypothesis import strategies as st
 from voice_context.codec import (
     CLIENT_TYPES,
     ERROR_CODES,
+    Closed,
     ContextGet,
+    ContextReply,
     DecodeError,
+    Deleted,
+    Emergency,
+    ErrorReply,
+    HandoffReply,
     NoteAppend,
+    NoteStored,
     Ping,
+    Pinned,
+    Pong,
+    Reply,
     SessionClose,
     SessionHandoff,
     SessionOpen,
+    SessionOpened,
+    SessionState,
     SessionStateGet,
     TurnAppend,
+    TurnStored,
+    Unpinned,
     decode,
     decode_reply,
     encode,
-    encode_context,
-    encode_error,
     encode_event,
-    encode_note_appended,
-    encode_opened,
-    encode_state,
-    encode_turn_appended,
+    encode_reply,
     parse,
 )
 from voice_context.core.budget import build_context
+from voice_context.core.handoff import Handoff, OpenQuestion
+from voice_context.core.landmarks import Landmark
 from voice_context.core.session import NotesChanged, Session, TurnAppended
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import ProtocolError
@@ -332,7 +343,7 @@ def test_server_messages_carry_the_contract_fields() -> None:
     for i in range(3):
         session.receive(TurnAppended(Turn("Alice", "user", f"line {i}", T0 + i)))
     stats = session.stats()
-    opened = decode_reply(encode_opened("room-1", Opened("room-1", False, stats), "o"))
+    opened = decode_reply(encode_reply(SessionOpened("room-1", Opened("room-1", False, stats), "o")))
     assert opened == {
         "type": "session.opened",
         "id": "o",
@@ -343,27 +354,107 @@ def test_server_messages_carry_the_contract_fields() -> None:
         "summary_chars": 0,
         "in_flight": False,
     }
-    assert decode_reply(encode_turn_appended("room-1", 3, 4)) == {
+    assert decode_reply(encode_reply(TurnStored("room-1", 3, 4))) == {
         "type": "turn.appended",
         "id": 4,
         "session": "room-1",
         "index": 3,
     }
-    noted = decode_reply(encode_note_appended("room-1", NotesChanged(2, 1, 1, 0)))
+    noted = decode_reply(encode_reply(NoteStored("room-1", NotesChanged(2, 1, 1, 0))))
     assert (noted["live"], noted["pending"]) == (2, 1)
     ctx = build_context(session.view(), "instructions", budget_chars=500)
-    reply = decode_reply(encode_context("room-1", ctx, in_flight=True, msg_id=9))
+    reply = decode_reply(encode_reply(ContextReply("room-1", ctx, True, 9)))
     assert reply["type"] == "context"
     assert reply["instructions"] == ctx.instructions
     assert "messages" not in reply
     for key in ("summary", "cursor", "covered_through", "in_flight", "chars"):
         assert key in reply
     plain = build_context(session.view(), "messages")
-    messages = decode_reply(encode_context("room-1", plain, in_flight=False))
+    messages = decode_reply(encode_reply(ContextReply("room-1", plain, False)))
     assert [m["content"] for m in messages["messages"]] == ["Alice: line 0", "Alice: line 1", "Alice: line 2"]
-    state = decode_reply(encode_state("room-1", stats))
+    state = decode_reply(encode_reply(SessionState("room-1", stats)))
     for key in ("turns", "cursor", "in_flight", "summary_chars", "pending_notes", "failures"):
         assert key in state
+
+
+def test_each_reply_is_the_frame_the_protocol_has_always_sent() -> None:
+    session = Session("room-1")
+    for i in range(2):
+        session.receive(TurnAppended(Turn("Alice", "user", f"line {i}", T0 + i, f"t{i}")))
+    stats = session.stats()
+    said = Turn("Bob", "user", "the code is 4471", T0 + 1)
+    code = Landmark(1, said, "decision", "a number", "manual", T0 + 9.5)
+    ctx = build_context(session.view(), "messages", budget_chars=500)
+    why = Turn("Alice", "user", "why?", T0 + 1)
+    handoff = Handoff("be kind", 800, ((1, why),), (OpenQuestion(1, "Alice", "why?", T0 + 1),), 0, 2)
+    frames: list[tuple[Reply, str]] = [
+        (Pong(1), '{"type":"pong","id":1,"protocol":1}'),
+        (
+            SessionOpened("room-1", Opened("room-1", True, stats), "o"),
+            '{"type":"session.opened","id":"o","session":"room-1","resumed":true,"turns":2,"cursor":0,'
+            '"summary_chars":0,"in_flight":false}',
+        ),
+        (
+            TurnStored("room-1", 1, 2, landmark=code),
+            '{"type":"turn.appended","id":2,"session":"room-1","index":1,'
+            '"landmark":{"kind":"decision","reason":"a number","source":"manual"}}',
+        ),
+        (
+            TurnStored("room-1", 1, 3, duplicate=True),
+            '{"type":"turn.appended","id":3,"session":"room-1","index":1,"duplicate":true}',
+        ),
+        (
+            NoteStored("room-1", NotesChanged(2, 1, 1, 0), 4),
+            '{"type":"note.appended","id":4,"session":"room-1","live":2,"pending":1,"evicted":1,"dropped":0}',
+        ),
+        (
+            ContextReply("room-1", ctx, False, 5, Emergency(0, 0, 0)),
+            '{"type":"context","id":5,"session":"room-1","format":"messages","summary":"","cursor":0,'
+            '"covered_through":-1,"in_flight":false,"chars":26,"first_turn":0,"turns_shown":2,'
+            '"budget_chars":500,"budget_tokens":null,"tokens":null,"tokenizer":null,"dropped":[],"query":"",'
+            '"recalled":[],"landmarks":[],"emergency":{"old_cursor":0,"cursor":0,"folded":0},'
+            '"messages":[{"role":"user","content":"Alice: line 0"},'
+            '{"role":"user","content":"Alice: line 1"}]}',
+        ),
+        (
+            HandoffReply("room-1", handoff, 6),
+            '{"type":"handoff","id":6,"session":"room-1","instructions":"be kind","chars":7,'
+            '"limit_chars":800,"cursor":0,"turns":2,"recalled":0,'
+            '"last_turns":[{"index":1,"speaker":"Alice","role":"user","text":"why?","at":1714572188.0}],'
+            '"open_questions":[{"index":1,"speaker":"Alice","text":"why?","at":1714572188.0}]}',
+        ),
+        (
+            SessionState("room-1", stats, 7),
+            '{"type":"session.state","id":7,"session":"room-1","turns":2,"cursor":0,"in_flight":false,'
+            '"summary_chars":0,"live_notes":0,"pending_notes":0,"failures":0,"compactions":0,'
+            '"notes_dropped":0,"landmarks":0}',
+        ),
+        (
+            Pinned("room-1", code, 8),
+            '{"type":"landmark.pinned","id":8,"session":"room-1","landmark":{"index":1,"kind":"decision",'
+            '"reason":"a number","source":"manual","pinned_at":1714572196.5,"speaker":"Bob",'
+            '"text":"the code is 4471","at":1714572188.0}}',
+        ),
+        (
+            Unpinned("room-1", 1, True, 9),
+            '{"type":"landmark.unpinned","id":9,"session":"room-1","index":1,"removed":true}',
+        ),
+        (Closed("room-1", 10), '{"type":"session.closed","id":10,"session":"room-1"}'),
+        (Deleted("room-1"), '{"type":"session.deleted","session":"room-1"}'),
+        (
+            ErrorReply("too_large", "24 tokens", 11, "room-1", limit="limit_tokens", needed=24),
+            '{"type":"error","id":11,"session":"room-1","code":"too_large","message":"24 tokens",'
+            '"limit":"limit_tokens","needed":24}',
+        ),
+        (
+            ErrorReply("internal", "the store failed: down", 12, "room-1", retryable=True),
+            '{"type":"error","id":12,"session":"room-1","code":"internal","message":"the store failed: down",'
+            '"retryable":true}',
+        ),
+    ]
+    for reply, frame in frames:
+        assert encode_reply(reply) == frame
+    assert Emergency.after(None, 4) == Emergency(4, 4, 0)
 
 
 def test_pushed_events_and_errors() -> None:
@@ -381,7 +472,7 @@ def test_pushed_events_and_errors() -> None:
         "failed", "r", 0, -1, 0, 0.1, error="timeout", retryable=True, failures=2, retry_at=T0
     )
     assert decode_reply(encode_event(failed))["type"] == "compaction.failed"
-    error = decode_reply(encode_error("rate_limited", "slow down", msg_id=1, session="r", retry_after=0.5))
+    error = decode_reply(encode_reply(ErrorReply("rate_limited", "slow down", 1, "r", retry_after=0.5)))
     assert error == {
         "type": "error",
         "id": 1,

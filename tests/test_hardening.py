@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
@@ -19,7 +21,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
-from serving import T0, TIMEOUT, GatedStore, Wire, running, settings, turn_body, wait_until, wire
+from serving import T0, TIMEOUT, GatedStore, Wire, http_get, running, settings, turn_body, wait_until, wire
 from structlog.testing import capture_logs
 from test_codec import message_like, pinned
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -199,6 +201,44 @@ async def test_a_message_nested_too_deep_to_record_is_refused_before_it_is_appli
         assert (await bot.append("room-1", 0))["index"] == 0
     kinds = [orjson.loads(line)["type"] for line in (record_dir / "room-1.jsonl").read_text().splitlines()]
     assert kinds == ["session.open", "session.state", "turn.append"]
+
+
+@pytest.mark.asyncio
+async def test_a_disk_that_holds_up_a_recording_holds_up_neither_the_event_loop_nor_other_clients(
+    tmp_path: Path,
+) -> None:
+    record_dir = tmp_path / "rec"
+    record_dir.mkdir()
+    pipe = record_dir / recording_name("room-1")
+    os.mkfifo(pipe)  # appending to it waits until someone reads it: a disk that does not take the write
+    answered = threading.Event()
+
+    def read_the_recording() -> tuple[bool, bytes]:
+        # the disk takes the write once the other client has been answered (or, on a server
+        # that writes on its event loop and so answers nobody meanwhile, after the timeout)
+        in_time = answered.wait(TIMEOUT)
+        with pipe.open("rb") as recording:
+            return in_time, recording.read()
+
+    async with running(settings(record_dir=str(record_dir))) as server, wire(server) as bot:
+        async with anyio.create_task_group() as tg:
+            disk: list[tuple[bool, bytes]] = []
+
+            async def disk_reads() -> None:
+                disk.append(await anyio.to_thread.run_sync(read_the_recording))
+
+            tg.start_soon(disk_reads)
+            opening = {"type": "session.open", "id": "o", "session": "room-1"}
+            await bot.send(opening)  # answered once its line is recorded
+            async with wire(server) as other:
+                assert (await other.request("ping"))["type"] == "pong"
+                assert (await other.open("room-2"))["type"] == "session.opened"
+            assert (await http_get(server.port, "/healthz")).status == 200
+            answered.set()
+        assert (await bot.reply())["type"] == "session.opened"
+    [(in_time, written)] = disk
+    assert in_time, "another client was answered while the recording waited for the disk"
+    assert orjson.loads(written) == opening
 
 
 @pytest.mark.asyncio

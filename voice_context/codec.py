@@ -13,10 +13,14 @@ replies become JSON again. It is pure: no I/O, no clock.
   within its range in :data:`INTEGER_FIELDS` (turn indexes and ids up to
   2^53 - 1, budgets up to :data:`MAX_BUDGET`), so nothing out of range reaches
   a session or a store.
+  Each message type is read by its own function in one table.
 - :func:`encode` is its inverse, for clients and for recordings:
   ``decode(encode(m)) == m``.
-- The ``encode_*`` helpers build every server message; :func:`decode_reply`
-  reads a server frame on the client side.
+- Every reply is a frozen value (:class:`SessionOpened`, :class:`TurnStored`,
+  :class:`ContextReply`, :class:`ErrorReply`, ...) whose JSON shape is written
+  here once; :func:`encode_reply` makes it the frame the server sends, and
+  :func:`encode_event` a pushed compaction event. :func:`decode_reply` reads a
+  server frame on the client side.
 
 Unknown fields are ignored, so that clients and servers can add fields freely.
 See ``docs/protocol.md`` for the contract.
@@ -25,10 +29,10 @@ See ``docs/protocol.md`` for the contract.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple, cast
 
 import orjson
 
@@ -40,7 +44,7 @@ from voice_context.errors import DecodeError
 if TYPE_CHECKING:
     from voice_context.core.budget import Context
     from voice_context.core.landmarks import Landmark
-    from voice_context.core.session import NotesChanged, SessionStats
+    from voice_context.core.session import Applied, NotesChanged, SessionStats
     from voice_context.manager import CompactionEvent, Opened
 
 PROTOCOL_VERSION: Final = 1
@@ -327,16 +331,31 @@ def valid_session_name(name: object) -> bool:
     return isinstance(name, str) and 0 < len(name) <= MAX_SESSION_CHARS and name.isprintable()
 
 
+@dataclass(frozen=True, slots=True)
 class _Reader:
-    """Reads typed fields out of one message object, raising ``DecodeError`` with context."""
+    """Reads typed fields out of one ``kind`` message object, raising ``DecodeError`` with context."""
 
-    def __init__(self, obj: Mapping[str, object], id: MessageId, session: str | None) -> None:
-        self.obj = obj
-        self.id = id
-        self.session = session
+    obj: Mapping[str, object]
+    kind: str
+    id: MessageId
+    session: str | None
+    max_text_chars: int
 
     def fail(self, message: str, code: str = BAD_REQUEST) -> DecodeError:
         return DecodeError(code, message, id=self.id, session=self.session)
+
+    def framed(self, kind: str, **fields: object) -> _Reader:
+        """The same message read as a ``kind`` message, with ``fields`` set (a message that
+        frames a context is read as ``context.get`` reads one)."""
+        return _Reader({**self.obj, **fields}, kind, self.id, self.session, self.max_text_chars)
+
+    def session_name(self) -> str:
+        """The message's ``session``: required, and a valid name."""
+        if self.obj.get("session") is None:
+            raise self.fail("session is required")
+        if self.session is None:
+            raise self.fail("session must be a non-empty string of at most 200 printable characters")
+        return self.session
 
     def string(
         self,
@@ -363,10 +382,10 @@ class _Reader:
             raise self.fail(f"{where}{key} is {len(raw)} characters, over the limit of {max_chars}", code)
         return raw
 
-    def integer(self, kind: str, key: str, *, required: bool = False) -> int | None:
-        """The integer field ``key`` of a ``kind`` message, within its range in :data:`INTEGER_FIELDS`
-        (``None`` when it is absent and not required)."""
-        low, high = INTEGER_FIELDS[kind][key]
+    def integer(self, key: str, *, required: bool = False) -> int | None:
+        """The integer field ``key``, within its range in :data:`INTEGER_FIELDS` for this kind
+        of message (``None`` when it is absent and not required)."""
+        low, high = INTEGER_FIELDS[self.kind][key]
         raw = self.obj.get(key)
         if raw is None:
             if required:
@@ -423,145 +442,192 @@ def parse(
 
 
 def _message(obj: dict[str, Any], max_text_chars: int) -> ClientMessage:
+    """What every message is checked for (an ``id``, a known ``type``, its depth), then the
+    reading of its type in :data:`_DECODERS`."""
     msg_id = _read_id(obj)
     raw_session = obj.get("session")
-    readable_session = raw_session if valid_session_name(raw_session) else None
-    assert readable_session is None or isinstance(readable_session, str)
+    session = raw_session if valid_session_name(raw_session) else None
     kind = obj.get("type")
     if kind is None:
-        raise DecodeError(BAD_REQUEST, "type is required", id=msg_id, session=readable_session)
+        raise DecodeError(BAD_REQUEST, "type is required", id=msg_id, session=session)
     if not isinstance(kind, str):
-        raise DecodeError(BAD_REQUEST, "type must be a string", id=msg_id, session=readable_session)
-    if kind not in CLIENT_TYPES:
+        raise DecodeError(BAD_REQUEST, "type must be a string", id=msg_id, session=session)
+    decoder = _DECODERS.get(kind)
+    if decoder is None:
         shown = kind if len(kind) <= 60 else kind[:60] + "…"
-        raise DecodeError(
-            UNKNOWN_TYPE, f"unknown message type {shown!r}", id=msg_id, session=readable_session
-        )
-    r = _Reader(obj, msg_id, readable_session)
+        raise DecodeError(UNKNOWN_TYPE, f"unknown message type {shown!r}", id=msg_id, session=session)
+    r = _Reader(obj, kind, msg_id, session, max_text_chars)
     if _nested_deeper(obj, MAX_DEPTH):
         raise r.fail(f"a message must not nest objects or arrays more than {MAX_DEPTH} levels deep")
-    if kind == "ping":
-        if raw_session is not None and readable_session is None:
-            raise r.fail("session must be a non-empty string of at most 200 printable characters")
-        return Ping(msg_id, readable_session)
-    if raw_session is None:
-        raise r.fail("session is required")
-    if readable_session is None:
+    return decoder(r)
+
+
+def _ping(r: _Reader) -> Ping:
+    if r.obj.get("session") is not None and r.session is None:
         raise r.fail("session must be a non-empty string of at most 200 printable characters")
-    session = readable_session
-    if kind == "session.open":
-        config = r.object("config", required=False)
-        return SessionOpen(session, dict(config) if config is not None else None, msg_id)
-    if kind == "turn.append":
-        body = r.object("turn")
-        assert body is not None
-        speaker = r.string(body, "speaker", "turn.", max_chars=MAX_SPEAKER_CHARS)
-        role = r.string(body, "role", "turn.")
-        if role not in ROLES:
-            raise r.fail(f"turn.role must be one of {', '.join(sorted(ROLES))}")
-        call, result = body.get("tool_call"), body.get("tool_result")
-        if call is not None and result is not None:
-            raise r.fail("a turn is a tool_call or a tool_result, not both")
-        tool: dict[str, str | None] = {}
-        if call is not None or result is not None:
-            field_name = "tool_call" if call is not None else "tool_result"
-            tool_body = call if call is not None else result
-            if not isinstance(tool_body, dict):
-                raise r.fail(f"turn.{field_name} must be an object")
-            if (role, field_name) not in (("assistant", "tool_call"), ("tool", "tool_result")):
-                raise r.fail("a tool_call is an assistant turn and a tool_result a tool turn")
-            where = f"turn.{field_name}."
-            tool["tool_call_id"] = r.string(tool_body, "id", where, max_chars=MAX_ID_CHARS)
-            tool["tool_name"] = r.string(
-                tool_body, "name", where, required=call is not None, max_chars=MAX_SPEAKER_CHARS
-            )
-            if call is not None:
-                arguments = tool_body.get("arguments", "")
-                if not isinstance(arguments, str):  # OpenAI sends the arguments as JSON text
-                    arguments = orjson.dumps(arguments).decode()
-                if len(arguments) > max_text_chars:
-                    raise r.fail(f"{where}arguments are over the limit of {max_text_chars}", TOO_LARGE)
-                tool["tool_arguments"] = arguments
-        text = r.string(
-            body,
-            "text",
-            "turn.",
-            max_chars=max_text_chars,
-            too_large=True,
-            non_empty=call is None,
-            required=call is None,
-        )
-        at = r.time(body, "at", "turn.")
-        turn_id = r.string(body, "id", "turn.", required=False, max_chars=MAX_ID_CHARS)
-        assert speaker is not None
-        return TurnAppend(session, Turn(speaker, cast(Role, role), text or "", at, turn_id, **tool), msg_id)
-    if kind == "note.append":
-        body = r.object("note")
-        assert body is not None
-        text = r.string(body, "text", "note.", max_chars=max_text_chars, too_large=True)
-        at = r.time(body, "at", "note.")
-        speaker = r.string(body, "speaker", "note.", required=False, max_chars=MAX_SPEAKER_CHARS)
-        source = r.string(body, "source", "note.", required=False, max_chars=MAX_SPEAKER_CHARS)
-        assert text is not None
-        return NoteAppend(session, Note(text, at, speaker, source), msg_id)
-    if kind == "context.overflow":
-        limit = r.integer(kind, "limit_tokens")
-        budget = r.integer(kind, "budget_chars")
-        # the rest is read as context.get reads it; limit_tokens is the token budget
-        framing = {**obj, "type": "context.get", "budget_chars": None, "budget_tokens": None}
-        got = _message(framing, max_text_chars)
-        assert isinstance(got, ContextGet)
-        return ContextOverflow(
-            session, limit, got.format, budget, got.base_instructions, got.facts, got.query, msg_id
-        )
-    if kind == "session.handoff":
-        limit = r.integer(kind, "limit_chars")
-        last = r.integer(kind, "last_turns")
-        # the rest is read as context.get reads it; the budgets are limit_chars's to set
-        framing = {
-            **obj,
-            "type": "context.get",
-            "format": "instructions",
-            "budget_chars": None,
-            "budget_tokens": None,
-        }
-        got = _message(framing, max_text_chars)
-        assert isinstance(got, ContextGet)
-        last_turns = LAST_TURNS if last is None else last
-        return SessionHandoff(session, limit, got.base_instructions, got.facts, got.query, last_turns, msg_id)
-    if kind == "context.get":
-        fmt = obj.get("format", "messages")
-        if not isinstance(fmt, str) or fmt not in FORMATS:
-            raise r.fail(f"format must be one of {', '.join(sorted(FORMATS))}")
-        budget = r.integer(kind, "budget_chars")
-        tokens = r.integer(kind, "budget_tokens")
-        base = r.string(obj, "base_instructions", "", required=False, non_empty=False)
-        raw_facts = obj.get("facts")
-        if raw_facts is None:
-            facts: tuple[str, ...] = ()
-        elif isinstance(raw_facts, list) and all(isinstance(f, str) for f in raw_facts):
-            facts = tuple(cast(list[str], raw_facts))
-        else:
-            raise r.fail("facts must be a list of strings")
-        query = r.string(obj, "query", "", required=False, non_empty=False, max_chars=max_text_chars)
-        return ContextGet(session, cast(Format, fmt), budget, base or "", facts, msg_id, query, tokens)
-    if kind in ("landmark.pin", "landmark.unpin"):
-        index = r.integer(kind, "index", required=True)
-        assert index is not None
-        if kind == "landmark.unpin":
-            return LandmarkUnpin(session, index, msg_id)
-        pin_kind = r.string(obj, "kind", "", required=False, max_chars=MAX_KIND_CHARS) or "other"
-        reason = r.string(obj, "reason", "", required=False, non_empty=False, max_chars=MAX_REASON_CHARS)
-        source = r.string(obj, "source", "", required=False) or "manual"
-        if source not in ("manual", "llm"):
-            raise r.fail("source must be manual or llm (heuristic landmarks are found by the server)")
-        return LandmarkPin(session, index, pin_kind, reason or "", source, msg_id)
-    if kind == "session.state":
-        return SessionStateGet(session, msg_id)
-    if kind == "session.delete":
-        return SessionDelete(session, msg_id)
-    assert kind == "session.close"
-    return SessionClose(session, msg_id)
+    return Ping(r.id, r.session)
+
+
+def _session_open(r: _Reader) -> SessionOpen:
+    session = r.session_name()
+    config = r.object("config", required=False)
+    return SessionOpen(session, dict(config) if config is not None else None, r.id)
+
+
+def _turn_append(r: _Reader) -> TurnAppend:
+    session = r.session_name()
+    body = r.object("turn")
+    assert body is not None
+    speaker = r.string(body, "speaker", "turn.", max_chars=MAX_SPEAKER_CHARS)
+    role = r.string(body, "role", "turn.")
+    if role not in ROLES:
+        raise r.fail(f"turn.role must be one of {', '.join(sorted(ROLES))}")
+    call, result = body.get("tool_call"), body.get("tool_result")
+    if call is not None and result is not None:
+        raise r.fail("a turn is a tool_call or a tool_result, not both")
+    tool = _tool_fields(r, role, call, result)
+    text = r.string(
+        body,
+        "text",
+        "turn.",
+        max_chars=r.max_text_chars,
+        too_large=True,
+        non_empty=call is None,
+        required=call is None,
+    )
+    at = r.time(body, "at", "turn.")
+    turn_id = r.string(body, "id", "turn.", required=False, max_chars=MAX_ID_CHARS)
+    assert speaker is not None
+    return TurnAppend(session, Turn(speaker, cast(Role, role), text or "", at, turn_id, **tool), r.id)
+
+
+def _tool_fields(r: _Reader, role: str, call: object, result: object) -> dict[str, str | None]:
+    """A turn's ``tool_call`` or ``tool_result`` as the keyword fields of its :class:`Turn`."""
+    if call is None and result is None:
+        return {}
+    field_name = "tool_call" if call is not None else "tool_result"
+    tool_body = call if call is not None else result
+    if not isinstance(tool_body, dict):
+        raise r.fail(f"turn.{field_name} must be an object")
+    if (role, field_name) not in (("assistant", "tool_call"), ("tool", "tool_result")):
+        raise r.fail("a tool_call is an assistant turn and a tool_result a tool turn")
+    where = f"turn.{field_name}."
+    tool: dict[str, str | None] = {
+        "tool_call_id": r.string(tool_body, "id", where, max_chars=MAX_ID_CHARS),
+        "tool_name": r.string(
+            tool_body, "name", where, required=call is not None, max_chars=MAX_SPEAKER_CHARS
+        ),
+    }
+    if call is not None:
+        arguments = tool_body.get("arguments", "")
+        if not isinstance(arguments, str):  # OpenAI sends the arguments as JSON text
+            arguments = orjson.dumps(arguments).decode()
+        if len(arguments) > r.max_text_chars:
+            raise r.fail(f"{where}arguments are over the limit of {r.max_text_chars}", TOO_LARGE)
+        tool["tool_arguments"] = arguments
+    return tool
+
+
+def _note_append(r: _Reader) -> NoteAppend:
+    session = r.session_name()
+    body = r.object("note")
+    assert body is not None
+    text = r.string(body, "text", "note.", max_chars=r.max_text_chars, too_large=True)
+    at = r.time(body, "at", "note.")
+    speaker = r.string(body, "speaker", "note.", required=False, max_chars=MAX_SPEAKER_CHARS)
+    source = r.string(body, "source", "note.", required=False, max_chars=MAX_SPEAKER_CHARS)
+    assert text is not None
+    return NoteAppend(session, Note(text, at, speaker, source), r.id)
+
+
+def _context_get(r: _Reader) -> ContextGet:
+    session = r.session_name()
+    fmt = r.obj.get("format", "messages")
+    if not isinstance(fmt, str) or fmt not in FORMATS:
+        raise r.fail(f"format must be one of {', '.join(sorted(FORMATS))}")
+    budget = r.integer("budget_chars")
+    tokens = r.integer("budget_tokens")
+    base = r.string(r.obj, "base_instructions", "", required=False, non_empty=False)
+    raw_facts = r.obj.get("facts")
+    if raw_facts is None:
+        facts: tuple[str, ...] = ()
+    elif isinstance(raw_facts, list) and all(isinstance(f, str) for f in raw_facts):
+        facts = tuple(cast(list[str], raw_facts))
+    else:
+        raise r.fail("facts must be a list of strings")
+    query = r.string(r.obj, "query", "", required=False, non_empty=False, max_chars=r.max_text_chars)
+    return ContextGet(session, cast(Format, fmt), budget, base or "", facts, r.id, query, tokens)
+
+
+def _context_overflow(r: _Reader) -> ContextOverflow:
+    session = r.session_name()
+    limit = r.integer("limit_tokens")
+    budget = r.integer("budget_chars")
+    # the rest is read as context.get reads it; limit_tokens is the token budget
+    got = _context_get(r.framed("context.get", budget_chars=None, budget_tokens=None))
+    return ContextOverflow(
+        session, limit, got.format, budget, got.base_instructions, got.facts, got.query, r.id
+    )
+
+
+def _session_handoff(r: _Reader) -> SessionHandoff:
+    session = r.session_name()
+    limit = r.integer("limit_chars")
+    last = r.integer("last_turns")
+    # the rest is read as context.get reads it; the budgets are limit_chars's to set
+    framing = r.framed("context.get", format="instructions", budget_chars=None, budget_tokens=None)
+    got = _context_get(framing)
+    last_turns = LAST_TURNS if last is None else last
+    return SessionHandoff(session, limit, got.base_instructions, got.facts, got.query, last_turns, r.id)
+
+
+def _landmark_pin(r: _Reader) -> LandmarkPin:
+    session = r.session_name()
+    index = r.integer("index", required=True)
+    assert index is not None
+    pin_kind = r.string(r.obj, "kind", "", required=False, max_chars=MAX_KIND_CHARS) or "other"
+    reason = r.string(r.obj, "reason", "", required=False, non_empty=False, max_chars=MAX_REASON_CHARS)
+    source = r.string(r.obj, "source", "", required=False) or "manual"
+    if source not in ("manual", "llm"):
+        raise r.fail("source must be manual or llm (heuristic landmarks are found by the server)")
+    return LandmarkPin(session, index, pin_kind, reason or "", source, r.id)
+
+
+def _landmark_unpin(r: _Reader) -> LandmarkUnpin:
+    session = r.session_name()
+    index = r.integer("index", required=True)
+    assert index is not None
+    return LandmarkUnpin(session, index, r.id)
+
+
+def _session_state(r: _Reader) -> SessionStateGet:
+    return SessionStateGet(r.session_name(), r.id)
+
+
+def _session_close(r: _Reader) -> SessionClose:
+    return SessionClose(r.session_name(), r.id)
+
+
+def _session_delete(r: _Reader) -> SessionDelete:
+    return SessionDelete(r.session_name(), r.id)
+
+
+#: How each client message type is read, once its ``id``, ``type`` and depth are checked.
+_DECODERS: Final[Mapping[str, Callable[[_Reader], ClientMessage]]] = {
+    "session.open": _session_open,
+    "turn.append": _turn_append,
+    "note.append": _note_append,
+    "context.get": _context_get,
+    "session.state": _session_state,
+    "session.close": _session_close,
+    "session.delete": _session_delete,
+    "landmark.pin": _landmark_pin,
+    "landmark.unpin": _landmark_unpin,
+    "context.overflow": _context_overflow,
+    "session.handoff": _session_handoff,
+    "ping": _ping,
+}
+assert tuple(_DECODERS) == CLIENT_TYPES
 
 
 # -- encoding client messages ----------------------------------------------------
@@ -655,40 +721,306 @@ def encode(message: ClientMessage) -> str:
 
 
 # -- server messages -------------------------------------------------------------
+#
+# Each reply the server sends is a frozen value below; its ``body`` is the one place
+# that knows its JSON shape, and :func:`encode_reply` puts the request's ``id`` right
+# after ``type``.
 
 
-def encode_opened(session: str, opened: Opened, msg_id: MessageId = None) -> str:
-    s = opened.stats
-    return _dumps(
-        _with_id(
-            {
-                "type": "session.opened",
-                "session": session,
-                "resumed": opened.resumed,
-                "turns": s.turns,
-                "cursor": s.cursor,
-                "summary_chars": s.summary_chars,
-                "in_flight": s.in_flight is not None,
-            },
-            msg_id,
-        )
-    )
+@dataclass(frozen=True, slots=True)
+class Pong:
+    """The answer to ``ping``."""
+
+    id: MessageId = None
+    type: ClassVar[str] = "pong"
+
+    def body(self) -> dict[str, Any]:
+        return {"type": self.type, "protocol": PROTOCOL_VERSION}
 
 
-def encode_turn_appended(
-    session: str,
-    index: int,
-    msg_id: MessageId = None,
-    *,
-    duplicate: bool = False,
-    landmark: Landmark | None = None,
-) -> str:
-    obj: dict[str, Any] = {"type": "turn.appended", "session": session, "index": index}
-    if duplicate:
-        obj["duplicate"] = True
-    if landmark is not None:
-        obj["landmark"] = {"kind": landmark.kind, "reason": landmark.reason, "source": landmark.source}
-    return _dumps(_with_id(obj, msg_id))
+@dataclass(frozen=True, slots=True)
+class SessionOpened:
+    """The answer to ``session.open``: whether the session was resumed, and its counters."""
+
+    session: str
+    opened: Opened
+    id: MessageId = None
+    type: ClassVar[str] = "session.opened"
+
+    def body(self) -> dict[str, Any]:
+        s = self.opened.stats
+        return {
+            "type": self.type,
+            "session": self.session,
+            "resumed": self.opened.resumed,
+            "turns": s.turns,
+            "cursor": s.cursor,
+            "summary_chars": s.summary_chars,
+            "in_flight": s.in_flight is not None,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStored:
+    """The answer to ``turn.append``: the turn's index (an identical retry's first one, as a
+    ``duplicate``), and the landmark the server found in it, if any."""
+
+    session: str
+    index: int
+    id: MessageId = None
+    duplicate: bool = False
+    landmark: Landmark | None = None
+    type: ClassVar[str] = "turn.appended"
+
+    def body(self) -> dict[str, Any]:
+        obj: dict[str, Any] = {"type": self.type, "session": self.session, "index": self.index}
+        if self.duplicate:
+            obj["duplicate"] = True
+        if self.landmark is not None:
+            lm = self.landmark
+            obj["landmark"] = {"kind": lm.kind, "reason": lm.reason, "source": lm.source}
+        return obj
+
+
+@dataclass(frozen=True, slots=True)
+class NoteStored:
+    """The answer to ``note.append``: what the note did to the note buffers."""
+
+    session: str
+    changed: NotesChanged
+    id: MessageId = None
+    type: ClassVar[str] = "note.appended"
+
+    def body(self) -> dict[str, Any]:
+        c = self.changed
+        return {
+            "type": self.type,
+            "session": self.session,
+            "live": c.live,
+            "pending": c.pending,
+            "evicted": c.evicted,
+            "dropped": c.dropped,
+        }
+
+
+class Emergency(NamedTuple):
+    """What a ``context.overflow``'s emergency fold moved: the cursor before and after it,
+    and how many turns it folded (0 when it folded none)."""
+
+    old_cursor: int
+    cursor: int
+    folded: int
+
+    @classmethod
+    def after(cls, applied: Applied | None, cursor: int) -> Emergency:
+        """What the fold ``applied`` moved (``None``: none was needed) for a context at ``cursor``."""
+        if applied is None:
+            return cls(cursor, cursor, 0)
+        return cls(applied.old_cursor, cursor, applied.new_cursor - applied.old_cursor)
+
+
+@dataclass(frozen=True, slots=True)
+class ContextReply:
+    """The answer to ``context.get`` and ``context.overflow`` (which says its ``emergency``)."""
+
+    session: str
+    context: Context
+    in_flight: bool
+    id: MessageId = None
+    emergency: Emergency | None = None
+    type: ClassVar[str] = "context"
+
+    def body(self) -> dict[str, Any]:
+        ctx = self.context
+        obj: dict[str, Any] = {
+            "type": self.type,
+            "session": self.session,
+            "format": ctx.format,
+            "summary": ctx.summary,
+            "cursor": ctx.cursor,
+            "covered_through": ctx.covered_through,
+            "in_flight": self.in_flight,
+            "chars": ctx.chars,
+            "first_turn": ctx.first_turn,
+            "turns_shown": ctx.turns_shown,
+            "budget_chars": ctx.budget_chars,
+            "budget_tokens": ctx.budget_tokens,
+            "tokens": ctx.tokens,
+            "tokenizer": ctx.tokenizer,
+            "dropped": list(ctx.dropped),
+            "query": ctx.query,
+            "recalled": [r.as_wire() for r in ctx.recalled],
+            "landmarks": [{"turn": lm.index, "kind": lm.kind} for lm in ctx.landmarks],
+        }
+        if self.emergency is not None:
+            obj["emergency"] = self.emergency._asdict()
+        if ctx.format == "messages":
+            obj["messages"] = [dict(m) for m in ctx.messages]
+        else:
+            obj["instructions"] = ctx.instructions
+        return obj
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffReply:
+    """The answer to ``session.handoff``."""
+
+    session: str
+    handoff: Handoff
+    id: MessageId = None
+    type: ClassVar[str] = "handoff"
+
+    def body(self) -> dict[str, Any]:
+        h = self.handoff
+        return {
+            "type": self.type,
+            "session": self.session,
+            "instructions": h.instructions,
+            "chars": h.chars,
+            "limit_chars": h.limit_chars,
+            "cursor": h.cursor,
+            "turns": h.turns,
+            "recalled": h.recalled,
+            "last_turns": [{"index": index, **turn_wire(turn)} for index, turn in h.last_turns],
+            "open_questions": [
+                {"index": q.index, "speaker": q.speaker, "text": q.text, "at": q.at} for q in h.open_questions
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SessionState:
+    """The answer to ``session.state``: the session's counters."""
+
+    session: str
+    stats: SessionStats
+    id: MessageId = None
+    type: ClassVar[str] = "session.state"
+
+    def body(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "type": self.type,
+            "session": self.session,
+            "turns": s.turns,
+            "cursor": s.cursor,
+            "in_flight": s.in_flight is not None,
+            "summary_chars": s.summary_chars,
+            "live_notes": s.live_notes,
+            "pending_notes": s.pending_notes,
+            "failures": s.failures,
+            "compactions": s.compactions,
+            "notes_dropped": s.notes_dropped,
+            "landmarks": s.landmarks,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Pinned:
+    """The answer to ``landmark.pin``: the landmark as it is kept."""
+
+    session: str
+    landmark: Landmark
+    id: MessageId = None
+    type: ClassVar[str] = "landmark.pinned"
+
+    def body(self) -> dict[str, Any]:
+        return {"type": self.type, "session": self.session, "landmark": landmark_wire(self.landmark)}
+
+
+@dataclass(frozen=True, slots=True)
+class Unpinned:
+    """The answer to ``landmark.unpin``: whether there was a landmark at ``index`` to remove."""
+
+    session: str
+    index: int
+    removed: bool
+    id: MessageId = None
+    type: ClassVar[str] = "landmark.unpinned"
+
+    def body(self) -> dict[str, Any]:
+        return {"type": self.type, "session": self.session, "index": self.index, "removed": self.removed}
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """The answer to ``session.close``."""
+
+    session: str
+    id: MessageId = None
+    type: ClassVar[str] = "session.closed"
+
+    def body(self) -> dict[str, Any]:
+        return {"type": self.type, "session": self.session}
+
+
+@dataclass(frozen=True, slots=True)
+class Deleted:
+    """The answer to ``session.delete``."""
+
+    session: str
+    id: MessageId = None
+    type: ClassVar[str] = "session.deleted"
+
+    def body(self) -> dict[str, Any]:
+        return {"type": self.type, "session": self.session}
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    """An ``error``: one of :data:`ERROR_CODES` (or an HTTP refusal's ``not_found``) and a
+    message for people, with the documented optional fields that apply."""
+
+    code: str
+    message: str
+    id: MessageId = None
+    session: str | None = None
+    limit: str | None = None
+    """Which limit was hit."""
+    retry_after: float | None = None
+    """Seconds until trying again may succeed."""
+    needed: int | None = None
+    """What must stay in a context takes this many tokens (a ``too_large`` overflow)."""
+    retryable: bool | None = None
+    type: ClassVar[str] = "error"
+
+    def body(self) -> dict[str, Any]:
+        obj: dict[str, Any] = {"type": self.type}
+        if self.session is not None:
+            obj["session"] = self.session
+        obj["code"] = self.code
+        obj["message"] = self.message
+        extra = {"limit": self.limit, "retry_after": self.retry_after, "needed": self.needed}
+        obj.update((key, value) for key, value in extra.items() if value is not None)
+        if self.retryable is not None:
+            obj["retryable"] = self.retryable
+        return obj
+
+
+Reply = (
+    Pong
+    | SessionOpened
+    | TurnStored
+    | NoteStored
+    | ContextReply
+    | HandoffReply
+    | SessionState
+    | Pinned
+    | Unpinned
+    | Closed
+    | Deleted
+    | ErrorReply
+)
+
+
+def reply_dict(reply: Reply) -> dict[str, Any]:
+    """The wire form of a reply as a dict, the request's ``id`` right after ``type``."""
+    return _with_id(reply.body(), reply.id)
+
+
+def encode_reply(reply: Reply) -> str:
+    """A reply as the one JSON text frame the server sends."""
+    return _dumps(reply_dict(reply))
 
 
 def landmark_wire(landmark: Landmark) -> dict[str, Any]:
@@ -704,126 +1036,6 @@ def landmark_wire(landmark: Landmark) -> dict[str, Any]:
         "text": t.text,
         "at": t.at,
     }
-
-
-def encode_pinned(session: str, landmark: Landmark, msg_id: MessageId = None) -> str:
-    obj = {"type": "landmark.pinned", "session": session, "landmark": landmark_wire(landmark)}
-    return _dumps(_with_id(obj, msg_id))
-
-
-def encode_unpinned(session: str, index: int, removed: bool, msg_id: MessageId = None) -> str:
-    obj = {"type": "landmark.unpinned", "session": session, "index": index, "removed": removed}
-    return _dumps(_with_id(obj, msg_id))
-
-
-def encode_note_appended(session: str, changed: NotesChanged, msg_id: MessageId = None) -> str:
-    return _dumps(
-        _with_id(
-            {
-                "type": "note.appended",
-                "session": session,
-                "live": changed.live,
-                "pending": changed.pending,
-                "evicted": changed.evicted,
-                "dropped": changed.dropped,
-            },
-            msg_id,
-        )
-    )
-
-
-def encode_context(
-    session: str,
-    ctx: Context,
-    *,
-    in_flight: bool,
-    msg_id: MessageId = None,
-    emergency: Mapping[str, Any] | None = None,
-) -> str:
-    obj: dict[str, Any] = {
-        "type": "context",
-        "session": session,
-        "format": ctx.format,
-        "summary": ctx.summary,
-        "cursor": ctx.cursor,
-        "covered_through": ctx.covered_through,
-        "in_flight": in_flight,
-        "chars": ctx.chars,
-        "first_turn": ctx.first_turn,
-        "turns_shown": ctx.turns_shown,
-        "budget_chars": ctx.budget_chars,
-        "budget_tokens": ctx.budget_tokens,
-        "tokens": ctx.tokens,
-        "tokenizer": ctx.tokenizer,
-        "dropped": list(ctx.dropped),
-        "query": ctx.query,
-        "recalled": [r.as_wire() for r in ctx.recalled],
-        "landmarks": [{"turn": lm.index, "kind": lm.kind} for lm in ctx.landmarks],
-    }
-    if emergency is not None:
-        obj["emergency"] = dict(emergency)
-    if ctx.format == "messages":
-        obj["messages"] = [dict(m) for m in ctx.messages]
-    else:
-        obj["instructions"] = ctx.instructions
-    return _dumps(_with_id(obj, msg_id))
-
-
-def encode_handoff(session: str, handoff: Handoff, msg_id: MessageId = None) -> str:
-    return _dumps(
-        _with_id(
-            {
-                "type": "handoff",
-                "session": session,
-                "instructions": handoff.instructions,
-                "chars": handoff.chars,
-                "limit_chars": handoff.limit_chars,
-                "cursor": handoff.cursor,
-                "turns": handoff.turns,
-                "recalled": handoff.recalled,
-                "last_turns": [{"index": index, **turn_wire(turn)} for index, turn in handoff.last_turns],
-                "open_questions": [
-                    {"index": q.index, "speaker": q.speaker, "text": q.text, "at": q.at}
-                    for q in handoff.open_questions
-                ],
-            },
-            msg_id,
-        )
-    )
-
-
-def encode_state(session: str, stats: SessionStats, msg_id: MessageId = None) -> str:
-    return _dumps(
-        _with_id(
-            {
-                "type": "session.state",
-                "session": session,
-                "turns": stats.turns,
-                "cursor": stats.cursor,
-                "in_flight": stats.in_flight is not None,
-                "summary_chars": stats.summary_chars,
-                "live_notes": stats.live_notes,
-                "pending_notes": stats.pending_notes,
-                "failures": stats.failures,
-                "compactions": stats.compactions,
-                "notes_dropped": stats.notes_dropped,
-                "landmarks": stats.landmarks,
-            },
-            msg_id,
-        )
-    )
-
-
-def encode_closed(session: str, msg_id: MessageId = None) -> str:
-    return _dumps(_with_id({"type": "session.closed", "session": session}, msg_id))
-
-
-def encode_deleted(session: str, msg_id: MessageId = None) -> str:
-    return _dumps(_with_id({"type": "session.deleted", "session": session}, msg_id))
-
-
-def encode_pong(msg_id: MessageId = None) -> str:
-    return _dumps(_with_id({"type": "pong", "protocol": PROTOCOL_VERSION}, msg_id))
 
 
 def encode_event(event: CompactionEvent) -> str:
@@ -844,26 +1056,6 @@ def encode_event(event: CompactionEvent) -> str:
         obj.update(
             error=event.error, retryable=event.retryable, failures=event.failures, retry_at=event.retry_at
         )
-    return _dumps(obj)
-
-
-def encode_error(
-    code: str,
-    message: str,
-    *,
-    msg_id: MessageId = None,
-    session: str | None = None,
-    **extra: Any,
-) -> str:
-    """An ``error`` reply. ``extra`` adds documented optional fields (``retryable``, ``limit``, ...)."""
-    obj: dict[str, Any] = {"type": "error"}
-    if msg_id is not None:
-        obj["id"] = msg_id
-    if session is not None:
-        obj["session"] = session
-    obj["code"] = code
-    obj["message"] = message
-    obj.update({k: v for k, v in extra.items() if v is not None})
     return _dumps(obj)
 
 
@@ -890,40 +1082,44 @@ __all__ = [
     "UNKNOWN_SESSION",
     "UNKNOWN_TYPE",
     "ClientMessage",
+    "Closed",
     "ContextGet",
     "ContextOverflow",
+    "ContextReply",
     "DecodeError",
+    "Deleted",
+    "Emergency",
+    "ErrorReply",
+    "HandoffReply",
     "IntRange",
     "LandmarkPin",
     "LandmarkUnpin",
     "NoteAppend",
+    "NoteStored",
     "Ping",
+    "Pinned",
+    "Pong",
+    "Reply",
     "SessionClose",
     "SessionDelete",
     "SessionHandoff",
     "SessionMessage",
     "SessionOpen",
+    "SessionOpened",
+    "SessionState",
     "SessionStateGet",
     "TurnAppend",
+    "TurnStored",
+    "Unpinned",
     "decode",
     "decode_reply",
     "encode",
-    "encode_closed",
-    "encode_context",
-    "encode_deleted",
-    "encode_error",
     "encode_event",
-    "encode_handoff",
-    "encode_note_appended",
-    "encode_opened",
-    "encode_pinned",
-    "encode_pong",
-    "encode_state",
-    "encode_turn_appended",
-    "encode_unpinned",
+    "encode_reply",
     "landmark_wire",
     "message_dict",
     "parse",
+    "reply_dict",
     "turn_wire",
     "valid_session_name",
 ]

@@ -32,8 +32,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 import structlog
+
+from voice_context.codec import RATE_LIMITED, ErrorReply, encode_reply
 
 log = structlog.get_logger("voice_context.server")
 
@@ -49,14 +50,9 @@ _OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 def refusal_body() -> bytes:
-    return orjson.dumps(
-        {
-            "type": "error",
-            "code": "rate_limited",
-            "message": "the server is short of file descriptors: try again later",
-            "limit": "descriptors",
-        }
-    )
+    """The body of the HTTP 503 that refuses a handshake for want of descriptors."""
+    text = "the server is short of file descriptors: try again later"
+    return encode_reply(ErrorReply(RATE_LIMITED, text, limit="descriptors")).encode()
 
 
 def _raw_refusal() -> bytes:

@@ -150,14 +150,11 @@ def context_response(
     *,
     in_flight: bool,
     request_id: Any = None,
-    emergency: Mapping[str, Any] | None = None,
+    emergency: codec.Emergency | None = None,
 ) -> dict[str, Any]:
     """A :class:`Context` as the ``context`` reply the server sends (built by the same codec)."""
     msg_id = request_id if isinstance(request_id, str | int) and not isinstance(request_id, bool) else None
-    reply: dict[str, Any] = json.loads(
-        codec.encode_context(session, context, in_flight=in_flight, msg_id=msg_id, emergency=emergency)
-    )
-    return reply
+    return codec.reply_dict(codec.ContextReply(session, context, in_flight, msg_id, emergency))
 
 
 def request_chars(request: SummaryRequest) -> int:
@@ -729,7 +726,7 @@ class _ManagerTarget:
         self, name: str, message: ContextGet | ContextOverflow, budget: int | None
     ) -> dict[str, Any]:
         fmt, budget_chars, base, facts, query = _context_args(message, budget)
-        emergency: dict[str, int] | None = None
+        emergency: codec.Emergency | None = None
         if isinstance(message, ContextOverflow):
             context, applied = await self.manager.overflow(
                 name,
@@ -742,11 +739,7 @@ class _ManagerTarget:
             )
             if applied is not None and self.on_emergency is not None:
                 self.on_emergency(name, applied)
-            emergency = {
-                "old_cursor": applied.old_cursor if applied else context.cursor,
-                "cursor": context.cursor,
-                "folded": (applied.new_cursor - applied.old_cursor) if applied else 0,
-            }
+            emergency = codec.Emergency.after(applied, context.cursor)
         else:
             context = await self.manager.context(
                 name,
