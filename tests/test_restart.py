@@ -251,6 +251,7 @@ async def test_a_server_killed_during_a_compaction_folds_again_within_seconds_of
                 "VOICE_CONTEXT_SUMMARIZER_KIND": "openai",
                 "VOICE_CONTEXT_SUMMARIZER_FOLD": "paragraph",  # the summary is the provider's words
                 "VOICE_CONTEXT_SUMMARIZER_BASE_URL": provider.base_url,
+                "VOICE_CONTEXT_SUMMARIZER_MODEL": "scripted",
                 "VOICE_CONTEXT_SUMMARIZER_MAX_RETRIES": "0",
             }
             servers.append(serve)
