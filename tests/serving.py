@@ -95,6 +95,7 @@ class Proxy:
         self.target_port = target_port
         self.port = 0
         self.down = False
+        self.stalled = False
         self.refused = 0
         self._scopes: set[anyio.CancelScope] = set()
         self._stack = AsyncExitStack()
@@ -131,6 +132,11 @@ class Proxy:
 
     def come_back(self) -> None:
         self.down = False
+        self.stalled = False
+
+    def stall(self) -> None:
+        """Keep every connection open but pass no more bytes, as a peer that hangs."""
+        self.stalled = True
 
     async def _relay(self, client: anyio.abc.SocketStream) -> None:
         if self.down:
@@ -142,17 +148,19 @@ class Proxy:
                 self._scopes.add(scope)
                 try:
                     async with anyio.create_task_group() as tg:
-                        tg.start_soon(_copy, client, upstream, scope)
-                        tg.start_soon(_copy, upstream, client, scope)
+                        tg.start_soon(self._copy, client, upstream, scope)
+                        tg.start_soon(self._copy, upstream, client, scope)
                 finally:
                     self._scopes.discard(scope)
 
-
-async def _copy(src: anyio.abc.SocketStream, dst: anyio.abc.SocketStream, scope: anyio.CancelScope) -> None:
-    with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
-        async for chunk in src:
-            await dst.send(chunk)
-    scope.cancel()
+    async def _copy(
+        self, src: anyio.abc.SocketStream, dst: anyio.abc.SocketStream, scope: anyio.CancelScope
+    ) -> None:
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
+            async for chunk in src:
+                if not self.stalled:
+                    await dst.send(chunk)
+        scope.cancel()
 
 
 def turn_body(index: int, *, speaker: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -297,7 +305,7 @@ async def serve_process(*args: str, env: Mapping[str, str] | None = None) -> Asy
                 line = b""
                 while not line.endswith(b"\n"):
                     line += await process.stdout.receive()
-            text = line.decode().strip()
+            text = line.decode().split("\n")[0].strip()  # the inspector's URL may come with it
             assert text.startswith("listening on ws://127.0.0.1:"), text
             url = text.removeprefix("listening on ")
             port = int(url.rsplit(":", 1)[1].split("/")[0])

@@ -336,3 +336,19 @@ async def test_a_held_session_waits_for_a_down_server_once_then_fails_at_once_un
         assert (await room.state())["turns"] == 1, "connected again, to the same session"
         await held.close()
     assert circuit(logs) == ["voice_context_client_circuit_opened", "voice_context_client_circuit_closed"] * 2
+
+
+@pytest.mark.asyncio
+async def test_a_bot_cancelled_while_its_held_session_closes_stays_cancelled() -> None:
+    """An integration closing in a task its framework cancels (a call hung up mid-close): the
+    cancellation is the framework's, and the close must not swallow it."""
+    async with running() as server, Proxy(server.port) as proxy:
+        held = HeldSession(proxy.url, "call-7", close_timeout=TIMEOUT)
+        await held.open()
+        proxy.stall()  # the closing handshake will not be answered
+        went_on = False
+        with anyio.move_on_after(0.2) as scope:
+            await held.close()
+            went_on = True
+        assert scope.cancelled_caught
+        assert not went_on, "the code after close() ran in a cancelled task"

@@ -1,19 +1,72 @@
-"""The inspector: what a session remembers, shown to people. Its JSON views over plain HTTP, behind
-the server's tokens, and its page in a real headless browser (Debian's chromium, driven by
-playwright) following a session live as turns arrive and a fold lands."""
+"""The inspector: what a session remembers and why a bot got its context, shown to people. Its
+JSON views over plain HTTP, behind the server's tokens, and its page in a real headless browser
+(Debian's chromium, driven by playwright) against a real server: a session followed live as
+turns arrive and a fold lands, a stored session nobody holds open, a reply explained (its query,
+what was recalled and why, what was left out and dropped, the budget part by part), the recent
+contexts with what changed between them, and a fold linked to the lines it made and the turns
+it folded."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 
+import orjson
 import pytest
-from playwright.async_api import async_playwright
-from serving import TIMEOUT, http_get, running, settings, wire
+from playwright.async_api import Browser, Page, async_playwright
+from serving import TIMEOUT, Wire, http_get, running, settings, wire
 
+from voice_context.server import Server
+from voice_context.store.sqlite import SQLiteStore
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+WAIT = TIMEOUT * 1000  # playwright counts in milliseconds
+
+
+@asynccontextmanager
+async def browser() -> AsyncIterator[Browser]:
+    assert CHROMIUM, "the browser test needs Debian's chromium (scripts/setup installs it)"
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@asynccontextmanager
+async def bot_and_browser() -> AsyncIterator[tuple[Server, Wire, Browser]]:
+    """A real server folding with the deterministic summarizer, a bot connected to it, a browser."""
+    async with (
+        running(settings(), summarizer=DeterministicSummarizer()) as server,
+        wire(server) as bot,
+        browser() as b,
+    ):
+        yield server, bot, b
+
+
+async def inspect(b: Browser, server: Server, session: str, token: str | None = None) -> Page:
+    """The inspector in a new tab, showing ``session``."""
+    page = await b.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(WAIT)
+    await page.goto(f"http://127.0.0.1:{server.port}/inspector" + (f"?token={token}" if token else ""))
+    await page.click(f"button[data-session='{session}']", timeout=WAIT)
+    await page.wait_for_selector(f"#title:has-text('{session}')", timeout=WAIT)
+    return page
+
+
+async def replay(bot: Wire, recording: str) -> None:
+    """Send a recorded session's messages as a bot would, each answered before the next."""
+    for line in (FIXTURES / recording).read_text().splitlines():
+        bot.ids += 1
+        await bot.send({**orjson.loads(line), "id": bot.ids})
+        answer = await bot.reply()
+        assert answer["type"] != "error", answer
 
 
 @pytest.mark.asyncio
@@ -37,46 +90,160 @@ async def test_the_views_show_a_session_and_only_to_its_own_token() -> None:
         )
         detail = json.loads(view.body)
         assert [t["index"] for t in detail["verbatim"]] == [0, 1, 2]
-        assert detail["last_context"]["format"] == "instructions"
-        assert detail["last_context"]["chars"] <= 500
+        assert detail["context"]["format"] == "instructions"
+        assert detail["context"]["chars"] <= 500
+        assert sum(s["chars"] for s in detail["context"]["sections"]) == detail["context"]["chars"]
         other = await http_get(server.port, "/inspector/api/sessions/room-a?token=beta")
         assert other.status == 404, "a token never sees another token's sessions"
+        turns = await http_get(server.port, "/inspector/api/sessions/room-a/turns?start=0&end=3&token=beta")
+        assert turns.status == 404, "nor their turns"
         page = await http_get(server.port, "/inspector?token=beta")
         assert page.status == 200 and page.headers["content-type"].startswith("text/html")
 
 
 @pytest.mark.asyncio
 async def test_the_page_follows_a_session_live_in_a_real_browser() -> None:
-    assert CHROMIUM, "the browser test needs Debian's chromium (scripts/setup installs it)"
-    async with (
-        running(settings(), summarizer=DeterministicSummarizer()) as server,
-        wire(server) as bot,
-        async_playwright() as playwright,
-    ):
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            page = await browser.new_page()
-            await bot.open("room-1")
-            for k in range(5):
-                await bot.append("room-1", k)
-            await page.goto(f"http://127.0.0.1:{server.port}/inspector")
-            await page.click("button[data-session='room-1']", timeout=TIMEOUT * 1000)
-            await page.wait_for_selector("#verbatim li[data-index='4']", timeout=TIMEOUT * 1000)
-            assert await page.inner_text("#cursor") == "cursor 0"
-            assert await page.inner_text("#last-context") == "none yet"
+    async with bot_and_browser() as (server, bot, b):
+        await bot.open("room-1")
+        for k in range(5):
+            await bot.append("room-1", k)
+        page = await inspect(b, server, "room-1")
+        await page.wait_for_selector("#verbatim li[data-index='4']", timeout=WAIT)
+        assert await page.inner_text("#cursor") == "cursor 0"
+        assert "No context yet" in await page.inner_text("#context")
 
-            # more turns, a context that starts a fold: the page catches up on its own
-            for k in range(5, 61):
-                await bot.append("room-1", k)
-            await bot.request("context.get", session="room-1", format="instructions", budget_chars=2000)
-            await page.wait_for_function(
-                "document.querySelector('#cursor').textContent === 'cursor 10'", timeout=TIMEOUT * 1000
-            )
-            events = await page.inner_text("#events")
-            assert "folded turns 0–9" in events
-            assert await page.locator("#verbatim li").count() == 51  # turns 10..60
-            assert await page.locator("#verbatim li").first.get_attribute("data-index") == "10"
-            context = await page.inner_text("#last-context")
-            assert "instructions" in context and "Recent conversation:" in context
-        finally:
-            await browser.close()
+        # more turns, a context that starts a fold: the page catches up on its own
+        for k in range(5, 61):
+            await bot.append("room-1", k)
+        await bot.request("context.get", session="room-1", format="instructions", budget_chars=2000)
+        await page.wait_for_function(
+            "document.querySelector('#cursor').textContent === 'cursor 10'", timeout=WAIT
+        )
+        await page.wait_for_selector("#folds li[data-fold]", timeout=WAIT)
+        assert "folded turns 0–9" in await page.inner_text("#folds")
+        assert await page.locator("#verbatim li").count() == 51  # turns 10..60
+        assert await page.locator("#verbatim li").first.get_attribute("data-index") == "10"
+        head = await page.inner_text("#context-head")
+        assert "instructions" in head and "turns 0–60 shown (61)" in head, head
+        await page.click("#context-text summary")
+        assert "Recent conversation:" in await page.inner_text("#context-text pre")
+
+
+@pytest.mark.asyncio
+async def test_a_stored_session_nobody_holds_open_is_listed_and_shown_to_its_own_token(
+    tmp_path: Path,
+) -> None:
+    tokens = settings(auth_tokens=("alpha", "beta"))
+    store = SQLiteStore(tmp_path / "voice-context.db")
+    try:
+        async with (
+            running(tokens, summarizer=DeterministicSummarizer(), store=store) as first,
+            wire(first, token="alpha") as bot,
+        ):
+            await replay(bot, "raid-night.jsonl")  # ends with session.close
+        # a server started again over the same file holds no session open
+        async with (
+            running(tokens, summarizer=DeterministicSummarizer(), store=store) as server,
+            browser() as b,
+        ):
+            page = await inspect(b, server, "raid-night", token="alpha")
+            assert await page.get_attribute("button[data-session='raid-night']", "data-live") == "false"
+            assert "stored" in await page.inner_text("#title")
+            await page.wait_for_selector("#verbatim li[data-index='98']", timeout=WAIT)
+            assert await page.inner_text("#cursor") == "cursor 58"
+            assert await page.locator("#summary li").count() >= 2
+            assert "Tom's still downloading the patch" in await page.inner_text("#summary")
+
+            other = await b.new_page()
+            await other.goto(f"http://127.0.0.1:{server.port}/inspector?token=beta")
+            await other.wait_for_selector("#sessions h2", timeout=WAIT)
+            assert await other.locator("button[data-session='raid-night']").count() == 0
+            hidden = await http_get(server.port, "/inspector/api/sessions/raid-night?token=beta")
+            assert hidden.status == 404, "a stored session is another token's too"
+
+            assert server.manager.sessions == 0, "reading it opened nothing"
+        record = await store.load("raid-night")
+        assert record is not None and record.owner is not None and record.owner.startswith("token:")
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_reply_shows_its_query_what_was_recalled_and_why_what_was_dropped_and_the_budget() -> None:
+    async with bot_and_browser() as (server, bot, b):
+        await replay(bot, "raid-night.jsonl")
+        await bot.open("raid-night")  # resumed from the store
+        reply = await bot.request(
+            "context.get",
+            session="raid-night",
+            format="instructions",
+            budget_chars=1500,
+            query="When is Tom's birthday?",
+        )
+        page = await inspect(b, server, "raid-night")
+
+        assert "When is Tom's birthday?" in await page.inner_text("#query")
+        assert "birthday" in await page.inner_text("#query .note")
+        recalled = [r for r in reply["recalled"] if r["kind"] == "turn"]
+        assert recalled, reply["recalled"]
+        rows = page.locator("#recalled tr[data-kind='turn']")
+        assert await rows.count() == len(recalled)
+        birthday = page.locator("#recalled tr", has_text="my birthday is next Friday")
+        assert "holds the query's words birthday" in await birthday.locator(".why").inner_text()
+        assert await birthday.locator("mark").count() >= 1, "the matched words are marked"
+        dropped = await page.inner_text("#dropped")
+        assert reply["dropped"] and all(part in dropped for part in reply["dropped"])
+        for part in ("summary", "recall", "turns"):
+            row = page.locator(f"#budget tr[data-section='{part}']")
+            cells = await row.locator("td").all_inner_texts()
+            assert cells[1].strip().isdigit() and cells[2].strip().isdigit(), cells  # used, and its share
+        used = [int(cell.split()[0]) for cell in await page.locator("#budget td.used").all_inner_texts()]
+        assert len(used) == 7 and sum(used) == reply["chars"] <= 1500, used
+
+
+@pytest.mark.asyncio
+async def test_the_recent_contexts_are_kept_with_what_changed_and_each_can_be_explained() -> None:
+    async with bot_and_browser() as (server, bot, b):
+        await bot.open("room-1")
+        for k in range(25):
+            await bot.append("room-1", k)
+            await bot.request("context.get", session="room-1", format="instructions", budget_chars=800)
+        page = await inspect(b, server, "room-1")
+
+        history = page.locator("#history li")
+        assert await history.count() == 20, "the newest 20 are kept"
+        newest, oldest_kept = history.first, history.last
+        assert "1 new turn since" in await newest.locator(".changes").inner_text()
+        assert "the oldest kept" in await oldest_kept.inner_text()
+        seq = await oldest_kept.get_attribute("data-seq")
+        await oldest_kept.click()
+        await page.wait_for_selector(f"#context-head:has-text('#{seq} ')", timeout=WAIT)
+        assert "turns 0–5 shown (6)" in await page.inner_text("#context-head")
+        assert await page.get_attribute(f"#history li[data-seq='{seq}']", "class") == "on"
+
+
+@pytest.mark.asyncio
+async def test_a_fold_is_linked_to_the_summary_lines_it_made_and_the_turns_it_folded() -> None:
+    async with bot_and_browser() as (server, bot, b):
+        await replay(bot, "offsite-planning.jsonl")
+        await bot.open("offsite-planning")
+        await bot.request("context.get", session="offsite-planning", format="instructions")
+        page = await inspect(b, server, "offsite-planning")
+        await page.wait_for_selector("#folds li[data-fold]", timeout=WAIT)
+
+        fold = page.locator("#folds li.completed").last  # the first fold
+        seq = await fold.get_attribute("data-fold")
+        assert "folded turns 0–" in await fold.inner_text()
+        lines = page.locator(f"#summary li[data-fold='{seq}']")
+        assert await lines.count() >= 1, "the lines it made name it"
+        link = await lines.first.locator("a.fold").inner_text()
+        assert link.startswith(f"fold #{seq} · turns 0–"), link
+
+        await lines.first.locator("a.fold").click()  # the fold and its lines light up together
+        await page.wait_for_selector(f"#folds li.hl[data-fold='{seq}']", timeout=WAIT)
+        assert await page.locator(f"#summary li.hl[data-fold='{seq}']").count() == await lines.count()
+
+        await fold.locator("button.show-turns").click()  # and the turns it folded come from the store
+        last = int(link.rsplit("–", 1)[1])
+        await page.wait_for_selector(f".folded-turns li[data-index='{last}']", timeout=WAIT)
+        assert await page.locator(".folded-turns li").count() == last + 1

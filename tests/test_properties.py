@@ -237,6 +237,11 @@ class SessionMachine(RuleBasedStateMachine):
             else "\n".join(m["content"] for m in ctx.messages)
         )
         assert all(p.line in body for p in ctx.recalled)
+        # the sections add up to the whole; what recall offered is shown or said to be left out
+        assert sum(s.chars for s in ctx.sections) == ctx.chars
+        shared = {s.name for s in ctx.sections if s.share is not None}
+        assert shared <= {"landmarks", "turns", "recall", "summary"} and (budget is None) == (not shared)
+        assert not {id(p) for p in ctx.recalled} & {id(p) for p in ctx.left_out}
 
     @rule(
         action=st.sampled_from(["short", "short", "short", "overlong", "empty", "fail", "fatal", "abandon"]),

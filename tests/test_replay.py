@@ -276,7 +276,7 @@ def test_a_landmark_pinned_in_a_recording_shows_until_it_is_unpinned() -> None:
     assert [lm["turn"] for lm in pinned["landmarks"]] == [2]
     assert "turn 2 about Porto" in pinned["instructions"] and pinned["first_turn"] > 2
     assert unpinned["landmarks"] == [] and "turn 2 about Porto" not in unpinned["instructions"]
-    assert result.skipped == ["message 72: landmark.pin: no turn 999"]
+    assert result.skipped == ["message 72: landmark.pin: session 'room-1' has no turn 999 (it has 70)"]
 
 
 def test_a_context_overflow_in_a_recording_folds_at_once_and_answers_within_its_limit() -> None:
@@ -288,7 +288,8 @@ def test_a_context_overflow_in_a_recording_folds_at_once_and_answers_within_its_
     assert response["cursor"] == emergency["end"] > 0
     assert response["tokens"] <= 300 and response["budget_tokens"] == 300
     refused = replay(recording(*(turn(i) for i in range(3)), overflow("hopeless", 2)))
-    assert refused.contexts == [] and refused.skipped[0].startswith("message 3: context.overflow: needs")
+    assert refused.contexts == [] and refused.skipped[0].startswith("message 3: context.overflow: the base")
+    assert refused.skipped[0].endswith("take 10 tokens, over the limit of 2")  # as the server answers
 
 
 @pytest.mark.asyncio

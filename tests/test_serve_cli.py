@@ -50,6 +50,28 @@ async def test_serve_listens_then_shuts_down_gracefully_on_a_signal(signum: int,
 
 
 @pytest.mark.asyncio
+async def test_serve_says_where_the_inspector_is_on_the_line_after_where_it_listens() -> None:
+    command = [sys.executable, "-m", "voice_context", "serve", "--port", "0", "--store", "memory"]
+    async with await anyio.open_process(command, env=clean_env()) as process:
+        try:
+            assert process.stdout is not None
+            printed = b""
+            with anyio.fail_after(TIMEOUT * 2):
+                while printed.count(b"\n") < 2:
+                    printed += await process.stdout.receive()
+            listening, inspector = printed.decode().splitlines()[:2]
+            assert listening.startswith("listening on ws://127.0.0.1:"), listening
+            port = int(listening.rsplit(":", 1)[1].removesuffix("/v1"))
+            assert inspector == f"inspector at http://127.0.0.1:{port}/inspector"
+            page = await http_get(port, "/inspector")
+            assert page.status == 200 and b"voice-context inspector" in page.body
+        finally:
+            process.kill()
+            with anyio.move_on_after(TIMEOUT):
+                await process.wait()
+
+
+@pytest.mark.asyncio
 async def test_a_bad_config_file_exits_2_with_the_reason(tmp_path: Path) -> None:
     config = tmp_path / "voice-context.toml"
     config.write_text("[server]\nport = 99999\n")

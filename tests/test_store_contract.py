@@ -28,7 +28,7 @@ from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import ConfigError, SessionNotStored, StoreError
 from voice_context.recall.index import index_terms, indexed, note_passage, turn_passage
-from voice_context.store import Created, MemoryStore, SessionRecord, Store, open_store
+from voice_context.store import Created, MemoryStore, SessionRecord, Store, StoredSession, open_store
 from voice_context.store.common import TurnConflict
 from voice_context.store.group import GroupCommit
 from voice_context.store.redis import RedisStore
@@ -404,6 +404,33 @@ async def test_a_deleted_session_is_forgotten_entirely(store: Store) -> None:
     assert await store.acquire_lease("room-1", "replica-b", 30) is not None, "the old lease went too"
     other = await store.load("room-2")
     assert other is not None and other.total_turns == 1
+
+
+@pytest.mark.asyncio
+async def test_the_stored_sessions_of_an_owner_are_listed_by_name_and_listing_changes_nothing(
+    store: Store,
+) -> None:
+    odd = "a room {with} 100% odd: name"
+    await a_session_with_turns(store, "room-b", 3, owner="bot-a")
+    await a_session_with_turns(store, "room-a", 2, owner="bot-b")
+    await a_session_with_turns(store, odd, 1, owner="bot-a")
+    await a_session_with_turns(store, "room-c", 4, owner=None)
+    await a_session_with_turns(store, "room-d", 1, owner=None)
+    assert await store.commit_compaction(
+        "room-b", expected_cursor=0, new_cursor=2, summary="Two turns.", pending_notes=[]
+    )
+    await store.delete("room-c")
+
+    bot_a = await store.list_sessions("bot-a", 100)
+
+    assert bot_a == [StoredSession(odd, "bot-a", 1, 0), StoredSession("room-b", "bot-a", 3, 2)]
+    assert await store.list_sessions("bot-b", 100) == [StoredSession("room-a", "bot-b", 2, 0)]
+    assert await store.list_sessions(None, 100) == [StoredSession("room-d", None, 1, 0)], "made without one"
+    assert await store.list_sessions("bot-a", 1) == bot_a[:1]
+    assert await store.list_sessions("nobody", 100) == []
+    assert await store.list_sessions("bot-a", 100) == bot_a, "a listing changes nothing"
+    record = await store.load("room-b")
+    assert record is not None and record.owner == "bot-a" and record.cursor == 2
 
 
 # -- the recall index ---------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Feed recordings through the same session code, offline with logical time.
+"""Feed recordings through the session manager, offline with logical time, or to a live server.
 
 A recording is what ``voice-context serve --record DIR`` writes: one accepted
 client message a line, exactly as sent (``session.open``, ``turn.append``,
@@ -9,27 +9,27 @@ have refused (not JSON, a role it does not know, a time in milliseconds, ...)
 is skipped and listed with the codec's error, never fatal; so are blank lines,
 ``ping`` and ``session.delete`` (which a server never records).
 
-Offline replay is a shell over the same session protocol as the session
-manager (:meth:`~voice_context.core.session.Session.receive`: events in,
-effects out), with the recorded times as the clock, no store and without
-sleeping:
+Offline replay is the server's own session manager on the memory store, with
+the recorded times as its clock (:class:`LogicalTime`) and without sleeping:
 
 - the logical time is the latest ``at`` seen so far (turns and notes carry
   one; a ``context.get`` happens at the time of the message before it);
-- at every ``context.get`` the compaction trigger is evaluated at that time;
-  the context is built from the state *before* any compaction it starts, as
-  in production, where a reply never waits for its compaction;
-- a started compaction runs at once and its result lands at the same logical
-  time, after the response: the next event (and every later request) sees
-  the new summary (a commit the manager writes to its store is confirmed at
-  once). A result too long for the summary ceiling gets its one re-compaction
-  pass at once too; a summarizer error is a failed compaction, retried after
-  the session's backoff in logical time.
+- a ``context.get`` is answered by the manager as a server answers it: the
+  compaction trigger evaluated at that time, recall searching the store, the
+  turns before the cursor read from it, and the reply built from the state
+  *before* any compaction it starts, as in production, where a reply never
+  waits for its compaction;
+- a started compaction lands at the same logical time, after the response
+  and before the next message: the next event (and every later request)
+  sees the new summary. A result too long for the summary ceiling gets its
+  one re-compaction pass then too; a summarizer error is a failed
+  compaction, retried after the session's backoff in logical time.
 
 So the same recording, configuration and (deterministic) summarizer always
-produce byte-identical contexts. Only the wall-clock timings (how long the
-summarizer and the context assembly took) differ between runs; they are kept
-apart in their own file.
+produce byte-identical contexts, and the contexts a server on the same
+logical time serves for the same requests (``tests/test_one_path.py``). Only
+the wall-clock timings (how long the summarizer and the context assembly
+took) differ between runs; they are kept apart in their own file.
 
 Outputs of :func:`write_result`, for a recording ``NAME.jsonl``:
 
@@ -52,10 +52,11 @@ Outputs of :func:`write_result`, for a recording ``NAME.jsonl``:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -77,49 +78,17 @@ from voice_context.codec import (
     SessionOpen,
     TurnAppend,
 )
-from voice_context.config import Settings, make_summarizer, session_defaults
-from voice_context.core.budget import Context, Format, build_context
+from voice_context.config import AheadMode, Settings, make_summarizer, session_defaults
+from voice_context.core.budget import Context, Format
 from voice_context.core.config import SessionConfig
-from voice_context.core.emergency import safety_start
-from voice_context.core.landmarks import Landmark, LandmarkSource
-from voice_context.core.session import (
-    Applied,
-    CommitCompaction,
-    CompactionFailed,
-    CompactionPlan,
-    CompactionStored,
-    ContextRequested,
-    ContextView,
-    Effect,
-    Failed,
-    NoteReceived,
-    NotesStored,
-    OverflowReported,
-    PersistNotes,
-    PinRequested,
-    Reconfigured,
-    Session,
-    StartCompaction,
-    SummaryReturned,
-    TiersRolled,
-    TurnAppended,
-    TurnHeld,
-    UnpinRequested,
-)
-from voice_context.core.tiers import TierSummary, hidden_lines, parse_zone, tiered_summary
+from voice_context.core.landmarks import LandmarkSource
+from voice_context.core.session import Applied, CompactionPlan
 from voice_context.core.turns import Note, Turn
-from voice_context.core.window import FillBudget
-from voice_context.errors import ClientError, ConfigError, DecodeError, SummarizerError
+from voice_context.errors import ClientError, ConfigError, DecodeError
 from voice_context.errors import ContextOverflow as ContextOverflowError
-from voice_context.manager import TIER_CHECK_SECONDS, CompactionEvent, SessionManager
+from voice_context.manager import CompactionEvent, SessionManager
 from voice_context.recall.embedding import load_embedder
-from voice_context.recall.index import RecallIndex, SummaryIndex, older_turns, recall_candidates
-from voice_context.store.base import SessionRecord
-from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import Summarizer, SummaryRequest
-from voice_context.summarizers.fallback import emergency_fold
-from voice_context.tiering import roll_tiers
-from voice_context.tokenizers import load_tokenizer
 
 
 @dataclass(slots=True)
@@ -176,12 +145,17 @@ def recording_stem(path: Path) -> str:
 
 
 def context_response(
-    session: str, context: Context, *, in_flight: bool, request_id: Any = None
+    session: str,
+    context: Context,
+    *,
+    in_flight: bool,
+    request_id: Any = None,
+    emergency: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A :class:`Context` as the ``context`` reply the server sends (built by the same codec)."""
     msg_id = request_id if isinstance(request_id, str | int) and not isinstance(request_id, bool) else None
     reply: dict[str, Any] = json.loads(
-        codec.encode_context(session, context, in_flight=in_flight, msg_id=msg_id)
+        codec.encode_context(session, context, in_flight=in_flight, msg_id=msg_id, emergency=emergency)
     )
     return reply
 
@@ -209,32 +183,150 @@ class ReplayResult:
     """Per-question contexts: fetched at the end with each question as the query."""
 
 
-@dataclass(slots=True)
-class _Live:
-    session: Session
-    turns: list[Turn] = field(default_factory=list)
-    recall: RecallIndex = field(default_factory=RecallIndex)
-    calls: int = 0
-    chars_sent: int = 0
-    #: the last ``context.get`` as recorded, and as the codec read it
-    last_request: tuple[dict[str, Any], ContextGet] | None = None
-    #: with tiers on: an in-process store for the rolls, the summaries rolled, the last check
-    store: MemoryStore | None = None
-    tiers: tuple[TierSummary, ...] = ()
-    tiers_checked: float = -math.inf
-    tier_index: tuple[tuple[TierSummary, ...], int, SummaryIndex] | None = None
+class LogicalTime:
+    """A replay's logical time: the clock a session manager reads, and a summarizer whose
+    answers land at the logical moment they are due, whatever the wall clock does.
+
+    The clock is the latest ``at`` the recording has reached (:meth:`at`). A fold that a
+    context starts waits until that context's reply is built (:meth:`replying`), as a
+    reply never waits for its fold; :meth:`settle`, after every message, lets it land (with
+    its re-compaction pass, and any tier roll), and waits for the recall index to hold every
+    turn and note, so the next message sees the new summary. What a replay gives is then a
+    function of the recording alone: the offline replay runs on one, and so can a served
+    session in the same process (its manager's ``clock`` set to :meth:`clock` and the server
+    given :attr:`summarizer`).
+    """
+
+    def __init__(self, summarizer: Summarizer) -> None:
+        self.now = 0.0
+        self.seq = -1
+        """The message of the recording being replayed (its line, from 0)."""
+        self.summarizer = _Counting(summarizer, before=self._landing)
+        self.manager: SessionManager | None = None
+        """The manager whose work :meth:`settle` waits for."""
+        self.on_call: Callable[[SummaryRequest], None] | None = None
+        self._reply: anyio.Event | None = None
+
+    def __repr__(self) -> str:
+        held = " replying" if self._reply is not None else ""
+        return f"<LogicalTime now={self.now} seq={self.seq}{held}>"
+
+    def clock(self) -> float:
+        return self.now
+
+    def at(self, seq: int, now: float) -> None:
+        """The replay has reached message ``seq``, at logical time ``now``."""
+        self.seq, self.now = seq, now
+
+    @contextlib.contextmanager
+    def replying(self) -> Iterator[None]:
+        """While a reply is being built, the folds it starts wait."""
+        self._reply = anyio.Event()
+        try:
+            yield
+        finally:
+            reply, self._reply = self._reply, None
+            reply.set()
+
+    async def settle(self) -> None:
+        """Let every fold and roll started so far land, and the recall index catch up."""
+        manager = self.manager
+        if manager is None:
+            raise RuntimeError("LogicalTime.settle needs the manager it paces (set .manager)")
+        await manager.wait_idle()
+        for name in manager.names():
+            await manager.wait_indexed(name, owner=manager.owner(name))
+
+    async def _landing(self, request: SummaryRequest) -> None:
+        while self._reply is not None:
+            await self._reply.wait()
+        if self.on_call is not None:
+            self.on_call(request)
+
+
+class _Folds:
+    """The compactions of an offline replay, one record per summarizer call of a fold (see
+    the module docstring): noted when the call is made, its outcome told by the manager's
+    compaction events (or by the re-compaction pass it started: ``too_long``)."""
+
+    def __init__(self, manager: SessionManager, logical: LogicalTime, result: ReplayResult) -> None:
+        self.manager, self.logical, self.result = manager, logical, result
+        self.open: dict[str, dict[str, Any]] = {}
+        logical.on_call = self.called
+        manager.add_listener(self.landed)
+
+    def record(self, name: str, plan: CompactionPlan, sent: int) -> dict[str, Any]:
+        session = self.manager.session(name)
+        record: dict[str, Any] = {
+            "session": name,
+            "plan": plan.plan_id,
+            "seq": self.logical.seq,
+            "at": self.logical.now,
+            "turn_index": session.total_turns - 1,
+            "start": plan.start,
+            "end": plan.end,
+            "recompact": plan.recompact,
+            "notes": len(plan.notes),
+            "chars_sent": sent,
+        }
+        self.result.compactions.append(record)
+        return record
+
+    def called(self, request: SummaryRequest) -> None:
+        name = request.session
+        if name not in self.manager.names():
+            return
+        plan = self.manager.session(name).in_flight
+        if plan is None or SummaryRequest.for_plan(plan, name) != request:
+            return  # a tier roll: counted with the session's calls, not a compaction
+        earlier = self.open.pop(name, None)
+        if earlier is not None:  # its result was too long: this is the pass that condenses it
+            self._outcome(earlier, "too_long")
+        self.open[name] = self.record(name, plan, request_chars(request))
+
+    def landed(self, event: CompactionEvent) -> None:
+        record = self.open.pop(event.session, None)
+        if record is None:
+            return  # an emergency fold (recorded by the replay), or a failure before any call
+        if event.kind == "completed":
+            outcome = "clamped" if event.clamped else "applied"
+        else:
+            outcome = f"failed:{event.error}"
+        self._outcome(record, outcome, event.cursor, event.summary_chars)
+
+    def emergency(self, name: str, applied: Applied) -> None:
+        plan = applied.plan
+        record = self.record(name, plan, request_chars(SummaryRequest.for_plan(plan, name)))
+        self._outcome(record, "clamped" if applied.clamped else "applied")
+        record["emergency"] = True
+
+    def settled(self) -> None:
+        """Calls whose result came to nothing (a plan no longer in flight) are ``stale``."""
+        for record in self.open.values():
+            self._outcome(record, "stale")
+        self.open.clear()
+
+    def _outcome(
+        self, record: dict[str, Any], outcome: str, cursor: int | None = None, summary: int | None = None
+    ) -> None:
+        name = record["session"]
+        live = self.manager.session(name) if name in self.manager.names() else None
+        record["outcome"] = outcome
+        record["cursor"] = cursor if cursor is not None or live is None else live.cursor
+        record["summary_chars"] = summary if summary is not None or live is None else len(live.summary)
 
 
 class OfflineReplay:
-    """Replays messages against pure sessions; see the module docstring for the time model.
+    """Replays a recording through the session manager on the memory store, in logical time
+    (see the module docstring).
 
     ``config`` is the base session configuration; a recording's own
     ``session.open`` overrides apply on top, then ``overrides`` (the caller's
-    ``--set`` values) on top of those. ``budget_chars`` replaces every
-    request's budget when given. ``questions`` (``(id, question)`` pairs) are
-    asked at the end of the recording, each as the ``query`` of one more
-    context fetched like the session's last request: the per-question mode of
-    the scorer.
+    ``--set`` values) on top of those. ``budget_chars`` and ``budget_tokens``
+    replace every request's budgets when given. ``questions`` (``(id, question)``
+    pairs) are asked at the end of the recording, each as the ``query`` of one
+    more context fetched like the session's last request: the per-question mode
+    of the scorer.
     """
 
     def __init__(
@@ -247,6 +339,7 @@ class OfflineReplay:
         budget_tokens: int | None = None,
         questions: Sequence[tuple[str, str]] = (),
         embedder: Any = None,
+        recall_ahead: AheadMode = "first",
     ) -> None:
         self.summarizer = summarizer
         self.embedder = embedder
@@ -255,213 +348,84 @@ class OfflineReplay:
         self.budget_chars = budget_chars
         self.budget_tokens = budget_tokens
         self.questions = tuple(questions)
+        self.recall_ahead = recall_ahead
 
     async def run(self, recording: Recording) -> ReplayResult:
         result = ReplayResult(recording.name, skipped=list(recording.skipped))
-        live: dict[str, _Live] = {}
-        now = 0.0
-        started = False
-        for seq, (sent, message) in enumerate(zip(recording.messages, recording.decoded, strict=True)):
-            name = message.session
-            if isinstance(message, SessionOpen):
-                overrides = dict(message.config or {})
-                config = self.config.with_overrides(overrides).with_overrides(self.overrides)
-                if name in live:
-                    live[name].session.receive(Reconfigured(config, now))
-                else:
-                    live[name] = _Live(Session(name, config), recall=RecallIndex(embedder=self.embedder))
-                    result.turns[name] = live[name].turns
-                continue
-            state = live.get(name)
-            if state is None:
-                if not isinstance(message, TurnAppend | NoteAppend | ContextGet):
-                    continue
-                # a recording that begins after its session was opened: the defaults apply
-                state = live[name] = _Live(
-                    Session(name, self.config.with_overrides(self.overrides)),
-                    recall=RecallIndex(embedder=self.embedder),
-                )
-                result.turns[name] = state.turns
-            if isinstance(message, TurnAppend):
-                turn = message.turn
-                now = turn.at if not started else max(now, turn.at)
-                started = True
-                before = state.turns[-1].at if state.turns else None
-                [held] = state.session.receive(TurnAppended(turn))
-                assert isinstance(held, TurnHeld)
-                index = held.index
-                state.recall.add_turn(index, turn)
-                state.recall.embed_pending()
-                state.turns.append(turn)
-                if state.session.config.tiers:
-                    await self._turn_stored(state, index, turn, before, now)
-            elif isinstance(message, NoteAppend):
-                note = message.note
-                now = note.at if not started else max(now, note.at)
-                started = True
-                [persist] = state.session.receive(NoteReceived(note))
-                assert isinstance(persist, PersistNotes)
-                state.session.receive(NotesStored(persist.staged))  # no store to wait for
-                state.recall.add_note(note)
-            elif isinstance(message, ContextGet):
-                await self._context(seq, sent, message, state, now, result)
-            elif isinstance(message, LandmarkPin):
-                if 0 <= message.index < len(state.turns):
-                    turn = state.turns[message.index]
-                    source: LandmarkSource = "llm" if message.source == "llm" else "manual"  # as served
-                    landmark = Landmark(message.index, turn, message.kind, message.reason, source, now)
-                    state.session.receive(PinRequested(landmark))
-                else:  # the server answered an error and changed nothing
-                    result.skipped.append(f"message {seq}: landmark.pin: no turn {message.index}")
-            elif isinstance(message, LandmarkUnpin):
-                state.session.receive(UnpinRequested(message.index, now))
-            elif isinstance(message, ContextOverflow):
-                await self._overflow(seq, sent, message, state, now, result)
-            elif isinstance(message, SessionClose) and state.session.config.tiers:
-                await self._roll(state, now, closed=True)  # its conversation ends with it
-            # session.close: nothing is in flight offline, and a server keeps a closed session's
-            # state in its store, so a later session.open resumes it as it was
-        for state in live.values():
-            if state.last_request is None:
-                continue
-            sent, request = state.last_request
-            for probe_id, question in self.questions:
-                probe_id_text = f"question-{probe_id}"
-                asked = replace(request, query=question, id=probe_id_text)
-                shown = {**sent, "query": question, "id": probe_id_text}
-                await self._context(len(recording.messages), shown, asked, state, now, result, probe=probe_id)
+        logical = LogicalTime(self.summarizer)
+        async with SessionManager(
+            logical.summarizer,
+            config=self.config,
+            compaction_timeout=math.inf,  # a fold lands when it is done, in logical time
+            close_timeout=math.inf,
+            clock=logical.clock,
+            embedder=self.embedder,
+            recall_ahead=self.recall_ahead,
+            tokenizer_ahead=False,  # read when a token budget first needs it
+        ) as manager:
+            logical.manager = manager
+            folds = _Folds(manager, logical, result)
+            target = _ManagerTarget(manager, logical.summarizer, self.overrides, on_emergency=folds.emergency)
+            await _drive(
+                recording,
+                target,
+                realtime=False,
+                speed=1.0,
+                max_gap=None,
+                budget_chars=self.budget_chars,
+                budget_tokens=self.budget_tokens,
+                result=result,
+                logical=logical,
+                settled=folds.settled,
+            )
+            await self._ask(recording, target, logical, result)
+            logical.on_call = None  # a fold a question started lands unrecorded: the recording is over
+            await logical.settle()
+        result.summarizer_ms = logical.summarizer.ms
         return result
 
-    async def _context(
-        self,
-        seq: int,
-        sent: dict[str, Any],
-        message: ContextGet,
-        state: _Live,
-        now: float,
-        result: ReplayResult,
-        *,
-        probe: str | None = None,
+    async def _ask(
+        self, recording: Recording, target: _ManagerTarget, logical: LogicalTime, result: ReplayResult
     ) -> None:
-        session = state.session
-        started: CompactionPlan | None = None
-        if probe is None:
-            state.last_request = (sent, message)
-        budget = self.budget_chars if self.budget_chars is not None else message.budget_chars
-        budget_tokens = self.budget_tokens if self.budget_tokens is not None else message.budget_tokens
-        counter = load_tokenizer(session.config.tokenizer) if budget_tokens is not None else None
-        if probe is None:
-            fill = FillBudget(
-                budget
-                if budget is not None or message.format != "instructions"
-                else session.config.instructions_budget_chars,
-                budget_tokens,
-                counter,
-            )
-            [decision] = session.receive(ContextRequested(now, fill))
-            if isinstance(decision, StartCompaction):
-                started = decision.plan
-        config_budget = session.config.instructions_budget_chars
-        if session.config.tiers and now - state.tiers_checked >= TIER_CHECK_SECONDS:
-            await self._roll(state, now)
-        tick = time.perf_counter()
-        query, recalled = recall_candidates(state.recall, session, message.query, embed=True)
-        view = session.view()
-        if state.tiers:
-            zone = parse_zone(session.config.time_zone)
-            view = replace(view, summary=tiered_summary(state.tiers, view.cursor, view.summary, zone))
-            if session.config.recall and query.strip():
-                seen = {r.line for r in recalled if r.kind == "summary"}
-                hits = self._tier_index(state).search(query, limit=session.config.recall_limit)
-                recalled.extend(hit for hit in hits if hit.line not in seen)
-        context = build_context(
-            view,
-            message.format,
-            budget_chars=budget,
-            budget_tokens=budget_tokens,
-            tokens=counter,
-            base_instructions=message.base_instructions,
-            facts=list(message.facts),
-            recalled=recalled,
-            query=query,
-            older=older_turns(
-                state.recall,
-                session,
-                budget if budget is not None or message.format != "instructions" else config_budget,
-            ),
-            asked=message.query is not None,
-        )
-        result.context_ms.append((time.perf_counter() - tick) * 1000)
-        stats = session.stats()
-        (result.contexts if probe is None else result.questions).append(
-            {
-                **({"probe": probe} if probe is not None else {}),
-                "seq": seq,
-                "session": session.name,
-                "request_id": sent.get("id"),
-                "turn_index": session.total_turns - 1,
-                "at": now,
-                "request": sent,
-                "response": context_response(
-                    session.name,
-                    context,
-                    in_flight=session.in_flight is not None,
-                    request_id=message.id,
-                ),
-                "state": {
-                    "turns": stats.turns,
-                    "cursor": stats.cursor,
-                    "summary_chars": stats.summary_chars,
-                    "compactions": stats.compactions,
-                    "summarizer_calls": state.calls,
-                    "chars_sent": state.chars_sent,
-                },
-            }
-        )
-        while started is not None:
-            started = await self._compact(seq, started, state, now, result)
+        """Each question as the query of a context fetched like the session's last request, all
+        at the end, on the state the recording left (a fold one starts lands after them all)."""
+        if not self.questions:
+            return
+        last = {record["session"]: record for record in result.contexts}
+        logical.at(len(recording.messages), logical.now)
+        with logical.replying():
+            for name, record in last.items():
+                if name not in target.manager.names():  # closed by the recording: its store resumes it
+                    await target.open(name, {})
+                request = _as_get(recording.decoded[record["seq"]])
+                for probe_id, question in self.questions:
+                    probe_id_text = f"question-{probe_id}"
+                    asked = replace(request, query=question, id=probe_id_text)
+                    if self.budget_tokens is not None:
+                        asked = replace(asked, budget_tokens=self.budget_tokens)
+                    tick = time.perf_counter()
+                    reply = await target.context(name, asked, self.budget_chars)
+                    result.context_ms.append((time.perf_counter() - tick) * 1000)
+                    shown = {**record["request"], "query": question, "id": probe_id_text}
+                    result.questions.append(
+                        {
+                            "probe": probe_id,
+                            "seq": len(recording.messages),
+                            "session": name,
+                            "request_id": probe_id_text,
+                            "turn_index": len(result.turns.get(name, ())) - 1,
+                            "at": logical.now,
+                            "request": shown,
+                            "response": reply,
+                            "state": await target.state(name),
+                        }
+                    )
 
-    async def _overflow(
-        self,
-        seq: int,
-        sent: dict[str, Any],
-        message: ContextOverflow,
-        state: _Live,
-        now: float,
-        result: ReplayResult,
-    ) -> None:
-        """Emergency compaction, as the session manager does it: everything verbatim before the
-        safety region folded at once without a model, then the context rebuilt under the limit.
-        When the safety region alone is over the limit the server answers an error and changes
-        nothing: the message is listed in ``skipped``."""
-        session = state.session
-        counter = load_tokenizer(session.config.tokenizer)
-        keep = session.cursor + safety_start(session.verbatim_turns)
-        if message.limit_tokens is not None:
-            region = session.verbatim_turns[keep - session.cursor :]
-            shown = build_context(
-                ContextView(keep, "", region, (), session.config),
-                message.format,
-                base_instructions=message.base_instructions,
-                budget_chars=1 << 30,
-                tokens=counter,
-            )
-            if shown.tokens is not None and shown.tokens > message.limit_tokens:
-                needed, limit = shown.tokens, message.limit_tokens
-                result.skipped.append(f"message {seq}: context.overflow: needs {needed} tokens, over {limit}")
-                return
-        if keep > session.cursor:
-            [start] = session.receive(OverflowReported(keep, now))
-            assert isinstance(start, StartCompaction)
-            plan = start.plan
-            text = emergency_fold(plan, counter, session.config.max_summary_chars)
-            record = self._record(
-                seq, plan, state, now, request_chars(SummaryRequest.for_plan(plan, session.name))
-            )
-            self._settle(plan, session.receive(SummaryReturned(plan.plan_id, text, now)), state, now, record)
-            record["emergency"] = True
-            result.compactions.append(record)
-        asked = ContextGet(
+
+def _as_get(message: SessionMessage) -> ContextGet:
+    """A recorded request as the ``context.get`` it amounts to (an overflow's limit as its budget)."""
+    if isinstance(message, ContextOverflow):
+        return ContextGet(
             message.session,
             message.format,
             message.budget_chars,
@@ -471,110 +435,8 @@ class OfflineReplay:
             message.query,
             message.limit_tokens,
         )
-        await self._context(seq, sent, asked, state, now, result)
-
-    def _record(self, seq: int, plan: CompactionPlan, state: _Live, now: float, sent: int) -> dict[str, Any]:
-        return {
-            "session": state.session.name,
-            "plan": plan.plan_id,
-            "seq": seq,
-            "at": now,
-            "turn_index": state.session.total_turns - 1,
-            "start": plan.start,
-            "end": plan.end,
-            "recompact": plan.recompact,
-            "notes": len(plan.notes),
-            "chars_sent": sent,
-        }
-
-    @staticmethod
-    def _settle(
-        plan: CompactionPlan, effects: list[Effect], state: _Live, now: float, record: dict[str, Any]
-    ) -> CompactionPlan | None:
-        """Perform what the session makes of a result (with no store, a commit is confirmed at
-        once), noting the outcome in ``record``; returns the re-compaction pass it started, if any."""
-        session = state.session
-        next_plan: CompactionPlan | None = None
-        record["outcome"] = "stale"
-        for effect in effects:
-            if isinstance(effect, CommitCompaction):
-                effects.extend(session.receive(CompactionStored(plan.plan_id, now)))
-            elif isinstance(effect, StartCompaction):
-                next_plan = effect.plan
-                record["outcome"] = "too_long"
-            elif isinstance(effect, Applied):
-                record["outcome"] = "clamped" if effect.clamped else "applied"
-            elif isinstance(effect, Failed):
-                record["outcome"] = f"failed:{effect.kind}"
-        record["cursor"] = session.cursor
-        record["summary_chars"] = len(session.summary)
-        return next_plan
-
-    async def _turn_stored(
-        self, state: _Live, index: int, turn: Turn, before: float | None, now: float
-    ) -> None:
-        """With tiers on, the turn goes to the replay's own store too; a turn after a silence
-        longer than the gap ends a conversation, which is rolled at once (as the server does)."""
-        session = state.session
-        if state.store is None:
-            state.store = MemoryStore()
-            await state.store.create(SessionRecord(session.name))
-            for k, earlier in enumerate(state.turns[:-1]):
-                await state.store.append_turn(session.name, k, earlier)
-        await state.store.append_turn(session.name, index, turn)
-        if before is not None and turn.at - before > session.config.conversation_gap_seconds:
-            await self._roll(state, now)
-
-    async def _roll(self, state: _Live, now: float, *, closed: bool = False) -> None:
-        """Make the tier rolls due at ``now``, counting their summarizer calls with the folds'."""
-        session = state.session
-        if state.store is None:
-            return
-        state.tiers_checked = now
-        report = await roll_tiers(
-            state.store,
-            _Tally(self.summarizer, state),
-            session.name,
-            session.config,
-            now,
-            total_turns=session.total_turns,
-            closed=closed,
-        )
-        state.tiers = report.rows
-        session.receive(TiersRolled(report.through, now))
-
-    @staticmethod
-    def _tier_index(state: _Live) -> SummaryIndex:
-        cursor = state.session.cursor
-        if state.tier_index is None or state.tier_index[:2] != (state.tiers, cursor):
-            state.tier_index = (state.tiers, cursor, SummaryIndex.of(hidden_lines(state.tiers, cursor)))
-        return state.tier_index[2]
-
-    async def _compact(
-        self, seq: int, plan: CompactionPlan, state: _Live, now: float, result: ReplayResult
-    ) -> CompactionPlan | None:
-        """Run one plan, and perform what the session makes of its result (with no store, a
-        commit is confirmed at once); returns the re-compaction pass it started, if any."""
-        session = state.session
-        request = SummaryRequest.for_plan(plan, session.name)
-        sent = request_chars(request)
-        state.calls += 1
-        state.chars_sent += sent
-        record = self._record(seq, plan, state, now, sent)
-        tick = time.perf_counter()
-        effects: list[Effect]
-        try:
-            text = await self.summarizer.summarize(request)
-        except SummarizerError as exc:
-            effects = session.receive(CompactionFailed(plan.plan_id, exc.kind, exc.retryable, now))
-        except Exception as exc:  # a summarizer bug is a failed compaction, as in the server
-            effects = session.receive(CompactionFailed(plan.plan_id, type(exc).__name__, False, now))
-        else:
-            effects = session.receive(SummaryReturned(plan.plan_id, text, now))
-        result.summarizer_ms.append((time.perf_counter() - tick) * 1000)
-        next_plan = self._settle(plan, effects, state, now, record)
-        result.compactions.append(record)
-        return next_plan
+    assert isinstance(message, ContextGet)
+    return message
 
 
 def _dump(obj: Any) -> str:
@@ -677,6 +539,7 @@ async def replay_file(
         budget_tokens=budget_tokens,
         questions=questions,
         embedder=load_embedder(point.recall.embedder),
+        recall_ahead=point.recall.ahead,
     )
     try:
         return await engine.run(read_recording(path, max_text_chars=point.server.max_text_chars))
@@ -696,38 +559,32 @@ async def _close(summarizer: object) -> None:
 # -- live replays: real time, or a real server ----------------------------------------------
 
 
-class _Tally:
-    """A summarizer whose calls and characters sent count in a replayed session's state."""
-
-    def __init__(self, inner: Summarizer, state: _Live) -> None:
-        self.inner, self.state = inner, state
-
-    @property
-    def model(self) -> str:
-        return self.inner.model
-
-    async def summarize(self, request: SummaryRequest) -> str:
-        self.state.calls += 1
-        self.state.chars_sent += request_chars(request)
-        return await self.inner.summarize(request)
-
-
 class _Counting:
-    """Wraps a summarizer to count its calls and the characters it is sent."""
+    """Wraps a summarizer to count its calls and the characters it is sent, per session, and
+    time them; ``before`` (when given) is awaited before each call."""
 
-    def __init__(self, inner: Summarizer) -> None:
+    def __init__(
+        self, inner: Summarizer, before: Callable[[SummaryRequest], Awaitable[None]] | None = None
+    ) -> None:
         self.inner = inner
-        self.calls = 0
-        self.chars_sent = 0
+        self.before = before
+        self.calls: dict[str, int] = {}
+        self.chars_sent: dict[str, int] = {}
         self.ms: list[float] = []
+        preferred = getattr(inner, "preferred_max_summary_chars", None)
+        if preferred is not None:  # the session defaults follow what it wraps
+            self.preferred_max_summary_chars = preferred
 
     @property
     def model(self) -> str:
         return self.inner.model
 
     async def summarize(self, request: SummaryRequest) -> str:
-        self.calls += 1
-        self.chars_sent += request_chars(request)
+        if self.before is not None:
+            await self.before(request)
+        name = request.session
+        self.calls[name] = self.calls.get(name, 0) + 1
+        self.chars_sent[name] = self.chars_sent.get(name, 0) + request_chars(request)
         tick = time.perf_counter()
         try:
             return await self.inner.summarize(request)
@@ -756,11 +613,16 @@ async def _drive(
     max_gap: float | None,
     budget_chars: int | None,
     result: ReplayResult,
+    budget_tokens: int | None = None,
+    logical: LogicalTime | None = None,
+    settled: Callable[[], None] | None = None,
 ) -> None:
-    """Send a recording's messages to ``target`` in order, sleeping the recorded gaps when ``realtime``."""
+    """Send a recording's messages to ``target`` in order, sleeping the recorded gaps when
+    ``realtime``; in ``logical`` time, each message at its logical moment, and what it started
+    landed before the next one (``settled`` is called then)."""
     turns: dict[str, list[Turn]] = {}
     opened: set[str] = set()
-    now: float | None = None
+    now: float | None = None if logical is None else logical.now
     for seq, (sent, message) in enumerate(zip(recording.messages, recording.decoded, strict=True)):
         name = message.session
         at: float | None = None
@@ -773,6 +635,8 @@ async def _drive(
                 gap = (at - now) / speed
                 await anyio.sleep(min(gap, max_gap) if max_gap is not None else gap)
             now = at if now is None else max(now, at)
+        if logical is not None and now is not None:
+            logical.at(seq, now)
         if isinstance(message, SessionOpen) or (
             name not in opened and isinstance(message, TurnAppend | NoteAppend | ContextGet | ContextOverflow)
         ):
@@ -780,8 +644,6 @@ async def _drive(
             await target.open(name, config)
             opened.add(name)
             result.turns.setdefault(name, turns.setdefault(name, []))
-            if isinstance(message, SessionOpen):
-                continue
         if isinstance(message, TurnAppend):
             await target.turn(name, message.turn)
             turns[name].append(message.turn)
@@ -793,29 +655,35 @@ async def _drive(
             except (ClientError, IndexError) as exc:  # refused, as the server refused it: nothing changed
                 result.skipped.append(f"message {seq}: {message.type}: {exc}")
         elif isinstance(message, ContextGet | ContextOverflow):
-            tick = time.perf_counter()
-            try:
-                reply = await target.context(name, message, budget_chars)
-            except (ClientError, ContextOverflowError) as exc:
-                result.skipped.append(f"message {seq}: {message.type}: {exc}")
-                continue
-            result.context_ms.append((time.perf_counter() - tick) * 1000)
-            state = await target.state(name)
-            result.contexts.append(
-                {
-                    "seq": seq,
-                    "session": name,
-                    "request_id": sent.get("id"),
-                    "turn_index": len(turns[name]) - 1,
-                    "at": now,
-                    "request": sent,
-                    "response": reply,
-                    "state": state,
-                }
-            )
+            if budget_tokens is not None and isinstance(message, ContextGet):
+                message = replace(message, budget_tokens=budget_tokens)
+            with logical.replying() if logical is not None else contextlib.nullcontext():
+                tick = time.perf_counter()
+                try:
+                    reply = await target.context(name, message, budget_chars)
+                except (ClientError, ContextOverflowError) as exc:
+                    result.skipped.append(f"message {seq}: {message.type}: {exc}")
+                else:
+                    result.context_ms.append((time.perf_counter() - tick) * 1000)
+                    result.contexts.append(
+                        {
+                            "seq": seq,
+                            "session": name,
+                            "request_id": sent.get("id"),
+                            "turn_index": len(turns[name]) - 1,
+                            "at": now,
+                            "request": sent,
+                            "response": reply,
+                            "state": await target.state(name),
+                        }
+                    )
         elif isinstance(message, SessionClose) and name in opened:
             await target.close(name)
             opened.discard(name)
+        if logical is not None:
+            await logical.settle()
+            if settled is not None:
+                settled()
 
 
 def _context_args(
@@ -831,12 +699,22 @@ def _context_args(
 
 
 class _ManagerTarget:
-    """The in-process session manager (the server's own shell), on a clock that follows the recording."""
+    """The in-process session manager (the server's own shell), on a clock that follows the
+    recording; its replies are the server's (an overflow's says what the emergency fold moved,
+    and that fold is told to ``on_emergency``)."""
 
-    def __init__(self, manager: SessionManager, summarizer: _Counting, overrides: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        manager: SessionManager,
+        summarizer: _Counting,
+        overrides: Mapping[str, Any],
+        *,
+        on_emergency: Callable[[str, Applied], None] | None = None,
+    ) -> None:
         self.manager = manager
         self.summarizer = summarizer
         self.overrides = dict(overrides)
+        self.on_emergency = on_emergency
 
     async def open(self, name: str, config: dict[str, Any]) -> None:
         await self.manager.open(name, {**config, **self.overrides})
@@ -851,8 +729,9 @@ class _ManagerTarget:
         self, name: str, message: ContextGet | ContextOverflow, budget: int | None
     ) -> dict[str, Any]:
         fmt, budget_chars, base, facts, query = _context_args(message, budget)
+        emergency: dict[str, int] | None = None
         if isinstance(message, ContextOverflow):
-            context, _ = await self.manager.overflow(
+            context, applied = await self.manager.overflow(
                 name,
                 fmt,
                 limit_tokens=message.limit_tokens,
@@ -861,6 +740,13 @@ class _ManagerTarget:
                 facts=facts,
                 query=query,
             )
+            if applied is not None and self.on_emergency is not None:
+                self.on_emergency(name, applied)
+            emergency = {
+                "old_cursor": applied.old_cursor if applied else context.cursor,
+                "cursor": context.cursor,
+                "folded": (applied.new_cursor - applied.old_cursor) if applied else 0,
+            }
         else:
             context = await self.manager.context(
                 name,
@@ -872,7 +758,9 @@ class _ManagerTarget:
                 query=query,
             )
         in_flight = self.manager.session(name).in_flight is not None
-        return context_response(name, context, in_flight=in_flight, request_id=message.id)
+        return context_response(
+            name, context, in_flight=in_flight, request_id=message.id, emergency=emergency
+        )
 
     async def landmark(self, name: str, message: LandmarkPin | LandmarkUnpin) -> None:
         if isinstance(message, LandmarkPin):
@@ -890,8 +778,8 @@ class _ManagerTarget:
             "cursor": stats.cursor,
             "summary_chars": stats.summary_chars,
             "compactions": stats.compactions,
-            "summarizer_calls": self.summarizer.calls,
-            "chars_sent": self.summarizer.chars_sent,
+            "summarizer_calls": self.summarizer.calls.get(name, 0),
+            "chars_sent": self.summarizer.chars_sent.get(name, 0),
         }
 
     async def close(self, name: str) -> None:
@@ -980,6 +868,7 @@ async def replay_realtime(
         sent = [0]
 
         def landed(event: CompactionEvent) -> None:
+            chars_sent = sum(summarizer.chars_sent.values())
             outcome = "applied" if event.kind == "completed" else f"failed:{event.error}"
             record: dict[str, Any] = {
                 "session": event.session,
@@ -988,12 +877,12 @@ async def replay_realtime(
                 "start": event.old_cursor if event.old_cursor is not None else event.cursor,
                 "end": event.cursor,
                 "outcome": outcome,
-                "chars_sent": summarizer.chars_sent - sent[0],
+                "chars_sent": chars_sent - sent[0],
                 "cursor": event.cursor,
                 "summary_chars": event.summary_chars,
                 "latency": event.latency,
             }
-            sent[0] = summarizer.chars_sent
+            sent[0] = chars_sent
             result.compactions.append(record)
 
         manager.add_listener(landed)
@@ -1021,11 +910,16 @@ async def replay_live(
     speed: float = 1.0,
     max_gap: float | None = None,
     budget_chars: int | None = None,
+    budget_tokens: int | None = None,
     prefix: str = "",
+    logical: LogicalTime | None = None,
 ) -> ReplayResult:
     """Replay against a live server at ``url`` with the bot client (``prefix`` is put before every
     session name, so a replay does not resume a real session). Not reproducible: the server's
-    compactions run in the background, on its own clock."""
+    compactions run in the background, on its own clock; unless the server runs in this process
+    on ``logical`` time (its manager's clock :meth:`LogicalTime.clock`, its summarizer
+    :attr:`LogicalTime.summarizer`, and :attr:`LogicalTime.manager` its manager): then each
+    message is sent at its logical moment and what it started lands before the next, as offline."""
     from voice_context.client import Client
 
     recording = read_recording(path)
@@ -1039,7 +933,9 @@ async def replay_live(
             speed=speed,
             max_gap=max_gap,
             budget_chars=budget_chars,
+            budget_tokens=budget_tokens,
             result=result,
+            logical=logical,
         )
         for name in list(target.handles):
             await target.close(name)
@@ -1047,6 +943,7 @@ async def replay_live(
 
 
 __all__ = [
+    "LogicalTime",
     "OfflineReplay",
     "Recording",
     "ReplayResult",

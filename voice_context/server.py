@@ -50,7 +50,7 @@ import socket
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -421,6 +421,11 @@ class Server:
         return f"ws://{host}:{self.port}{PATH}"
 
     @property
+    def inspector_url(self) -> str:
+        """Where a browser finds the inspector (:mod:`voice_context.inspector`)."""
+        return "http" + self.url.removeprefix("ws").removesuffix(PATH) + "/inspector"
+
+    @property
     def stopping(self) -> bool:
         """True once a shutdown has begun."""
         return self._stopping
@@ -466,7 +471,7 @@ class Server:
                 embedder=await anyio.to_thread.run_sync(load_embedder, self.settings.recall.embedder),
             )
             self._manager = await stack.enter_async_context(manager)
-            manager.add_listener(self._journal.compaction)
+            self._journal.attach(manager)
             self.metrics.watch_manager(
                 lambda: manager.counters,
                 lambda: manager.sessions,
@@ -573,7 +578,9 @@ class Server:
 
     # -- HTTP on the same port -------------------------------------------------------
 
-    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+    def _process_request(
+        self, connection: ServerConnection, request: Request
+    ) -> Response | Coroutine[Any, Any, Response] | None:
         path = urlsplit(request.path).path
         if path == "/healthz":
             status = HTTPStatus.SERVICE_UNAVAILABLE if self._stopping else HTTPStatus.OK
@@ -587,7 +594,7 @@ class Server:
         if path == "/metrics":
             return _response(HTTPStatus.OK, self.metrics.render(), CONTENT_TYPE)
         if path == "/inspector" or path.startswith("/inspector/"):
-            return self._inspector(path, request)
+            return self._inspector(path, request)  # a coroutine: it may read the store
         if path != PATH:
             missing = {"type": "error", "code": "not_found", "message": f"no such path: {path}"}
             return _response(HTTPStatus.NOT_FOUND, orjson.dumps(missing), "application/json")
@@ -630,32 +637,45 @@ class Server:
             return _response(HTTPStatus.SERVICE_UNAVAILABLE, full.encode(), "application/json")
         return None
 
-    def _inspector(self, path: str, request: Request) -> Response:
+    async def _inspector(self, path: str, request: Request) -> Response:
         """The read-only inspector (:mod:`voice_context.inspector`), behind the same tokens: a
         token comes as ``Authorization: Bearer`` or, for a browser, as ``?token=``."""
         tokens = self.settings.server.auth_tokens
-        asked = parse_qs(urlsplit(request.path).query).get("token", [])
+        query = parse_qs(urlsplit(request.path).query)
+        asked = query.get("token", [])
         token = bearer_token(request.headers) or (asked[0] if asked else None)
         if tokens and not token_matches(token, tokens):
             self.metrics.errors.labels(code=UNAUTHORIZED).inc()
             denied = codec.encode_error(UNAUTHORIZED, "the inspector needs a valid token (?token=...)")
             return _response(HTTPStatus.UNAUTHORIZED, denied.encode(), "application/json")
         owner = owner_of(token) if tokens else None
-        manager = self._manager
+        manager, store = self._manager, self._store
         if path == "/inspector":
             return _response(HTTPStatus.OK, inspector.page(), "text/html; charset=utf-8")
-        if manager is not None and path == "/inspector/api/sessions":
-            listed = orjson.dumps(inspector.session_list(manager, owner))
-            return _response(HTTPStatus.OK, listed, "application/json")
         prefix = "/inspector/api/sessions/"
-        if manager is not None and path.startswith(prefix):
-            name = unquote(path[len(prefix) :])
-            try:
-                view = inspector.session_view(manager, name, owner, self._journal)
-            except UnknownSession:
-                missing = codec.encode_error(UNKNOWN_SESSION, f"no live session {name!r} here")
-                return _response(HTTPStatus.NOT_FOUND, missing.encode(), "application/json")
-            return _response(HTTPStatus.OK, orjson.dumps(view), "application/json")
+        # a session's name comes percent-encoded: "/turns" after it is never part of it
+        raw = path[len(prefix) :] if path.startswith(prefix) else ""
+        turns_of = raw.endswith("/turns")
+        name = unquote(raw.removesuffix("/turns"))
+        try:
+            if manager is not None and store is not None:
+                if path == "/inspector/api/sessions":
+                    listed = await inspector.session_list(manager, store, owner)
+                    return _response(HTTPStatus.OK, orjson.dumps(listed), "application/json")
+                if turns_of:
+                    start, end = _int(query, "start"), _int(query, "end")
+                    turns = await inspector.folded_turns(manager, store, name, owner, start, end)
+                    return _response(HTTPStatus.OK, orjson.dumps(turns), "application/json")
+                if name:
+                    chosen = _int(query, "context") or None
+                    view = await inspector.session_view(manager, store, self._journal, name, owner, chosen)
+                    return _response(HTTPStatus.OK, orjson.dumps(view), "application/json")
+        except UnknownSession:
+            missing = codec.encode_error(UNKNOWN_SESSION, f"no session {name!r} for this token")
+            return _response(HTTPStatus.NOT_FOUND, missing.encode(), "application/json")
+        except StoreError as exc:
+            failed = codec.encode_error(INTERNAL, f"the store cannot be read: {exc}", retryable=exc.retryable)
+            return _response(HTTPStatus.SERVICE_UNAVAILABLE, failed.encode(), "application/json")
         missing = codec.encode_error("not_found", f"no such path: {path}")
         return _response(HTTPStatus.NOT_FOUND, missing.encode(), "application/json")
 
@@ -988,6 +1008,7 @@ class Server:
             self.manager.remove_listener(holder.push, session=name)
         conn.sessions.discard(name)
         await self.manager.delete(name, owner=conn.owner)
+        self._journal.forget(name)
         if self._record_dir is not None:
             with contextlib.suppress(FileNotFoundError):
                 (self._record_dir / recording_name(name)).unlink()
@@ -1188,6 +1209,12 @@ def _stale_recordings(record_dir: Path, before: float) -> list[tuple[str, Path]]
         if isinstance(first, dict) and isinstance(first.get("session"), str):
             found.append((first["session"], path))
     return found
+
+
+def _int(query: dict[str, list[str]], key: str) -> int:
+    """An integer query parameter (0 when absent or not a number)."""
+    values = query.get(key, [])
+    return int(values[0]) if values and values[0].lstrip("-").isdigit() else 0
 
 
 def _response(status: HTTPStatus, body: bytes, content_type: str, *extra: tuple[str, str]) -> Response:

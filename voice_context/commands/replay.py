@@ -26,11 +26,15 @@ replays against a live server with the bot client. Neither is reproducible.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
+import structlog
 
 from voice_context.audit import audit_contexts
 from voice_context.config import Settings, load_settings
@@ -93,6 +97,22 @@ def settings_and_grid(args: argparse.Namespace) -> tuple[Settings, Any]:
     return settings, points
 
 
+@contextlib.contextmanager
+def warnings_only() -> Iterator[None]:
+    """The session manager's logs, while replaying: warnings only, to stderr (the table is
+    printed on stdout); the logging set before is restored after."""
+    saved = structlog.get_config()
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
+
+
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "replay",
@@ -143,16 +163,17 @@ def run(args: argparse.Namespace) -> int:
         if problem is not None:
             print(f"voice-context replay: {path} is not a recording: {problem}", file=sys.stderr)
             return 2
-    if args.url or args.realtime:
-        try:
-            results = anyio.run(_live, args, settings, points, paths)
-        except ClientError as exc:  # the server at --url refused, or could not be reached
-            print(f"voice-context replay: {args.url}: {exc}", file=sys.stderr)
-            return 1
-    else:
-        results = anyio.run(
-            lambda: run_grid(paths, settings, points, out_dir=args.out, progress=not args.no_progress)
-        )
+    with warnings_only():
+        if args.url or args.realtime:
+            try:
+                results = anyio.run(_live, args, settings, points, paths)
+            except ClientError as exc:  # the server at --url refused, or could not be reached
+                print(f"voice-context replay: {args.url}: {exc}", file=sys.stderr)
+                return 1
+        else:
+            results = anyio.run(
+                lambda: run_grid(paths, settings, points, out_dir=args.out, progress=not args.no_progress)
+            )
     print_table([r.row() for r in results])
     if args.out is not None and args.report != "none":
         index = write_report(results, args.out / "report", args.report)

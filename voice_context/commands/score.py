@@ -31,7 +31,7 @@ from typing import Any
 import anyio
 
 from voice_context.audit import DateAudit, audit_contexts
-from voice_context.commands.replay import add_settings_arguments, settings_and_grid
+from voice_context.commands.replay import add_settings_arguments, settings_and_grid, warnings_only
 from voice_context.errors import ConfigError
 from voice_context.replay import read_contexts, read_recording, recording_stem
 from voice_context.scoring import Conversation, Scores, read_probes, score_contexts
@@ -95,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        results = anyio.run(lambda: run_grid(paths, settings, points, progress=sys.stderr.isatty()))
+        with warnings_only():
+            results = anyio.run(lambda: run_grid(paths, settings, points, progress=sys.stderr.isatty()))
         for result in results:
             total = Scores()
             dates = DateAudit()

@@ -3,7 +3,8 @@
 Settings come from the defaults, then ``--config FILE`` (TOML), then
 ``VOICE_CONTEXT_*`` environment variables, then the flags given here. The
 listening URL is printed on stdout (``listening on ws://HOST:PORT/v1``, with the
-real port when ``--port 0`` asked for any free one); logs go to stderr.
+real port when ``--port 0`` asked for any free one), then the inspector's on the next line
+(``inspector at http://HOST:PORT/inspector``); logs go to stderr.
 
 The first SIGTERM or SIGINT shuts down gracefully: stop accepting, finish the
 requests in progress, close connections with 1001, land the compactions in
@@ -106,6 +107,8 @@ async def serve(settings: Settings, *, store: Store | None = None) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with Server(settings, store=store) as server:
             print(f"listening on {server.url}", flush=True)
+            token = " (add ?token=YOUR_TOKEN)" if settings.server.auth_tokens else ""
+            print(f"inspector at {server.inspector_url}{token}", flush=True)
 
             async def watch() -> None:
                 async for signum in signals:

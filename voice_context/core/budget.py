@@ -79,7 +79,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from voice_context.core.landmarks import Landmark, render
 from voice_context.core.recalled import Recalled
@@ -116,6 +116,23 @@ def estimate_tokens(chars: int) -> int:
     return (chars + 3) // 4
 
 
+class Section(NamedTuple):
+    """What one part of a context took of its budget, for people and dashboards.
+
+    ``chars`` is the part as rendered: its header and the join before it included, so
+    that a context's sections add up to its ``chars``; ``tokens`` is the same in the
+    token budget's count (``None`` without one). ``share`` (``share_tokens``) is the
+    room the part had first, before what was left over went round (see the module
+    docstring); ``None`` where it has no share of its own and takes what is left.
+    """
+
+    name: str
+    chars: int
+    share: int | None = None
+    tokens: int | None = None
+    share_tokens: int | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Context:
     """What a bot gets back for one reply.
@@ -123,6 +140,10 @@ class Context:
     ``first_turn`` is the index of the oldest verbatim turn shown (equal to
     ``cursor`` when nothing was cut); ``summary`` is the summary as included,
     which may be its newest sentences only when the budget was tight.
+    ``sections`` say what each part took of the budget (base, facts, landmarks,
+    summary, recall, notes, turns, in the order they are shown); ``left_out`` are
+    the passages recall offered that the context does not show (a turn shown
+    verbatim anyway, a summary line the summary holds, no room, or past ``recall_limit``).
     """
 
     format: Format
@@ -142,6 +163,8 @@ class Context:
     tokens: int | None = None
     tokenizer: str | None = None
     landmarks: tuple[Landmark, ...] = field(default=())
+    sections: tuple[Section, ...] = field(default=())
+    left_out: tuple[Recalled, ...] = field(default=())
 
 
 _SECTIONS = ("base", "facts", "landmarks", "summary", "recall", "notes", "turns")
@@ -752,11 +775,13 @@ def _assemble(
             shown_landmarks.append(landmark)
             pinned.remove(landmark)
 
-    add_landmarks(share(config.landmark_share))
+    shares: dict[str, Size] = {}  # the room each part with a share of its own had first
+    shares["landmarks"] = share(config.landmark_share)
+    add_landmarks(shares["landmarks"])
 
     # 3. the recent verbatim window, protected: its share, at least priority_turns turns, and at
     # least recent_floor of the turns a plain tail would show in this room
-    protected = share(config.recent_share)
+    protected = shares["turns"] = share(config.recent_share)
     floor = max(0, n - max(1, config.priority_turns))
     if config.recent_floor and (budget_chars is not None or budget_tokens is not None):
         tail = fill.holds("turns", _plain_tail(turns, view.seen_notes or view.live_notes, rendered), room)
@@ -821,7 +846,7 @@ def _assemble(
                 offered.remove(passage)
         return spent
 
-    recall_share = share(recall_fraction)
+    recall_share = shares["recall"] = share(recall_fraction)
     spent = recall(recall_share)
     unused_recall = (recall_share[0] - spent[0], recall_share[1] - spent[1])
 
@@ -834,6 +859,7 @@ def _assemble(
             if len(first) > cap:
                 first = _condense(first, cap) if cap >= MIN_SUMMARY_CUT else ""
             token_cap = summary_share[1] + unused_recall[1]
+            shares["summary"] = (cap, token_cap)
             if first and tokens is not None and tokens.count(_defused(first)) > token_cap:
                 best = _longest(
                     lambda room: tokens.count(_defused(condense_summary(first, room))) <= token_cap,
@@ -925,4 +951,45 @@ def _assemble(
         recalled=tuple(chosen),
         query=query,
         landmarks=tuple(shown_landmarks),
+        sections=_sections(fill, shares if budget_chars is not None or budget_tokens is not None else {}),
+        left_out=_left_out(recalled, chosen),
     )
+
+
+def _sections(fill: _Fill, shares: dict[str, Size]) -> tuple[Section, ...]:
+    """What each part took (as :meth:`_Fill.add` charged it: items, header, and the join before
+    it when a part is shown before it), and the share it had first."""
+    prefix = fill.layout.prefix
+    counted = fill.token_limit is not None
+    budgeted = fill.limit is not None
+    out: list[Section] = []
+    opened = False
+    for name in _SECTIONS:
+        items = fill.items[name]
+        chars = tokens = 0
+        if items:
+            chars, tokens = fill._header(name, opened)
+            opened = True
+            chars += sum(map(len, items)) + len(prefix[name]) * len(items)
+            tokens += sum(fill.item_tokens[name])
+        share = shares.get(name)
+        if share is None:
+            out.append(Section(name, chars, None, tokens if counted else None))
+        else:
+            out.append(
+                Section(
+                    name,
+                    chars,
+                    share[0] if budgeted else None,
+                    tokens if counted else None,
+                    share[1] if counted else None,
+                )
+            )
+    return tuple(out)
+
+
+def _left_out(offered: Sequence[Recalled], chosen: Sequence[Recalled]) -> tuple[Recalled, ...]:
+    if not offered:
+        return ()
+    shown = {id(p) for p in chosen}
+    return tuple(p for p in offered if id(p) not in shown)

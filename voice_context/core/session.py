@@ -27,9 +27,9 @@ A change the store must hold first is previewed, written by the shell, then
 applied: ``CommitCompaction`` and ``PersistNotes`` change nothing until the
 shell says the store has them (``CompactionStored``, ``NotesStored``); a write
 that fails is answered ``CompactionFailed``, or simply never confirmed, and
-nothing needs rolling back. The session manager and the offline replay are
-two shells over this one protocol: one writes to a store between an effect
-and its confirmation, the other confirms at once. (A turn, a pinned landmark
+nothing needs rolling back. The session manager is the shell over this
+protocol, serving or replaying a recording on a logical clock: it writes to
+its store between an effect and its confirmation. (A turn, a pinned landmark
 and an unpin are stored by the shell before they are fed: they need no preview.)
 
 Invariants, checked by the property tests:

@@ -11,7 +11,6 @@ waits for a sidecar that is down once, not at every turn."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 
@@ -81,8 +80,17 @@ class HeldSession:
         if task is None:
             return
         self._stop.set()
-        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(task, self.close_timeout)
+        # asyncio.wait neither raises the task's own end nor swallows the caller's cancellation
+        # (which a suppressed CancelledError around wait_for did): a caller cancelled while closing
+        # stays cancelled, and a task that does not end within close_timeout is cancelled.
+        try:
+            _, running = await asyncio.wait({task}, timeout=self.close_timeout)
+        except BaseException:
+            task.cancel()  # the caller gave up: the connection is not left behind either
+            raise
+        if running:
+            task.cancel()
+            await asyncio.wait({task}, timeout=self.close_timeout)
 
     async def _let_go(self) -> None:
         """End the task holding a client whose connection dropped (not cancelled by the caller's

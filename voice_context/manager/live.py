@@ -46,6 +46,8 @@ class CompactionEvent:
     retry_at: float | None = None
     trigger: str | None = None
     """For a completed fold: ``count`` (the batch rule) or ``fill`` (the fill trigger)."""
+    clamped: bool = False
+    """For a completed fold: whether its summary was cut to the ceiling as a last resort."""
 
 
 Listener = Callable[[CompactionEvent], None]

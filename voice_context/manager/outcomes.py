@@ -66,6 +66,7 @@ class Outcomes:
                 outcome.latency,
                 old_cursor=outcome.old_cursor,
                 trigger=outcome.plan.trigger,
+                clamped=outcome.clamped,
             ),
         )
 

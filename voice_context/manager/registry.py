@@ -54,12 +54,15 @@ class Registry:
         embedder: Embedder | None = None,
         lease_ttl: float = SERVER.lease_ttl,
         recall_ahead: AheadMode = "first",
+        tokenizer_ahead: bool = True,
     ) -> None:
         if lease_ttl <= 0:
             raise ValueError("lease_ttl must be positive")
         self.summarizer = summarizer
         self.embedder = embedder
         self.recall_ahead = recall_ahead
+        #: whether entering reads the default tokenizer (some 1 s), before a reply counts tokens
+        self.tokenizer_ahead = tokenizer_ahead
         self.config = config or session_defaults(summarizer)
         self.store: Store = store if store is not None else MemoryStore()
         self.compaction_timeout = compaction_timeout
@@ -144,6 +147,12 @@ class Registry:
         reply is built from what exists now, never from what the work would make."""
         assert self._tg is not None, "background work starts only inside 'async with'"
         self._tg.start_soon(fn, *args)
+
+    async def wait_idle(self) -> None:
+        """Wait until no compaction or tier roll runs here: for a replay on a logical clock,
+        which lets each one land before the next message (and for tests)."""
+        while self._in_flight:
+            await self._idle.wait()
 
     def begin(self) -> None:
         """Count a fold or a roll as in flight until its :meth:`end`."""

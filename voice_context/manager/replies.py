@@ -56,9 +56,11 @@ class Replies:
         self._counters: dict[str, TokenCounter] = {}
 
     async def preload(self) -> None:
-        """Read the default tokenizer's file once per process, before the first reply needs it."""
-        tokenizer = self.registry.config.tokenizer
-        self._counters[tokenizer] = await anyio.to_thread.run_sync(load_tokenizer, tokenizer)
+        """Read the default tokenizer's file once per process, before the first reply needs it
+        (unless the manager was told not to: ``tokenizer_ahead``)."""
+        if self.registry.tokenizer_ahead:
+            tokenizer = self.registry.config.tokenizer
+            self._counters[tokenizer] = await anyio.to_thread.run_sync(load_tokenizer, tokenizer)
 
     async def counter(self, tokenizer: str) -> TokenCounter:
         """The token counter of a tokenizer; its first use reads its file, off the event loop."""
@@ -84,10 +86,10 @@ class Replies:
         registry = self.registry
         live = registry.get(name, owner)
         tokenizer = live.session.config.tokenizer
-        if tokenizer not in self._counters:
-            await self.counter(tokenizer)
+        counter = self._counters.get(tokenizer)
+        if counter is None and budget_tokens is not None:  # only a token budget counts tokens
+            counter = await self.counter(tokenizer)
             live = registry.get(name, owner)  # decide again after the await
-        counter = self._counters[tokenizer]
         if budget_chars is None and format == "instructions":
             budget_chars = live.session.config.instructions_budget_chars
         self.compactions.maybe_compact(live, FillBudget(budget_chars, budget_tokens, counter))

@@ -29,7 +29,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import Stemmer
 
@@ -38,7 +38,7 @@ from voice_context.core.recalled import MAX_TERM_DOCS, IndexedDoc, Passage, Post
 from voice_context.core.session import Session
 from voice_context.core.text import ELLIPSIS, clip, normalize, sentences
 from voice_context.core.times import stamp
-from voice_context.core.turns import Note, Role, Turn, TurnRun
+from voice_context.core.turns import Note, Turn
 from voice_context.recall.dates import DATE_TERMS, MAX_DATE_TERMS, date_terms, is_date_term, query_date_terms
 from voice_context.summarizers.deterministic import _RELATIVE as RELATIVE_DATE
 from voice_context.summarizers.deterministic import (
@@ -441,8 +441,8 @@ class _Doc:
 class RecallIndex:
     """BM25 over every turn (and note) of one session, held in this process, vectors optional.
 
-    What an offline replay (and the in-memory store) uses; a server's stores keep the same
-    index beside the turns (:class:`voice_context.store.base.Store`), so a process holds none
+    For measuring recall in process (``scripts/bench.py``); a session's index lives in its
+    store, beside the turns (:class:`voice_context.store.base.Store`), so a process holds none
     of it. Both rank with the same functions. See the module docstring.
     """
 
@@ -486,18 +486,6 @@ class RecallIndex:
     def turns(self) -> int:
         """How many turns are indexed (turns ``0 .. turns-1``)."""
         return len(self._turn_doc)
-
-    def turns_before(self, end: int, count: int) -> list[Turn]:
-        """Up to ``count`` turns just before index ``end``, oldest first, as far back as held
-        without a hole: what a context may show verbatim past the cursor."""
-        out: list[Turn] = []
-        for index in range(end - 1, max(-1, end - 1 - count), -1):
-            doc_id = self._turn_doc.get(index)
-            if doc_id is None:
-                break
-            p = self.docs[doc_id].passage
-            out.append(Turn(p.speaker, cast(Role, p.role), p.text, p.at))
-        return out[::-1]
 
     def doc_for_turn(self, index: int) -> int | None:
         return self._turn_doc.get(index)
@@ -702,15 +690,6 @@ def recall_candidates(
     return text, found
 
 
-def older_turns(index: RecallIndex, session: Session, budget_chars: int | None) -> TurnRun:
-    """The turns just before the cursor a budgeted context may extend its verbatim run into:
-    as many as the budget could hold at 20 chars a line (none without a budget)."""
-    if budget_chars is None or not session.cursor:
-        return TurnRun(session.cursor)
-    turns = index.turns_before(session.cursor, min(MAX_OLDER_TURNS, budget_chars // 20))
-    return TurnRun.of(session.cursor - len(turns), turns)
-
-
 __all__ = [
     "DEFAULT_QUERY_COMMON",
     "RecallIndex",
@@ -719,7 +698,6 @@ __all__ = [
     "annotate_dates",
     "default_query",
     "index_terms",
-    "older_turns",
     "query_time",
     "recall_candidates",
     "search_summary",

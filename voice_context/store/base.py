@@ -57,6 +57,16 @@ class Created(NamedTuple):
     owner: str | None
 
 
+class StoredSession(NamedTuple):
+    """A stored session at a glance, as :meth:`Store.list_sessions` lists it: its name, its
+    owner, how many turns it holds and its cursor."""
+
+    name: str
+    owner: str | None
+    turns: int
+    cursor: int
+
+
 ChooseTerms = Callable[[Sequence[str], Callable[[str], int], int], list[str]]
 """Picks the words a search reads the postings of, from their doc counts and the doc total."""
 
@@ -139,6 +149,11 @@ class Store(Protocol):
 
     async def delete(self, name: str) -> None:
         """Forget the session entirely (its landmarks and its recall index too)."""
+        ...
+
+    async def list_sessions(self, owner: str | None, limit: int) -> list[StoredSession]:
+        """The first ``limit`` stored sessions of ``owner`` (``None``: those made without one), by
+        name. A read: it changes nothing, and keeps no idle session from expiring."""
         ...
 
     # -- the recall index ------------------------------------------------------

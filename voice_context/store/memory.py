@@ -12,7 +12,7 @@ from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStat
 from voice_context.core.tiers import TierSummary, should_replace
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, TurnConflict
-from voice_context.store.base import ChooseTerms, Created, SessionRecord
+from voice_context.store.base import ChooseTerms, Created, SessionRecord, StoredSession
 
 
 @dataclass
@@ -105,6 +105,16 @@ class MemoryStore:
             compactions=entry.record.compactions + 1,
         )
         return True
+
+    async def list_sessions(self, owner: str | None, limit: int) -> list[StoredSession]:
+        out: list[StoredSession] = []
+        for name in sorted(self._sessions):
+            entry = self._sessions[name]
+            if len(out) >= limit:
+                break
+            if entry.record.owner == owner:
+                out.append(StoredSession(name, entry.record.owner, len(entry.turns), entry.record.cursor))
+        return out
 
     async def read_turns(self, name: str, start: int, end: int) -> list[Turn]:
         return list(self._entry(name).turns[start:end])

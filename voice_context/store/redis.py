@@ -73,7 +73,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import orjson
 import redis.asyncio as aioredis
@@ -87,7 +87,7 @@ from voice_context.core.recalled import MAX_TERM_DOCS, IndexedDoc, Passage, Post
 from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, StoreError, TurnConflict
-from voice_context.store.base import ChooseTerms, Created, SessionRecord
+from voice_context.store.base import ChooseTerms, Created, SessionRecord, StoredSession
 from voice_context.store.common import (
     decode_config,
     decode_landmark,
@@ -111,6 +111,8 @@ BACKOFF_CAP = 1.0
 SOCKET_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 2.0
 MAX_CONNECTIONS = 64
+LIST_BATCH = 200
+"""Sessions whose owner and counts one pipelined read asks for when listing them."""
 
 # Error replies that say "not now" rather than "never".
 _TRANSIENT_REPLIES = (
@@ -608,6 +610,33 @@ class RedisStore:
         with self._errors("delete"):
             await self._redis.delete(*k.all, *k.rest)
 
+    async def list_sessions(self, owner: str | None, limit: int) -> list[StoredSession]:
+        # the meta keys by SCAN (every node of a Cluster), their names from the hash tags, then
+        # the counts of the first names, a pipelined batch at a time, until ``limit`` are kept
+        pattern = _glob_escape(self.prefix) + ":{*}:meta"
+        start, end = len(self.prefix) + 2, -len("}:meta")
+        out: list[StoredSession] = []
+        with self._errors("list_sessions"):
+            tags = [key[start:end] async for key in self._redis.scan_iter(match=pattern, count=1000)]
+            names = sorted("" if tag == "%" else unquote(tag) for tag in tags)
+            for first in range(0, len(names), LIST_BATCH):
+                batch = names[first : first + LIST_BATCH]
+                pipe = self._redis.pipeline(transaction=False)
+                for name in batch:
+                    k = self.keys(name)
+                    pipe.hmget(k.meta, ["owner", "cursor"])
+                    pipe.llen(k.turns)
+                replies = await pipe.execute()
+                for name, (held, cursor), turns in zip(batch, replies[::2], replies[1::2], strict=True):
+                    if cursor is None:
+                        continue  # forgotten between the scan and the read
+                    found = _owner(name, held)
+                    if found == owner:
+                        out.append(StoredSession(name, found, int(turns), int(cursor)))
+                        if len(out) >= limit:
+                            return out
+        return out
+
     # -- the recall index ------------------------------------------------------
 
     async def index_turns(self, name: str, start: int, docs: Sequence[IndexedDoc]) -> RecallStats:
@@ -823,6 +852,11 @@ def _posting(item: str) -> Posting:
 
 def _pairs(flat: Sequence[Any]) -> dict[str, Any]:
     return {flat[i]: flat[i + 1] for i in range(0, len(flat) - 1, 2)}
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` matched literally by a SCAN pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 def _owner(name: str, raw: str | None) -> str | None:

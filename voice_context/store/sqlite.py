@@ -77,7 +77,7 @@ from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStat
 from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored
-from voice_context.store.base import ChooseTerms, Created, SessionRecord
+from voice_context.store.base import ChooseTerms, Created, SessionRecord, StoredSession
 from voice_context.store.common import (
     decode_config,
     decode_landmark,
@@ -376,6 +376,18 @@ class SQLiteStore:
                 forget(conn, name)
 
         await self.db.run("delete", op)
+
+    async def list_sessions(self, owner: str | None, limit: int) -> list[StoredSession]:
+        def op(conn: sqlite3.Connection) -> list[StoredSession]:
+            with reading(conn):
+                rows = conn.execute(
+                    "SELECT name, owner, total_turns, cursor FROM sessions"
+                    " WHERE owner IS ? ORDER BY name LIMIT ?",
+                    (owner, limit),
+                ).fetchall()
+            return [StoredSession(*row) for row in rows]
+
+        return await self.db.run("list_sessions", op)
 
     # -- the recall index --------------------------------------------------------
 

@@ -36,6 +36,9 @@ Behaviours:
   a JSON body.
 * ``StallMidStream(text)``: streamed, the words of ``text``, then nothing
   until the client hangs up; not streamed, a plain ``Stall()``.
+* ``CallTool(name, arguments, call_id)``: the model asks for a function: an
+  assistant message with one ``tool_calls`` entry (its arguments as JSON text,
+  streamed in pieces as the real API does) and finish reason ``tool_calls``.
 
 When the script runs out, ``default`` applies to every further request.
 """
@@ -58,6 +61,7 @@ from typing import Any, Self
 
 __all__ = [
     "Behaviour",
+    "CallTool",
     "Cut",
     "Empty",
     "Garbage",
@@ -132,7 +136,25 @@ class StallMidStream:
     text: str
 
 
-Behaviour = Reply | ReplyWith | Stall | Status | Garbage | Empty | Cut | StallMidStream
+@dataclass(frozen=True, slots=True)
+class CallTool:
+    """Answer with a call of the function ``name`` with ``arguments`` (a JSON value), id ``call_id``."""
+
+    name: str
+    arguments: object = field(default_factory=dict)
+    call_id: str = "call_1"
+
+    def as_message(self) -> dict[str, Any]:
+        """The assistant message that makes the call, as a complete (not streamed) answer has it."""
+        call = {
+            "id": self.call_id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": json.dumps(self.arguments)},
+        }
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+Behaviour = Reply | ReplyWith | Stall | Status | Garbage | Empty | Cut | StallMidStream | CallTool
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,6 +342,12 @@ class OpenAIServer:
         match behaviour:
             case Reply(text) | Cut(text) | StallMidStream(text) if streamed:
                 return await self._stream(behaviour, request, text, reader, writer)
+            case CallTool() if streamed:
+                return await self._stream_call(behaviour, request, writer)
+            case CallTool():
+                message, finish = behaviour.as_message(), "tool_calls"
+                body = self._completion(request, "", message=message, finish_reason=finish)
+                await self._send(writer, 200, body, keep_alive=keep_alive)
             case ReplyWith(fn):
                 try:
                     text = fn(request.json)
@@ -364,10 +392,6 @@ class OpenAIServer:
         """Send ``text`` as server-sent events (a word a chunk, or ``Reply.chunk_chars`` a chunk);
         ``False`` if the client hung up."""
         asked = request.json if isinstance(request.json, dict) else {}
-        head = (
-            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-            "Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"
-        )
         chunk_id = f"chatcmpl-{next(self._ids)}"
         size = behaviour.chunk_chars if isinstance(behaviour, Reply) else None
         if size:
@@ -380,7 +404,7 @@ class OpenAIServer:
             return self._chunk(chunk_id, asked, [choice])
 
         try:
-            writer.write(head.encode("latin-1"))
+            writer.write(_STREAM_HEAD)
             await _send_event(writer, event({"role": "assistant", "content": ""}))
             for piece in pieces:
                 await _send_event(writer, event({"content": piece}))
@@ -395,9 +419,39 @@ class OpenAIServer:
                         usage = self._chunk(chunk_id, asked, [])
                         usage["usage"] = self._usage(asked, text)
                         await _send_event(writer, usage)
-            await _send_event(writer, "[DONE]")
-            writer.write(b"0\r\n\r\n")
-            await writer.drain()
+            await _end_stream(writer)
+        except ConnectionError:
+            return False
+        return True
+
+    async def _stream_call(
+        self, behaviour: CallTool, request: RecordedRequest, writer: asyncio.StreamWriter
+    ) -> bool:
+        """Stream a tool call as the real API does: the call's id and name first, then its
+        arguments in pieces, then finish reason ``tool_calls``; ``False`` if the client hung up."""
+        asked = request.json if isinstance(request.json, dict) else {}
+        chunk_id = f"chatcmpl-{next(self._ids)}"
+        arguments = json.dumps(behaviour.arguments)
+        opening = {"index": 0, "id": behaviour.call_id, "type": "function"}
+        deltas: list[dict[str, Any]] = [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{**opening, "function": {"name": behaviour.name, "arguments": ""}}],
+            },
+            *(
+                {"tool_calls": [{"index": 0, "function": {"arguments": arguments[i : i + 8]}}]}
+                for i in range(0, len(arguments), 8)
+            ),
+        ]
+        try:
+            writer.write(_STREAM_HEAD)
+            for delta in deltas:
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+                await _send_event(writer, self._chunk(chunk_id, asked, [choice]))
+            done = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "tool_calls"}
+            await _send_event(writer, self._chunk(chunk_id, asked, [done]))
+            await _end_stream(writer)
         except ConnectionError:
             return False
         return True
@@ -426,7 +480,14 @@ class OpenAIServer:
             "total_tokens": prompt_words + completion_words,
         }
 
-    def _completion(self, request: RecordedRequest, text: str) -> dict[str, Any]:
+    def _completion(
+        self,
+        request: RecordedRequest,
+        text: str,
+        *,
+        message: dict[str, Any] | None = None,
+        finish_reason: str = "stop",
+    ) -> dict[str, Any]:
         asked = request.json if isinstance(request.json, dict) else {}
         return {
             "id": f"chatcmpl-{next(self._ids)}",
@@ -436,9 +497,9 @@ class OpenAIServer:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": text},
+                    "message": message or {"role": "assistant", "content": text},
                     "logprobs": None,
-                    "finish_reason": "stop",
+                    "finish_reason": finish_reason,
                 }
             ],
             "usage": self._usage(asked, text),
@@ -474,6 +535,19 @@ class OpenAIServer:
         head = f"HTTP/1.1 {status} {reason}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items())
         writer.write(head.encode("latin-1") + b"\r\n" + payload)
         await writer.drain()
+
+
+_STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+    b"Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"
+)
+
+
+async def _end_stream(writer: asyncio.StreamWriter) -> None:
+    """``data: [DONE]``, then the last (empty) HTTP chunk."""
+    await _send_event(writer, "[DONE]")
+    writer.write(b"0\r\n\r\n")
+    await writer.drain()
 
 
 async def _send_event(writer: asyncio.StreamWriter, data: object) -> None:
