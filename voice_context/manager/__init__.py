@@ -13,7 +13,11 @@ Lifetimes are lexical::
         ctx = await manager.context("room-1", "instructions")
 
 Leaving the block stops new compactions, gives those in flight
-``close_timeout`` seconds to land, then cancels the rest.
+``close_timeout`` seconds to land (shielded), then cancels the rest. The manager
+owns one task group, entered with ``async with``; the work a request starts
+there (a fold, indexing, recall ahead, a tier roll) is not waited for, so the
+reply is built from what exists now; a fold's lease renewals run in the fold's
+own task group, started with ``tg.start``.
 
 Recall runs ahead of the reply (``recall_ahead``): when a user turn is stored,
 the search for it (a context's default query) starts in the background, so that
