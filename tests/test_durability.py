@@ -438,13 +438,13 @@ async def test_a_full_disk_refuses_the_turn_then_recovers(tmp_path: Path) -> Non
         await speak(manager, "room-1", range(2))
         long = Turn("Alice", "user", "a long story " * 2000, T0 + 2)
 
-        await store._run("squeeze", lambda c: c.execute("PRAGMA max_page_count = 1"))  # no room left
+        await store.db.run("squeeze", lambda c: c.execute("PRAGMA max_page_count = 1"))  # no room left
         with pytest.raises(StoreError, match="full") as failed:
             await manager.append_turn("room-1", long)
         assert failed.value.retryable
         assert manager.state("room-1").turns == 2
 
-        await store._run("free", lambda c: c.execute("PRAGMA max_page_count = 1073741823"))
+        await store.db.run("free", lambda c: c.execute("PRAGMA max_page_count = 1073741823"))
         assert await manager.append_turn("room-1", long) == 2
         assert await store.read_turns("room-1", 2, 3) == [long]
 

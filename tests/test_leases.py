@@ -143,6 +143,7 @@ async def test_a_replica_killed_during_a_fold_holds_up_the_next_one_on_another_r
                 "VOICE_CONTEXT_SUMMARIZER_KIND": "openai",
                 "VOICE_CONTEXT_SUMMARIZER_FOLD": "paragraph",  # the summary is the provider's words
                 "VOICE_CONTEXT_SUMMARIZER_BASE_URL": provider.base_url,
+                "VOICE_CONTEXT_SUMMARIZER_MODEL": "scripted",
                 "VOICE_CONTEXT_SUMMARIZER_MAX_RETRIES": "0",
                 "VOICE_CONTEXT_SERVER_REPLICA": name,
                 "VOICE_CONTEXT_SERVER_LEASE_TTL": str(ttl),

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +29,16 @@ from voice_context.client import Client, SessionHandle
 from voice_context.core.turns import Turn
 from voice_context.store.base import Store
 from voice_context.store.redis import RedisStore
-from voice_context.store.sqlite import PAUSE_ENV, SQLiteStore
+from voice_context.store.sqlite import SQLiteStore
 from voice_context.testing.openai_server import OpenAIServer, Reply, Stall
 from voice_context.testing.redis_server import RedisServer
 
 #: Guards against a hang, never a measurement; slow machines raise the scale.
 TIMEOUT = 20.0 * float(os.environ.get("VOICE_CONTEXT_TEST_TIMEOUT_SCALE", "1"))
 T0 = 1714572187.0
+#: ``voice-context serve`` with each group held before its COMMIT (see the program's docstring)
+HELD_COMMITS = Path(__file__).parent / "serve_held_commits.py"
+SERVE = ("-m", "voice_context", "serve")
 #: Folds 2 turns once more than 6 lie at or after the cursor.
 SMALL = {"recent_window": 4, "batch_size": 2}
 
@@ -47,9 +50,9 @@ def spoken(i: int) -> Turn:
 class Serve:
     """``voice-context serve`` in a child process; ``url`` is where it says it listens."""
 
-    def __init__(self, store_url: str, data_dir: Path, log: Path) -> None:
+    def __init__(self, store_url: str, data_dir: Path, log: Path, program: Sequence[str] = SERVE) -> None:
         self.args = [
-            sys.executable, "-m", "voice_context", "serve",
+            sys.executable, *program,
             "--port", "0", "--store", store_url, "--data-dir", str(data_dir), "--log-format", "json",
         ]  # fmt: skip
         self.log = log
@@ -251,6 +254,7 @@ async def test_a_server_killed_during_a_compaction_folds_again_within_seconds_of
                 "VOICE_CONTEXT_SUMMARIZER_KIND": "openai",
                 "VOICE_CONTEXT_SUMMARIZER_FOLD": "paragraph",  # the summary is the provider's words
                 "VOICE_CONTEXT_SUMMARIZER_BASE_URL": provider.base_url,
+                "VOICE_CONTEXT_SUMMARIZER_MODEL": "scripted",
                 "VOICE_CONTEXT_SUMMARIZER_MAX_RETRIES": "0",
             }
             servers.append(serve)
@@ -279,8 +283,8 @@ async def test_kill_9_between_a_groups_write_and_its_commit_loses_only_turns_nev
     tmp_path: Path, servers: list[Serve]
 ) -> None:
     data, log = tmp_path / "data", tmp_path / "serve.log"
-    first = Serve("sqlite", data, log)
-    first.env = {PAUSE_ENV: "2"}  # every group waits 2 s between its last statement and its COMMIT
+    # every group waits 2 s between its last statement and its COMMIT
+    first = Serve("sqlite", data, log, program=(str(HELD_COMMITS), "--hold", "2"))
     servers.append(first)
     url = await first.start()
     acked: list[tuple[str, int]] = []

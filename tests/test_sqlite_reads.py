@@ -6,9 +6,12 @@ lands meanwhile never leaves a hole in the verbatim run."""
 from __future__ import annotations
 
 import re
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 import pytest
 from helpers import TIMEOUT, turns, wait_until
 
@@ -22,14 +25,37 @@ from voice_context.summarizers.fakes import ScriptedSummarizer
 pytestmark = pytest.mark.asyncio
 
 
+class HeldCommit:
+    """A commit hook for the store: once ``hold`` is called, the next group waits between its
+    last statement and its COMMIT, holding the writer, until ``release``."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.holding = threading.Event()
+        self.released = threading.Event()
+
+    def hold(self) -> None:
+        self.armed = True
+
+    def release(self) -> None:
+        self.released.set()
+
+    def __call__(self, writes: Sequence[Sequence[object]]) -> None:  # in the writer's thread
+        if self.armed:
+            self.armed = False
+            self.holding.set()
+            self.released.wait(TIMEOUT)
+
+
 async def test_a_reply_s_reads_do_not_wait_for_a_commit_in_flight(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "sessions.db")
+    commit = HeldCommit()
+    store = SQLiteStore(tmp_path / "sessions.db", before_commit=commit)
     async with SessionManager(DeterministicSummarizer(), store=store, recall_ahead="off") as manager:
         await manager.open("gym")
         await manager.append_turn("gym", Turn("Ana", "user", "My gym locker code is 4417.", 0.0))
         await manager.wait_indexed("gym")
 
-        store.pause_before_commit = 2.0  # the next group holds the writer this long
+        commit.hold()  # the next group holds the writer until released
         committed = anyio.Event()
 
         async def append() -> None:
@@ -38,7 +64,8 @@ async def test_a_reply_s_reads_do_not_wait_for_a_commit_in_flight(tmp_path: Path
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(append)
-            await anyio.sleep(0.2)  # the append is in its commit now
+            # the append is in its commit now
+            assert await anyio.to_thread.run_sync(commit.holding.wait, TIMEOUT)
 
             with anyio.fail_after(TIMEOUT):
                 stats, _, postings = await store.recall_postings("gym", ["locker"])
@@ -48,7 +75,7 @@ async def test_a_reply_s_reads_do_not_wait_for_a_commit_in_flight(tmp_path: Path
             assert not committed.is_set()  # the write is still in flight: the reads went past it
             assert stats.turns == 1 and [key for key, _, _ in postings["locker"]] == [0]
             assert passages[0].text == said[0].text == "My gym locker code is 4417."
-            store.pause_before_commit = 0
+            commit.release()
         assert committed.is_set()
     await store.aclose()
 

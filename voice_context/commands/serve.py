@@ -27,6 +27,7 @@ from voice_context.collector import keep_collector_off
 from voice_context.config import Settings, load_settings
 from voice_context.errors import ConfigError, StoreError
 from voice_context.server import Server
+from voice_context.store.base import Store
 
 log = structlog.get_logger("voice_context.serve")
 
@@ -100,10 +101,11 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
     logging.getLogger("websockets").setLevel(logging.WARNING)
 
 
-async def serve(settings: Settings) -> None:
-    """Run until the first SIGTERM or SIGINT, then shut down gracefully."""
+async def serve(settings: Settings, *, store: Store | None = None) -> None:
+    """Run until the first SIGTERM or SIGINT, then shut down gracefully. ``store``: the one to
+    serve from (the caller closes it), instead of the one ``settings.store`` names."""
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with Server(settings) as server:
+        async with Server(settings, store=store) as server:
             print(f"listening on {server.url}", flush=True)
             token = " (add ?token=YOUR_TOKEN)" if settings.server.auth_tokens else ""
             print(f"inspector at {server.inspector_url}{token}", flush=True)

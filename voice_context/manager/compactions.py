@@ -1,0 +1,234 @@
+"""Folds in the background: a plan the core decided on is summarized under the store's lease,
+committed to the store, then applied to the session (the core says what each result means)."""
+
+from __future__ import annotations
+
+import anyio
+import structlog
+
+from voice_context.core.session import (
+    Applied,
+    CommitCompaction,
+    CompactionAbandoned,
+    CompactionPlan,
+    CompactionStored,
+    ContextRequested,
+    Effect,
+    Failed,
+    Session,
+    Stale,
+    StartCompaction,
+    SummaryReturned,
+)
+from voice_context.core.window import FillBudget, Skip, SkipReason
+from voice_context.errors import StoreError, SummarizerError
+from voice_context.manager.leases import Leases
+from voice_context.manager.live import Lease, Live
+from voice_context.manager.outcomes import Outcomes
+from voice_context.manager.registry import Registry
+from voice_context.summarizers.base import SummaryRequest
+
+log = structlog.get_logger("voice_context")
+
+
+class Compactions:
+    """Starts the folds the sessions' cores ask for and lands their results."""
+
+    def __init__(self, registry: Registry, leases: Leases, outcomes: Outcomes) -> None:
+        self.registry = registry
+        self.leases = leases
+        self.outcomes = outcomes
+
+    def maybe_compact(self, live: Live, budget: FillBudget | None = None) -> None:
+        """Ask the core whether a fold is due for a context; start it in the background if so."""
+        registry = self.registry
+        [decision] = live.session.receive(ContextRequested(registry.clock(), budget))
+        if isinstance(decision, Skip):
+            _log_skip(live, decision)
+            return
+        assert isinstance(decision, StartCompaction)
+        if not registry.entered:  # nothing will run the plan: do not leave it in flight
+            live.session.receive(CompactionAbandoned(decision.plan.plan_id, registry.clock()))
+            raise RuntimeError("SessionManager must be used as 'async with SessionManager(...)'")
+        registry.begin()
+        live.scope = anyio.CancelScope()  # a close before the task runs must cancel it too
+        registry.spawn(self._compact, live, decision.plan, live.scope)
+
+    async def _compact(self, live: Live, plan: CompactionPlan, scope: anyio.CancelScope) -> None:
+        registry, session = self.registry, live.session
+        fence: int | None = None
+        running = plan
+        try:
+            with scope, structlog.contextvars.bound_contextvars(session=session.name):
+                if scope.cancel_called:  # closed before this task ran: not even a lease
+                    return
+                fence = await self.leases.acquire(live, session, plan)
+                if fence is None or not await self.leases.still_due(live, session, plan):
+                    return
+                lease = Lease(fence)
+                async with anyio.create_task_group() as renewals:
+                    await renewals.start(self.leases.renew, session.name, lease)
+                    current: CompactionPlan | None = plan
+                    while current is not None:
+                        running = current
+                        current = await self._run_plan(live, session, current, lease)
+                    renewals.cancel_scope.cancel()
+        except Exception as exc:  # a bug, here or in a backend, must not escape into the task group
+            if isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+                exc = exc.exceptions[0]  # raised inside the renewals' task group
+            log.exception("voice_context_compaction_crashed", session=session.name, plan=running.plan_id)
+            if session.in_flight is not None and session.in_flight.plan_id == running.plan_id:
+                message = f"{type(exc).__name__}: {exc}"
+                self.outcomes.failure(live, session, running, "internal", False, message)
+        finally:
+            # cancelled (the session closed, the manager shut down) with this task's plan
+            # still in flight: nothing else will land it (a plan no longer in flight is stale)
+            session.receive(CompactionAbandoned(running.plan_id, registry.clock()))
+            if live.scope is scope:
+                live.scope = None
+            registry.end()
+            if fence is not None:
+                await self.leases.release(session.name)
+
+    async def _run_plan(
+        self, live: Live, session: Session, plan: CompactionPlan, lease: Lease
+    ) -> CompactionPlan | None:
+        if lease.lost:
+            self.leases.lost(live, session, plan)
+            return None
+        self.registry.counters["started"] += 1
+        log.info(
+            "voice_context_compaction_started",
+            session=session.name,
+            plan=plan.plan_id,
+            cursor=plan.start,
+            batch_size=len(plan.turns),
+            recent_start=plan.recent_start,
+            pending_note_count=len(plan.notes),
+            recompact=plan.recompact,
+            trigger=plan.trigger,
+        )
+        text: str | None = None
+        failed = False
+        with anyio.CancelScope() as fold:  # cancelled when a renewal finds the lease superseded
+            lease.fold = fold
+            try:
+                text = await self._summarize(live, session, plan)
+                failed = text is None
+            finally:
+                lease.fold = None
+        if failed:
+            return None  # told already
+        if text is None or lease.lost:
+            self.leases.lost(live, session, plan)
+            return None
+        # Landing holds the session's lock, so a turn or a note written meanwhile cannot
+        # interleave with the commit: the pending notes the store keeps are the ones the
+        # session keeps.
+        async with live.lock:
+            return await self._land(live, session, plan, text, lease.fence)
+
+    async def _summarize(self, live: Live, session: Session, plan: CompactionPlan) -> str | None:
+        """The summarizer's answer for ``plan``; ``None`` when it failed (told already)."""
+        timeout = self.registry.compaction_timeout
+        fail = self.outcomes.failure
+        try:
+            with anyio.fail_after(timeout):
+                return await self.registry.summarizer.summarize(SummaryRequest.for_plan(plan, session.name))
+        except SummarizerError as exc:
+            fail(live, session, plan, exc.kind, exc.retryable, str(exc), exc.retry_after)
+        except TimeoutError:
+            fail(live, session, plan, "timeout", True, f"no answer in {timeout:g}s")
+        except Exception as exc:  # a summarizer bug must not take the server down
+            fail(live, session, plan, type(exc).__name__, False, str(exc))
+        return None
+
+    async def _land(
+        self, live: Live, session: Session, plan: CompactionPlan, text: str, fence: int | None
+    ) -> CompactionPlan | None:
+        if live.session is not session:
+            # the session was rebuilt from the store meanwhile: this result is for a copy
+            # that no longer serves anyone
+            self.outcomes.stale(session, plan.plan_id, current=None)
+            return None
+        effects = session.receive(SummaryReturned(plan.plan_id, text, self.registry.clock()))
+        return await self.perform(live, session, effects, fence, "empty summary")
+
+    async def perform(
+        self,
+        live: Live,
+        session: Session,
+        effects: list[Effect],
+        fence: int | None,
+        message: str = "",
+        told: list[Applied] | None = None,
+    ) -> CompactionPlan | None:
+        """Do and tell what a compaction's event came to; returns the next plan to run under
+        the same lease (a re-compaction pass), if any. A fold that lands is added to ``told``."""
+        next_plan: CompactionPlan | None = None
+        for effect in effects:
+            if isinstance(effect, StartCompaction):
+                next_plan = effect.plan
+            elif isinstance(effect, CommitCompaction):
+                next_plan = await self._commit(live, session, effect, fence, told)
+            elif isinstance(effect, Applied):
+                self.outcomes.applied(live, session, effect)
+                if told is not None:
+                    told.append(effect)
+            elif isinstance(effect, Failed):
+                self.outcomes.failed(live, session, effect, message)
+            elif isinstance(effect, Stale):
+                self.outcomes.stale(session, effect.plan_id, current=effect.current_plan_id)
+        return next_plan
+
+    async def _commit(
+        self,
+        live: Live,
+        session: Session,
+        commit: CommitCompaction,
+        fence: int | None,
+        told: list[Applied] | None = None,
+    ) -> CompactionPlan | None:
+        """Cursor, summary and the notes left, into the store together; then into the session."""
+        plan = commit.plan
+        try:
+            committed = await self.registry.store.commit_compaction(
+                session.name,
+                expected_cursor=plan.start,
+                new_cursor=plan.end,
+                summary=commit.summary,
+                pending_notes=commit.pending_notes,
+                fence=fence,
+            )
+        except StoreError as exc:
+            self.outcomes.failure(live, session, plan, "store", exc.retryable, str(exc))
+            return None
+        if not committed:
+            message = "the store moved on (another replica compacted)"
+            self.outcomes.failure(live, session, plan, "fenced", True, message)
+            await self.leases.catch_up(live)
+            return None
+        effects = session.receive(CompactionStored(plan.plan_id, self.registry.clock()))
+        return await self.perform(live, session, effects, fence, told=told)
+
+
+def _log_skip(live: Live, decision: Skip) -> None:
+    """Log a skipped fold; one worth telling is told once: per plan in flight, per backoff."""
+    session = live.session
+    repeat = {
+        SkipReason.ALREADY_IN_FLIGHT: session.in_flight.plan_id if session.in_flight else None,
+        SkipReason.BACKING_OFF: decision.retry_at,
+    }.get(decision.reason)
+    told = (decision.reason, repeat)
+    quiet = decision.reason is SkipReason.BELOW_THRESHOLD or (repeat is not None and live.last_skip == told)
+    live.last_skip = told
+    level = log.debug if quiet else log.info
+    level(
+        "voice_context_compaction_skipped",
+        session=session.name,
+        reason=decision.reason.value,
+        turns=session.total_turns,
+        cursor=session.cursor,
+        recent_start=decision.recent_start,
+        retry_at=decision.retry_at,
+    )

@@ -1,0 +1,149 @@
+"""The background indexing of the sessions served here: their turns and notes into the
+store's recall index, batch by batch (and their vectors, with an embedder)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import structlog
+
+from voice_context.manager.live import Live, RecallState
+from voice_context.manager.registry import Registry
+from voice_context.recall.index import indexed, note_passage, turn_passage
+
+log = structlog.get_logger("voice_context")
+
+EMBED_BATCH = 256
+"""At most this many docs embedded by one model call in the background."""
+INDEX_BATCH = 256
+"""At most this many turns indexed by one store write in the background."""
+INDEX_WAIT = 2.0
+"""The longest a search waits for the background indexing (seconds) before it searches the
+index as it stands."""
+
+
+class Indexing:
+    """Keeps each session's recall index up with its turns and notes, in the background;
+    a failure is logged and tried again with the next append, never the session's."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+
+    async def restored(self, name: str) -> RecallState:
+        """Where a stored session's recall index stands (and its vectors, with an embedder)."""
+        store = self.registry.store
+        stats, _, _ = await store.recall_postings(name, ())
+        recall = RecallState(indexed=stats.turns, noted=stats.notes)
+        if self.registry.embedder is not None:
+            import numpy as np
+
+            stored = await store.load_vectors(name)
+            recall.vectors = {key: np.frombuffer(raw, dtype=np.float32) for key, raw in stored.items()}
+            keys = [*range(stats.turns), *range(-1, -stats.notes - 1, -1)]
+            recall.unembedded = [key for key in keys if key not in recall.vectors]
+        return recall
+
+    def fresh(self) -> RecallState:
+        """The recall state of a session created here."""
+        return RecallState(vectors={} if self.registry.embedder is not None else None)
+
+    def lag(self, live: Live) -> int:
+        """How many of the session's turns and notes wait for the index (or their vectors)."""
+        recall = live.recall
+        waiting = live.session.total_turns - recall.indexed + len(recall.notes)
+        return waiting + (len(recall.unembedded) if self.registry.embedder is not None else 0)
+
+    async def caught_up(self, live: Live) -> None:
+        """Wait (at most ``INDEX_WAIT``) for the background indexing to hold every turn stored
+        and every note seen: a search made then finds what the session holds, however far
+        behind the indexing was when it was asked for. The turn just stored takes about
+        a millisecond; a burst of appends, longer."""
+        recall = live.recall
+        with anyio.move_on_after(INDEX_WAIT):
+            while recall.running and self.lag(live):
+                await recall.done.wait()
+
+    def maybe_index(self, live: Live) -> None:
+        """Index what waits for it (turns, notes; their vectors), in the background."""
+        recall = live.recall
+        pending = (
+            recall.notes
+            or recall.indexed < live.session.total_turns
+            or (recall.unembedded and self.registry.embedder)
+        )
+        if recall.running or not pending or not self.registry.started:
+            return
+        recall.running = True
+        if recall.done.is_set():
+            recall.done = anyio.Event()
+        self.registry.spawn(self._index, live)
+
+    async def _index(self, live: Live) -> None:
+        """Write what waits to the store's recall index, batch by batch, until nothing does.
+        A failure is logged and retried with the next append; it never breaks the session."""
+        recall = live.recall
+        registry = self.registry
+        try:
+            while registry.serves(live) and not registry.closing:
+                if recall.notes:
+                    await self._index_note(live)
+                elif recall.indexed < live.session.total_turns:
+                    if not await self._index_turns(live):
+                        break  # the store would not take them: try again with the next append
+                elif recall.unembedded and registry.embedder is not None:
+                    await self._embed(live)
+                else:
+                    break
+        except Exception:  # recall is best effort: the turns are safe in the store
+            log.warning("voice_context_indexing_failed", session=live.session.name, exc_info=True)
+        finally:
+            recall.running = False
+            recall.done.set()
+
+    async def _index_note(self, live: Live) -> None:
+        recall = live.recall
+        note = recall.notes[0]
+        stats = await self.registry.store.index_note(live.session.name, indexed(note_passage(note)))
+        recall.notes.pop(0)
+        recall.noted = stats.notes
+        if self.registry.embedder is not None:
+            recall.unembedded.append(-stats.notes)
+
+    async def _index_turns(self, live: Live) -> bool:
+        """One batch of turns into the index; whether the store took them."""
+        recall, session, store = live.recall, live.session, self.registry.store
+        start = recall.indexed
+        stop = min(session.total_turns, start + INDEX_BATCH)
+        if start >= session.cursor:
+            first = session.total_turns - len(session.verbatim_turns)
+            turns = list(session.verbatim_turns[start - first : stop - first])
+        else:
+            turns = await store.read_turns(session.name, start, stop)
+        docs = [indexed(turn_passage(start + k, t)) for k, t in enumerate(turns)]
+        stats = await store.index_turns(session.name, start, docs)
+        if stats.turns == start and docs:
+            return False
+        if self.registry.embedder is not None:
+            recall.unembedded.extend(range(max(start, recall.indexed), stats.turns))
+        recall.indexed = stats.turns
+        return True
+
+    async def _embed(self, live: Live) -> None:
+        """One batch of vectors: the model run in a worker thread, the vectors kept in the store."""
+        import numpy as np
+
+        recall, store, embedder = live.recall, self.registry.store, self.registry.embedder
+        assert embedder is not None
+        keys = recall.unembedded[:EMBED_BATCH]
+        passages = await store.recall_passages(live.session.name, keys)
+        todo = [key for key in keys if key in passages]
+        texts = [f"{passages[k].speaker}: {passages[k].text}" for k in todo]
+        vectors: Any = await anyio.to_thread.run_sync(embedder.embed, texts) if texts else []
+        rows = {key: np.asarray(v, dtype=np.float32) for key, v in zip(todo, vectors, strict=True)}
+        await store.save_vectors(live.session.name, {k: v.tobytes() for k, v in rows.items()})
+        if recall.vectors is None:
+            recall.vectors = {}
+        recall.vectors.update(rows)
+        del recall.unembedded[: len(keys)]

@@ -1,0 +1,100 @@
+"""Telling what a fold came to: the counters, the log and the listeners."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from voice_context.core.session import Applied, CompactionFailed, CompactionPlan, Failed, Session
+from voice_context.manager.live import CompactionEvent, Live
+from voice_context.manager.registry import Registry
+
+log = structlog.get_logger("voice_context")
+
+
+class Outcomes:
+    """Counts, logs and tells listeners of the folds that land, fail or go stale."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+
+    def stale(self, session: Session, plan_id: int, **fields: Any) -> None:
+        """A result for a plan no longer in flight, dropped."""
+        self.registry.counters["stale"] += 1
+        log.info("voice_context_compaction_stale", session=session.name, plan=plan_id, **fields)
+
+    def failure(
+        self,
+        live: Live,
+        session: Session,
+        plan: CompactionPlan,
+        kind: str,
+        retryable: bool,
+        message: str,
+        retry_after: float | None = None,
+    ) -> None:
+        """Tell the session the plan failed, and tell what that came to."""
+        failed = CompactionFailed(plan.plan_id, kind, retryable, self.registry.clock(), retry_after)
+        for effect in session.receive(failed):
+            if isinstance(effect, Failed):
+                self.failed(live, session, effect, message)
+            else:
+                self.stale(session, plan.plan_id)
+
+    def applied(self, live: Live, session: Session, outcome: Applied) -> None:
+        self.registry.counters["completed"] += 1
+        log.info(
+            "voice_context_compaction_completed",
+            session=session.name,
+            plan=outcome.plan.plan_id,
+            old_cursor=outcome.old_cursor,
+            new_cursor=outcome.new_cursor,
+            covered_through=outcome.covered_through,
+            summary_chars=len(outcome.summary),
+            clamped=outcome.clamped,
+            latency=round(outcome.latency, 4),
+        )
+        self.registry.emit(
+            live,
+            CompactionEvent(
+                "completed",
+                session.name,
+                outcome.new_cursor,
+                outcome.covered_through,
+                len(outcome.summary),
+                outcome.latency,
+                old_cursor=outcome.old_cursor,
+                trigger=outcome.plan.trigger,
+                clamped=outcome.clamped,
+            ),
+        )
+
+    def failed(self, live: Live, session: Session, outcome: Failed, message: str) -> None:
+        self.registry.counters["failed"] += 1
+        log.warning(
+            "voice_context_compaction_failed",
+            session=session.name,
+            plan=outcome.plan.plan_id,
+            model=self.registry.summarizer.model,
+            error=outcome.kind,
+            message=message[:300],
+            retryable=outcome.retryable,
+            failures=outcome.failures,
+            retry_at=outcome.retry_at,
+        )
+        self.registry.emit(
+            live,
+            CompactionEvent(
+                "failed",
+                session.name,
+                session.cursor,
+                session.cursor - 1,
+                len(session.summary),
+                outcome.latency,
+                error=outcome.kind,
+                retryable=outcome.retryable,
+                failures=outcome.failures,
+                retry_at=outcome.retry_at,
+            ),
+        )

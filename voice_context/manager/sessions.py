@@ -1,0 +1,440 @@
+"""The manager's public face: one method per thing a shell asks of a session, each handed to
+the job that does it (see the package docstring)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+import structlog
+
+from voice_context.core.budget import Context, Format
+from voice_context.core.handoff import LAST_TURNS, Handoff
+from voice_context.core.landmarks import Landmark, LandmarkSource
+from voice_context.core.session import (
+    Applied,
+    NoteReceived,
+    NotesChanged,
+    NotesStored,
+    PersistNotes,
+    PinRequested,
+    Session,
+    SessionEnding,
+    SessionStats,
+    TurnAppended,
+    TurnHeld,
+    UnpinRequested,
+)
+from voice_context.core.tiers import TIERS, Tier
+from voice_context.core.turns import Note, Turn
+from voice_context.errors import ConfigError, StoreError, TurnConflict, UnknownSession
+from voice_context.manager.compactions import Compactions
+from voice_context.manager.indexing import Indexing
+from voice_context.manager.leases import Leases
+from voice_context.manager.live import Listener, Live, Opened
+from voice_context.manager.outcomes import Outcomes
+from voice_context.manager.recall import Recall
+from voice_context.manager.registry import Registry
+from voice_context.manager.replicas import Replicas
+from voice_context.manager.replies import Replies
+from voice_context.manager.tiers import Tiers
+from voice_context.tiering import RollReport
+
+log = structlog.get_logger("voice_context")
+
+
+class SessionManager(Registry):
+    """Owns the live sessions and runs their compactions. See :mod:`voice_context.manager`.
+
+    It is the registry every job shares (:class:`~voice_context.manager.registry.Registry`:
+    its settings, the sessions, the task group, counters and listeners), and hands each
+    request to the job that does it: :class:`Replicas` (opening, ownership, catch-up),
+    :class:`Compactions` with :class:`Leases` (folds), :class:`Indexing` and :class:`Recall`,
+    :class:`Tiers`, and :class:`Replies` (contexts, handoffs, emergencies).
+    """
+
+    def _assemble(self) -> None:
+        self._tiers = Tiers(self)
+        self._indexing = Indexing(self)
+        self._recall = Recall(self, self._indexing)
+        self._replicas = Replicas(self, self._tiers, self._indexing)
+        outcomes = Outcomes(self)
+        compactions = Compactions(self, Leases(self, self._replicas, outcomes), outcomes)
+        self._replies = Replies(self, compactions, self._indexing, self._recall, self._tiers)
+        self._stack: contextlib.AsyncExitStack | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<SessionManager sessions={len(self.live)} in_flight={self.in_flight} "
+            f"summarizer={self.summarizer.model}>"
+        )
+
+    # -- lifetime --------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self._replies.preload()
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(self.running())
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        stack, self._stack = self._stack, None
+        assert stack is not None, "the manager was not entered"
+        return await stack.__aexit__(exc_type, exc, tb)
+
+    # -- listeners -------------------------------------------------------------
+
+    def add_listener(self, listener: Listener, session: str | None = None) -> None:
+        """Call ``listener`` for compaction events of one session, or of all of them."""
+        if session is None:
+            self.listeners.append(listener)
+        else:
+            self.get(session, None, check_owner=False).listeners.append(listener)
+
+    def remove_listener(self, listener: Listener, session: str | None = None) -> None:
+        targets = [self.listeners]
+        if session is not None and session in self.live:
+            targets.append(self.live[session].listeners)
+        for target in targets:
+            if listener in target:
+                target.remove(listener)
+
+    # -- sessions --------------------------------------------------------------
+
+    @property
+    def sessions(self) -> int:
+        return len(self.live)
+
+    def owner(self, name: str) -> str | None:
+        """Who owns a live session (``None``: opened without a token)."""
+        return self.get(name, None, check_owner=False).owner
+
+    def names(self) -> list[str]:
+        return list(self.live)
+
+    def state(self, name: str, *, owner: str | None = None) -> SessionStats:
+        return self.get(name, owner).session.stats()
+
+    def session(self, name: str, *, owner: str | None = None) -> Session:
+        """The live session object (for inspection; mutate it only through the manager)."""
+        return self.get(name, owner).session
+
+    async def open(
+        self, name: str, overrides: dict[str, Any] | None = None, *, owner: str | None = None
+    ) -> Opened:
+        """Open a session, resuming it from memory or from the store if it exists.
+
+        ``overrides`` change the session's limits (see :class:`SessionConfig`);
+        raises ``ConfigError`` for an unknown or invalid one, ``UnknownSession``
+        when the session belongs to another owner, ``StoreError`` when the store
+        cannot be read.
+
+        The store decides who owns a name, once: the first ``create`` of it wins,
+        atomically, so of two owners racing for a new name through any number of
+        replicas exactly one gets it (opens of one name here also run one at a
+        time). A copy of the session held here is served only while the store's
+        session is its owner's; a ``close`` during an open's awaits makes it
+        decide again (from the store).
+        """
+        return await self._replicas.open(name, overrides, owner)
+
+    async def append_turn(self, name: str, turn: Turn, *, owner: str | None = None) -> int:
+        """Store the turn durably, then add it to the session; returns its index."""
+        live = self.get(name, owner)
+        async with live.lock:
+            before = Tiers.last_at(live.session)
+            await self._store_turn(live, turn)
+            [held] = live.session.receive(TurnAppended(turn))
+            assert isinstance(held, TurnHeld)
+            self._indexing.maybe_index(live)
+            self._recall.maybe_ahead(live, turn)
+            if Tiers.ended_conversation(live.session, before, turn.at):
+                self._tiers.maybe_roll(live, now=True)  # a conversation just ended: roll it
+            if held.landmark is not None:
+                await self._save_landmark(name, held.landmark)
+            return held.index
+
+    async def _store_turn(self, live: Live, turn: Turn) -> None:
+        """Append the turn in the store after the session's last turn; when another replica
+        appended meanwhile, adopt the store's view and append after it (once)."""
+        name = live.session.name
+        index = live.session.total_turns
+        try:
+            await self.store.append_turn(name, index, turn)
+        except TurnConflict as conflict:
+            await self._replicas.catch_up_locked(live)
+            if live.session.total_turns == index:
+                raise
+            try:
+                await self.store.append_turn(name, live.session.total_turns, turn)
+            except TurnConflict:
+                await self._replicas.catch_up_locked(live)
+                text = f"session {name!r} is being appended to elsewhere at the same time: try again"
+                raise StoreError(text, retryable=True) from conflict
+
+    async def append_note(self, name: str, note: Note, *, owner: str | None = None) -> NotesChanged:
+        """Add a screen-watch note; evicted notes queue for the next compaction."""
+        live = self.get(name, owner)
+        async with live.lock:  # the session is not rebuilt, nor its notes changed, while held
+            session = live.session
+            [persist] = session.receive(NoteReceived(note))
+            assert isinstance(persist, PersistNotes)
+            await self.store.save_notes(name, persist.live, persist.pending)  # a failure changes nothing
+            session.receive(NotesStored(persist.staged))
+            live.recall.notes.append(note)
+            self._indexing.maybe_index(live)
+            return persist.changed
+
+    async def close(self, name: str, *, owner: str | None = None) -> None:
+        """Stop serving a session here. Its state stays in the store; a compaction in
+        flight is cancelled (the next one on reopen redoes it). With tiers on, its open
+        conversation ends: it is rolled first (within ``close_timeout``; a roll left
+        undone is made by the next roll of the session, as the sweep does)."""
+        live = self.get(name, owner)
+        if live.session.config.tiers and not self.closing:
+            with anyio.move_on_after(self.close_timeout):
+                try:
+                    await self._tiers.roll(live, closed=True)
+                except Exception as exc:
+                    log.warning("voice_context_tier_roll_failed", session=name, error=str(exc)[:300])
+            live = self.get(name, owner)
+        live.session.receive(SessionEnding(self.clock()))
+        live.cancel_fold()
+        self.live.pop(name, None)
+
+    async def delete(self, name: str, *, owner: str | None = None) -> None:
+        """Forget a session: close it here and delete everything the store keeps of it.
+
+        Raises ``UnknownSession`` when it is not open here for ``owner``; an open of the
+        same name waits for the delete, and then creates a new session.
+        """
+        async with self._replicas.opening(name):
+            await self.close(name, owner=owner)
+            record = await self.store.load(name)
+            if record is not None and record.owner != owner:
+                # the copy closed here was stale: the store's session by this name is another's
+                log.warning("voice_context_session_disowned", session=name, reason="delete")
+                raise UnknownSession(name)
+            await self.store.delete(name)
+
+    async def retain(self) -> list[str]:
+        """Apply the store's retention policy once (``session_ttl``; nothing without one): the
+        sessions open here are in use (their idle time starts again), and every session idle
+        for longer is forgotten. Returns the forgotten sessions' names when the store knows
+        them (Redis forgets idle keys by itself). The server calls it periodically; call it
+        yourself, more often than the ttl, when you use a manager on a store with a ttl."""
+        if self.store.session_ttl is None:
+            return []
+        await self.store.touch(self.names())
+        return await self.store.expire()
+
+    # -- replies ---------------------------------------------------------------
+
+    async def context(
+        self,
+        name: str,
+        format: Format = "messages",
+        *,
+        budget_chars: int | None = None,
+        budget_tokens: int | None = None,
+        base_instructions: str = "",
+        facts: Sequence[str] = (),
+        query: str | None = None,
+        owner: str | None = None,
+    ) -> Context:
+        """The context for the next reply. Starts a compaction in the background when due;
+        never waits for one.
+
+        ``query`` is what recall looks for in the session's older history; by
+        default the newest user turn. The context says what it recalled.
+        ``budget_tokens`` is counted with the session's ``tokenizer``, and then
+        the context reports its size in that count (``tokens``).
+        """
+        return await self._replies.context(
+            name,
+            format,
+            budget_chars=budget_chars,
+            budget_tokens=budget_tokens,
+            base_instructions=base_instructions,
+            facts=facts,
+            query=query,
+            owner=owner,
+        )
+
+    async def handoff(
+        self,
+        name: str,
+        *,
+        limit_chars: int | None = None,
+        base_instructions: str = "",
+        facts: Sequence[str] = (),
+        query: str | None = None,
+        last_turns: int = LAST_TURNS,
+        owner: str | None = None,
+    ) -> Handoff:
+        """What a fresh provider session needs to go on (see :mod:`voice_context.core.handoff`):
+        the context as ``instructions`` within ``limit_chars`` (by default the session's
+        ``instructions_budget_chars``), ending with the questions still open, and the newest
+        ``last_turns`` turns."""
+        return await self._replies.handoff(
+            name,
+            limit_chars=limit_chars,
+            base_instructions=base_instructions,
+            facts=facts,
+            query=query,
+            last_turns=last_turns,
+            owner=owner,
+        )
+
+    async def overflow(
+        self,
+        name: str,
+        format: Format = "messages",
+        *,
+        limit_tokens: int | None = None,
+        budget_chars: int | None = None,
+        base_instructions: str = "",
+        facts: Sequence[str] = (),
+        query: str | None = None,
+        owner: str | None = None,
+    ) -> tuple[Context, Applied | None]:
+        """Emergency compaction: the bot's model refused its context as too long.
+
+        Keeps the safety region (the last user turn, the last iteration and any open tool
+        chain) unchanged, folds everything verbatim before it at once (two halves by tokens,
+        each compressed and folded without a model, merged into the summary), commits that,
+        and returns the context rebuilt under ``limit_tokens`` with what moved. Raises
+        :class:`ContextOverflow` at once when the base instructions and the safety region
+        alone exceed the limit. A fold in flight is superseded (its result is dropped).
+        """
+        live = self.get(name, owner)
+        applied = await self._replies.emergency(live, format, limit_tokens, base_instructions)
+        context = await self.context(
+            name,
+            format,
+            budget_chars=budget_chars,
+            budget_tokens=limit_tokens,
+            base_instructions=base_instructions,
+            facts=facts,
+            query=query,
+            owner=owner,
+        )
+        return context, applied
+
+    # -- landmarks -------------------------------------------------------------
+
+    async def pin(
+        self,
+        name: str,
+        index: int,
+        *,
+        kind: str = "other",
+        reason: str = "",
+        source: LandmarkSource = "manual",
+        owner: str | None = None,
+    ) -> Landmark:
+        """Pin the turn at ``index`` as a landmark (replacing one already there) and store it.
+
+        Raises ``IndexError`` when the session has no such turn.
+        """
+        live = self.get(name, owner)
+        async with live.lock:
+            session = live.session
+            if not 0 <= index < session.total_turns:
+                raise IndexError(f"session {name!r} has no turn {index} (it has {session.total_turns})")
+            if index >= session.cursor:
+                turn = session.turn(index)
+            else:
+                [turn] = await self.store.read_turns(name, index, index + 1)
+            landmark = Landmark(index, turn, kind, reason, source, self.clock())
+            await self.store.save_landmark(name, landmark)
+            live.session.receive(PinRequested(landmark))
+            log.info("voice_context_landmark_pinned", session=name, index=index, kind=kind, source=source)
+            return landmark
+
+    async def unpin(self, name: str, index: int, *, owner: str | None = None) -> bool:
+        """Unpin the landmark at ``index``; returns whether there was one."""
+        live = self.get(name, owner)
+        async with live.lock:
+            removed = await self.store.delete_landmark(name, index)
+            unpinned = live.session.receive(UnpinRequested(index, self.clock()))
+            removed = bool(unpinned) or removed
+            log.info("voice_context_landmark_unpinned", session=name, index=index, removed=removed)
+            return removed
+
+    async def _save_landmark(self, name: str, landmark: Landmark) -> None:
+        """Store a landmark the heuristics found. The turn is stored already: a landmark
+        that cannot be stored is logged; it stays pinned here, and a session restored
+        elsewhere does without it (an unpin must last, so restored turns are not read again)."""
+        try:
+            await self.store.save_landmark(name, landmark)
+        except StoreError as exc:
+            log.warning(
+                "voice_context_landmark_not_stored", session=name, index=landmark.index, error=str(exc)
+            )
+        else:
+            log.info(
+                "voice_context_landmark_pinned",
+                session=name,
+                index=landmark.index,
+                kind=landmark.kind,
+                source=landmark.source,
+            )
+
+    # -- recall indexing -------------------------------------------------------
+
+    def indexing_lag(self, name: str, *, owner: str | None = None) -> int:
+        """How many of the session's turns and notes wait for the recall index, or (with an
+        embedder) for their vectors: work done in the background; 0 when recall sees everything."""
+        return self._indexing.lag(self.get(name, owner))
+
+    def indexing_lags(self) -> tuple[int, int]:
+        """The largest :meth:`indexing_lag` of the live sessions, and their sum."""
+        lags = [self._indexing.lag(live) for live in self.live.values()]
+        return max(lags, default=0), sum(lags)
+
+    async def wait_indexed(self, name: str, *, owner: str | None = None) -> int:
+        """Wait for the background indexing of the session to finish; returns the lag left
+        (0 unless the store keeps failing): for tools, benchmarks and tests."""
+        lag = self.indexing_lag(name, owner=owner)
+        while lag:
+            live = self.get(name, owner)
+            self._indexing.maybe_index(live)
+            if not live.recall.running:
+                break
+            await live.recall.done.wait()
+            before, lag = lag, self.indexing_lag(name, owner=owner)
+            if lag >= before:
+                break
+        return lag
+
+    # -- the tier cascade ------------------------------------------------------
+
+    async def roll_tiers(
+        self,
+        name: str,
+        *,
+        owner: str | None = None,
+        on_demand: bool = False,
+        closed: bool = False,
+        tiers: Sequence[Tier] = TIERS,
+    ) -> RollReport:
+        """Make the tier rolls due now for a session open here (every one, as far back as
+        they are missing); ``on_demand`` rolls every ended period of ``tiers`` whatever the
+        schedule. Raises ``ConfigError`` when the session does not keep tiers."""
+        live = self.get(name, owner)
+        if not live.session.config.tiers:
+            raise ConfigError(f"session {name!r} does not keep tiers (set tiers = true)")
+        return await self._tiers.roll(live, on_demand=on_demand, closed=closed, tiers=tiers)
+
+    async def tick(self) -> None:
+        """Start the tier rolls the clock has made due in every session open here (the
+        server calls this periodically; a day's roll time passes without any traffic)."""
+        for live in list(self.live.values()):
+            self._tiers.maybe_roll(live)

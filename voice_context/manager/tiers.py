@@ -1,0 +1,134 @@
+"""The tier cascade of the sessions served here: their rolls, by the clock, by a conversation's
+end or on demand, and the summary a context shows of them (the rule: :mod:`voice_context.core.tiers`;
+the rolls themselves: :mod:`voice_context.tiering`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import structlog
+
+from voice_context.core.session import ContextView, Restored, Session, TiersRolled
+from voice_context.core.tiers import (
+    TIERS,
+    Tier,
+    TierSummary,
+    hidden_lines,
+    parse_zone,
+    rolled_through,
+    tiered_summary,
+)
+from voice_context.manager.live import Live
+from voice_context.manager.registry import Registry
+from voice_context.recall.index import SummaryIndex
+from voice_context.tiering import RollReport, roll_tiers
+
+log = structlog.get_logger("voice_context")
+
+TIER_CHECK_SECONDS = 60.0
+"""How often (by the manager's clock) a session with tiers on checks for rolls made due by the
+time of day alone; a conversation that ends when a turn comes after a silence is rolled at once."""
+
+
+class Tiers:
+    """Rolls the tiers of the sessions that keep them, one roll at a time per session."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+
+    async def roll(
+        self, live: Live, *, on_demand: bool = False, closed: bool = False, tiers: Sequence[Tier] = TIERS
+    ) -> RollReport:
+        """Make the rolls due now (every one, as far back as they are missing)."""
+        registry = self.registry
+        async with live.rolling:
+            session = live.session
+            live.tiers_checked = registry.clock()
+            report = await roll_tiers(
+                registry.store,
+                registry.summarizer,
+                session.name,
+                session.config,
+                registry.clock(),
+                total_turns=session.total_turns,
+                on_demand=on_demand,
+                closed=closed,
+                tiers=tiers,
+            )
+            live.tiers = report.rows
+            live.session.receive(TiersRolled(report.through, registry.clock()))
+            return report
+
+    def maybe_roll(self, live: Live, *, now: bool = False) -> None:
+        """Roll the session's tiers in the background when a conversation just ended
+        (``now``) or, otherwise, at most every :data:`TIER_CHECK_SECONDS` of the clock."""
+        registry = self.registry
+        if not live.session.config.tiers or not registry.started:
+            return
+        at = registry.clock()
+        if not now and at - live.tiers_checked < TIER_CHECK_SECONDS:
+            return
+        live.tiers_checked = at
+        if live.rolling.locked():  # the roll under way goes round once more when it is done
+            live.roll_again = True
+            return
+        registry.begin()
+        registry.spawn(self._roll_in_background, live)
+
+    async def _roll_in_background(self, live: Live) -> None:
+        registry = self.registry
+        try:
+            live.roll_again = True
+            while live.roll_again and registry.serves(live) and not registry.closing:
+                live.roll_again = False
+                await self.roll(live)
+        except Exception as exc:  # a store failure: the next check tries again
+            log.warning("voice_context_tier_roll_failed", session=live.session.name, error=str(exc)[:300])
+        finally:
+            registry.end()
+
+    async def restored(self, session: Session) -> tuple[TierSummary, ...]:
+        """A restored session's rolled summaries, and what its core needs of them: how far
+        they cover the transcript, and the time of the turn just before the cursor."""
+        store = self.registry.store
+        rows = await store.load_tiers(session.name)
+        folded_at: float | None = None
+        if session.cursor and session.folded_at is None:
+            [last] = await store.read_turns(session.name, session.cursor - 1, session.cursor)
+            folded_at = last.at
+        session.receive(Restored(rolled_through(rows), folded_at, self.registry.clock()))
+        return rows
+
+    @staticmethod
+    def index(live: Live) -> SummaryIndex:
+        """The lines of the rolled summaries a context does not show, indexed once per roll:
+        recall searches every tier."""
+        if live.tier_index is None or live.tier_index[:2] != (live.tiers, live.session.cursor):
+            cursor = live.session.cursor
+            live.tier_index = (live.tiers, cursor, SummaryIndex.of(hidden_lines(live.tiers, cursor)))
+        return live.tier_index[2]
+
+    @staticmethod
+    def view(live: Live) -> ContextView:
+        """What a context is built from: with tiers on, the summary is the rolled summaries
+        that cover the history behind the cursor, then the rolling summary (see
+        :func:`voice_context.core.tiers.tiered_summary`)."""
+        view = live.session.view()
+        if not live.tiers:
+            return view
+        zone = parse_zone(view.config.time_zone)
+        return replace(view, summary=tiered_summary(live.tiers, view.cursor, view.summary, zone))
+
+    @staticmethod
+    def ended_conversation(session: Session, before: float | None, at: float) -> bool:
+        """Whether a turn at ``at`` after one at ``before`` ends the conversation before it."""
+        config = session.config
+        return config.tiers and before is not None and at - before > config.conversation_gap_seconds
+
+    @staticmethod
+    def last_at(session: Session) -> float | None:
+        """The time of the session's newest turn (that it knows of)."""
+        if session.total_turns > session.cursor:
+            return session.turn(session.total_turns - 1).at
+        return session.folded_at
