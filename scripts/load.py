@@ -16,15 +16,32 @@ Modes:
        ingest in turns/s, against the trivial server's; then the indexing lag it left (the
        recall index is written after the acknowledgement, in the background) and how long it
        takes to drain.
-    2. Ramp: for each N in ``--steps``, N sessions paced like voice (a turn every 2-4 s
-       with jitter, a ``context.get`` before every bot turn, a screen note about every
-       30 s; the text of the project's own recordings in ``fixtures/``), first against
-       the trivial server, then against the replicas. New sessions get 30-89 turns of
-       history first, so folds and recall have work from the start. Per step: turns/s
-       held, reply p50/p99/max beside the trivial server's, fold lag, indexing lag (from the
-       servers' ``/metrics``), the servers' CPU and RSS per session. The capacity is the
-       largest N whose reply p99 stays within ``--p99-ratio`` of the trivial server's and
-       whose fold and indexing lags do not grow.
+    2. Ramp: for each N in ``--steps``, N paced sessions, first against the trivial
+       server, then against the replicas. New sessions get 30-89 turns of history first, so
+       recall and folds have work from the start. ``--pattern`` says how a session talks:
+
+       ``voice`` (default): a user and a bot in turn, as a realtime voice bot runs: after
+           every user turn a ``context.get`` (``instructions`` under ``budget_chars`` 5200,
+           the user turn's text as ``query``), the bot's turn 0.4 s after the context,
+           then a pause of 3-6 s; a screen note about every 30 s. The new sessions' history
+           is folded and indexed before the step starts (each asks for contexts until one
+           starts no fold and finds none running), so that the step's CPU is its exchanges'.
+       ``group``: the words in the roles they come with (the recordings: a group, about 7
+           user turns to each bot turn; ``--dialogue`` makes them a user and a bot in turn),
+           a turn every 2-4 s, a ``context.get`` (``instructions``, 5200 chars, no query)
+           before every bot turn; a screen note about every 30 s. The history is folded
+           within the first steps, as the pattern always did.
+
+       The words are the project's own recordings in ``fixtures/``, or, with ``--words
+       FILE...``, LoCoMo-format dialogue (each file one conversation or a list of them,
+       ``session_N`` lists of ``{speaker, text}``, at the top or under ``conversation``),
+       said by a user and a bot in turn. Per step: turns/s held, reply p50/p99/max beside
+       the trivial server's, fold lag, indexing lag (from the servers' ``/metrics``), the
+       servers' CPU, their CPU per exchange (a context and the bot turn after it, with the
+       user turns and notes since the last: the servers' CPU seconds over the step divided
+       by the exchanges completed, in ms) beside the trivial server's, and RSS per session.
+       The capacity is the largest N whose reply p99 stays within ``--p99-ratio`` of the
+       trivial server's and whose fold and indexing lags do not grow.
 ``length``
     One session grown to each of ``--lengths`` turns: reply p99, fold time, recall
     time, server RSS, bytes on disk per turn.
@@ -50,7 +67,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -106,8 +123,42 @@ def recorded_notes() -> list[str]:
     return out or ["the shared screen shows the agenda"]
 
 
+def dialogue_lines(paths: Sequence[Path]) -> list[Line]:
+    """Every turn of LoCoMo-format conversations, in order: each file holds one conversation
+    or a list of them, its ``session_1``, ``session_2``, ... lists of ``{speaker, text}`` at the
+    top or under ``conversation``. A shared photo's caption is said in its turn, as the
+    project's importer streams LoCoMo."""
+    out: list[Line] = []
+    for path in paths:
+        value = json.loads(path.read_text(encoding="utf-8"))
+        for item in value if isinstance(value, list) else [value]:
+            conversation = item.get("conversation", item) if isinstance(item, dict) else {}
+            n = 1
+            while isinstance(turns := conversation.get(f"session_{n}"), list):
+                for turn in turns:
+                    text = str(turn.get("text") or "")
+                    if turn.get("blip_caption"):
+                        text += f" [shares a photo: {turn['blip_caption']}]"
+                    if text:
+                        out.append(Line(str(turn.get("speaker") or "?"), "user", text))
+                n += 1
+    if len(out) < 2:
+        raise SystemExit(f"no dialogue (session_N lists of speaker and text) in {', '.join(map(str, paths))}")
+    return out
+
+
+def in_turn(lines: Sequence[Line]) -> list[Line]:
+    """The lines said by a user and a bot in turn: every other line is the bot's (an even number
+    of lines, so that the roles still alternate when a session comes round to the first again)."""
+    return [
+        Line(line.speaker, "user", line.text) if k % 2 == 0 else Line("Bot", "assistant", line.text)
+        for k, line in enumerate(lines[: len(lines) - len(lines) % 2])
+    ]
+
+
 LINES = recorded_lines()
 NOTES = recorded_notes()
+BOT_DELAY = 0.4  # the voice pattern: the bot's turn this long after its context
 
 
 # -- processes ---------------------------------------------------------------------------
@@ -273,6 +324,7 @@ class Talker:
     history: int = 0
     turns: int = 0
     cursor: int = 0
+    in_flight: bool = False
     next_note: float = 0.0
 
     def lag(self) -> int:
@@ -293,11 +345,15 @@ class Talker:
         await self.link.request({"type": "turn.append", "session": self.name, "turn": turn})
         self.turns += 1
 
-    async def context(self) -> None:
-        reply = await self.link.request(
-            {"type": "context.get", "session": self.name, "format": "instructions", "budget_chars": BUDGET}
-        )
+    async def context(self, query: str | None = None) -> None:
+        request: dict[str, Any] = {
+            "type": "context.get", "session": self.name, "format": "instructions", "budget_chars": BUDGET
+        }  # fmt: skip
+        if query is not None:
+            request["query"] = query
+        reply = await self.link.request(request)
         self.cursor = reply.get("cursor", self.cursor)
+        self.in_flight = bool(reply.get("in_flight"))
 
     async def note(self) -> None:
         text = NOTES[(self.offset + self.turns) % len(NOTES)]
@@ -313,6 +369,9 @@ class Sample:
     appends: list[float] = field(default_factory=list)
     turns: int = 0
     notes: int = 0
+    exchanges: int = 0
+    """Contexts completed with the bot turn after them (the user turns and notes since the last
+    are part of the exchange)."""
     errors: int = 0
     lag_first: list[int] = field(default_factory=list)
     lag_last: list[int] = field(default_factory=list)
@@ -469,10 +528,14 @@ class Harness:
         """The first ``n`` paced sessions on a target, opening (and preloading) the missing ones."""
         links = await self.links_for(target, max(1, -(-n // self.args.sessions_per_connection)))
         mine = [t for t in self.talkers if t.link in links]
-        new = [
-            Talker(f"voice-{target}-{k}", links[k % len(links)], (k * 37) % len(LINES), 30 + (k * 7919) % 60)
-            for k in range(len(mine), n)
-        ]
+
+        def talker(k: int) -> Talker:
+            offset, history = (k * 37) % len(LINES), 30 + (k * 7919) % 60
+            if self.args.pattern == "voice":  # at a user's line, and back at one after the history
+                offset, history = offset - offset % 2, history - history % 2
+            return Talker(f"voice-{target}-{k}", links[k % len(links)], offset, history)
+
+        new = [talker(k) for k in range(len(mine), n)]
         await asyncio.gather(*(t.open() for t in new))
 
         async def preload(t: Talker, count: int) -> None:
@@ -488,8 +551,27 @@ class Harness:
                 f"{sum(t.turns for t in new):,} turns in {time.perf_counter() - started:.0f}s"
             )
         await pre
+        if target != "trivial" and self.args.pattern == "voice":
+            await self.settle(new)  # (the group pattern folds it within its first steps, as it always has)
         self.talkers.extend(new)
         return [*mine, *new]
+
+    async def settle(self, talkers: list[Talker], limit: float = 120.0) -> None:
+        """The history just loaded brought up to date before a step: every session asks for
+        contexts until one starts no fold and finds none running, then the indexing drains; so
+        that the step's CPU is its own exchanges', not the history's folds and indexing."""
+        started = time.perf_counter()
+        pending = talkers
+        while pending and time.perf_counter() - started < limit:
+            await asyncio.gather(*(t.context() for t in pending))
+            pending = [t for t in pending if t.in_flight]
+            PROGRESS.show(f"folding the history: {len(pending)} sessions with a fold in flight")
+            if pending:
+                await asyncio.sleep(0.5)
+        await self.index_drain(max(1.0, limit - (time.perf_counter() - started)))
+        PROGRESS.done()
+        if pending:
+            print(f"   ({len(pending)} sessions still folding their history after {limit:g}s)", flush=True)
 
     async def paced(
         self, talkers: list[Talker], seconds: float, label: str
@@ -503,29 +585,63 @@ class Harness:
         cpu0 = [cpu_seconds(p) for p in pids]
         me0 = time.process_time()
 
-        async def one(t: Talker) -> None:
-            await asyncio.sleep(rng.uniform(0, 4))  # spread the sessions' first turns
+        async def say(t: Talker, line: Line) -> None:
+            t0 = time.perf_counter()
+            await t.say(line)
+            sample.appends.append(time.perf_counter() - t0)
+            sample.turns += 1
+
+        async def context(t: Talker, query: str | None = None) -> None:
+            t0 = time.perf_counter()
+            await t.context(query)
+            sample.replies.append(time.perf_counter() - t0)
+            (sample.lag_first if loop.time() < started + seconds / 2 else sample.lag_last).append(t.lag())
+
+        async def pause(low: float, high: float) -> None:
+            """A pause, cut short at the step's end, so that the step's wall clock is its own."""
+            await asyncio.sleep(min(rng.uniform(low, high), max(0.0, stop - loop.time())))
+
+        async def note(t: Talker) -> None:
+            if loop.time() >= t.next_note:
+                await t.note()
+                sample.notes += 1
+                t.next_note += rng.uniform(25, 35)
+
+        async def group(t: Talker) -> None:
+            """A turn every 2-4 s, in the role its line has; a context before each bot turn."""
+            await pause(0, 4)  # spread the sessions' first turns
             t.next_note = loop.time() + rng.uniform(0, 30)
             while loop.time() < stop:
                 line = t.line()
                 try:
                     if line.role == "assistant":
-                        t0 = time.perf_counter()
-                        await t.context()
-                        sample.replies.append(time.perf_counter() - t0)
-                        now = loop.time()
-                        (sample.lag_first if now < started + seconds / 2 else sample.lag_last).append(t.lag())
-                    t0 = time.perf_counter()
-                    await t.say(line)
-                    sample.appends.append(time.perf_counter() - t0)
-                    sample.turns += 1
-                    if loop.time() >= t.next_note:
-                        await t.note()
-                        sample.notes += 1
-                        t.next_note += rng.uniform(25, 35)
+                        await context(t)
+                    await say(t, line)
+                    if line.role == "assistant":
+                        sample.exchanges += 1
+                    await note(t)
                 except RuntimeError:
                     sample.errors += 1
-                await asyncio.sleep(rng.uniform(2, 4))
+                await pause(2, 4)
+
+        async def voice(t: Talker) -> None:
+            """A user turn, its context (the turn as the query), the bot's turn 0.4 s later, 3-6 s."""
+            await pause(0, 6)  # spread the sessions' first turns
+            t.next_note = loop.time() + rng.uniform(0, 30)
+            while loop.time() < stop:
+                try:
+                    user = replace(t.line(), role="user")
+                    await say(t, user)
+                    await context(t, user.text)
+                    await asyncio.sleep(BOT_DELAY)
+                    await say(t, replace(t.line(), role="assistant"))
+                    sample.exchanges += 1
+                    await note(t)
+                except RuntimeError:
+                    sample.errors += 1
+                await pause(3, 6)
+
+        one = voice if self.args.pattern == "voice" else group
 
         async def show() -> None:
             while True:
@@ -551,9 +667,11 @@ class Harness:
         scraper.cancel()
         PROGRESS.done()
         wall = loop.time() - started
+        cpu = sum(cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True))
         usage = {
             "wall": wall,
-            "server_cpu": sum(cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)) / wall,
+            "server_cpu": cpu / wall,
+            "server_ms_per_exchange": cpu * 1e3 / sample.exchanges if sample.exchanges else float("nan"),
             "client_cpu": (time.process_time() - me0) / wall,
         }
         return sample, usage
@@ -630,33 +748,40 @@ async def ramp(args: argparse.Namespace) -> None:
                 f"\n== burst: {args.burst_sessions:,} sessions x {args.burst_turns} turns over"
                 f" {args.connections} connections per server, acknowledged turns/s"
             )
-            triv, _ = await h.burst("trivial")
+            trivial_rate, _ = await h.burst("trivial")
             real, h.burst_turns = await h.burst("voice")
             left, drained = await h.index_drain()
-            print(f"   trivial protocol-v1 server   {triv:9,.0f} turns/s")
+            print(f"   trivial protocol-v1 server   {trivial_rate:9,.0f} turns/s")
             print(
                 f"   voice-context ({args.store:<6})      {real:9,.0f} turns/s"
-                f"   x{real / triv:.2f} of trivial"
+                f"   x{real / trivial_rate:.2f} of trivial"
             )
             print(
                 f"   indexing lag at the burst's end: {left:,.0f} turns (the most one session waited for),"
                 f" drained in {drained:.1f}s"
             )
+        words = ", ".join(w.name for w in args.words) if args.words else "the recordings in fixtures/"
         print(
-            f"\n== ramp: paced sessions ({args.step_seconds:g}s per step, the trivial server first, then"
-            f" voice-context; {args.sessions_per_connection} sessions per connection)"
+            f"\n== ramp: paced sessions, pattern {args.pattern!r}, words {words} ({len(LINES):,} lines;"
+            f" {args.step_seconds:g}s per step, the trivial server first, then voice-context;"
+            f" {args.sessions_per_connection} sessions per connection)"
         )
         header = (
             f"{'N':>6} {'turns/s':>8} {'ctx p50':>8} {'p99':>7} {'max':>7} {'triv p99':>8} {'x':>5}"
             f" {'app p99':>8} {'lag max':>7} {'lag 1st/2nd half':>16} {'grows':>5} {'idx lag 1st/2nd':>15}"
-            f" {'srv CPU':>7} {'gen CPU':>7}"
+            f" {'srv CPU':>7} {'ms/exch':>7} {'triv ms/exch':>12} {'gen CPU':>7}"
             f" {'KB/sess':>8} {'errors':>6}"
+        )
+        print(
+            "   (srv CPU: the servers' CPU, in % of one core; ms/exch: their CPU seconds per exchange"
+            " completed, a context and the bot turn after it with the user turns and notes since the"
+            " last; triv: the trivial server's, the same way)"
         )
         print(header)
         capacity = within_budget = 0
         for n in [n for n in args.steps if n > 0]:
             trivial_talkers = await h.grow("trivial", n)
-            triv, _ = await h.paced(trivial_talkers, args.step_seconds, "trivial")
+            triv, triv_usage = await h.paced(trivial_talkers, args.step_seconds, "trivial")
             talkers = await h.grow("voice", n)
             rss_before = sum(rss_bytes(p) for p in [p.pid for p in h.replicas])
             sample, usage = await h.paced(talkers, args.step_seconds, "voice")
@@ -681,7 +806,9 @@ async def ramp(args: argparse.Namespace) -> None:
                 f" {pct(sample.appends, 0.99) * 1e3:>6.1f}ms"
                 f" {worst:>7} {first:>7.1f}/{last:<8.1f} {'yes' if grows else 'no':>5}"
                 f" {index_first:>7.0f}/{index_last:<7.0f}"
-                f" {usage['server_cpu'] * 100:>6.0f}% {usage['client_cpu'] * 100:>6.0f}% {per_session:>8.1f}"
+                f" {usage['server_cpu'] * 100:>6.0f}% {usage['server_ms_per_exchange']:>5.2f}ms"
+                f" {triv_usage['server_ms_per_exchange']:>10.3f}ms"
+                f" {usage['client_cpu'] * 100:>6.0f}% {per_session:>8.1f}"
                 f" {sample.errors:>6}",
                 flush=True,
             )
@@ -825,20 +952,34 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=200, help="context requests per length")
     parser.add_argument("--keep", action="store_true", help="keep the servers' files and logs")
     parser.add_argument(
+        "--pattern",
+        choices=("voice", "group"),
+        default="voice",
+        help="voice (default): a user turn, its context (the turn as the query), the bot's turn 0.4 s "
+        "later, 3-6 s; group: a turn every 2-4 s in its line's role, a context before each bot turn",
+    )
+    parser.add_argument(
+        "--words",
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        help="LoCoMo-format JSON conversations to take the words from, said by a user and a bot in "
+        "turn (by default the recordings in fixtures/)",
+    )
+    parser.add_argument(
         "--dialogue",
         action="store_true",
-        help="a conversation of two: the recordings' lines said by a user and a bot in turn "
+        help="with --pattern group: the recordings' lines said by a user and a bot in turn "
         "(by default their own roles: a group, about 7 user turns to each bot turn)",
     )
     parser.add_argument(
         "--recall-ahead", choices=("first", "every", "off"), help="the servers' [recall] ahead"
     )
     args = parser.parse_args()
-    if args.dialogue:
-        LINES[:] = [
-            Line(line.speaker, "user", line.text) if k % 2 == 0 else Line("Bot", "assistant", line.text)
-            for k, line in enumerate(LINES)
-        ]
+    if args.words:
+        LINES[:] = in_turn(dialogue_lines(args.words))
+    elif args.dialogue or (args.mode == "ramp" and args.pattern == "voice"):
+        LINES[:] = in_turn(LINES)
     if args.recall_ahead:
         SERVER_ENV["VOICE_CONTEXT_RECALL_AHEAD"] = args.recall_ahead
     if args.trivial:
