@@ -28,7 +28,15 @@ from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import ConfigError, SessionNotStored, StoreError
 from voice_context.recall.index import index_terms, indexed, note_passage, turn_passage
-from voice_context.store import Created, MemoryStore, SessionRecord, Store, StoredSession, open_store
+from voice_context.store import (
+    Created,
+    FoldCommit,
+    MemoryStore,
+    SessionRecord,
+    Store,
+    StoredSession,
+    open_store,
+)
 from voice_context.store.common import TurnConflict
 from voice_context.store.group import GroupCommit
 from voice_context.store.redis import RedisStore
@@ -216,7 +224,9 @@ async def test_a_session_it_does_not_know_is_an_unknown_session(store: Store) ->
     with pytest.raises(SessionNotStored):
         await store.save_notes("ghost", [note(1)], [])
     with pytest.raises(SessionNotStored):
-        await store.commit_compaction("ghost", expected_cursor=0, new_cursor=0, summary="", pending_notes=())
+        await store.commit_compaction(
+            "ghost", FoldCommit(expected_cursor=0, new_cursor=0, summary="", pending_notes=())
+        )
     with pytest.raises(SessionNotStored):
         await store.read_turns("ghost", 0, 1)
     with pytest.raises(SessionNotStored):
@@ -261,7 +271,10 @@ async def test_a_commit_moves_cursor_summary_and_pending_notes_together(store: S
     await store.save_notes("room-1", [note(5)], [note(1), note(2)])
 
     landed = await store.commit_compaction(
-        "room-1", expected_cursor=0, new_cursor=5, summary="Alice spoke five times.", pending_notes=[note(2)]
+        "room-1",
+        FoldCommit(
+            expected_cursor=0, new_cursor=5, summary="Alice spoke five times.", pending_notes=[note(2)]
+        ),
     )
 
     assert landed
@@ -279,11 +292,14 @@ async def test_a_commit_moves_cursor_summary_and_pending_notes_together(store: S
 async def test_a_commit_from_a_cursor_that_moved_on_is_refused(store: Store) -> None:
     await a_session_with_turns(store, "room-1", 8)
     assert await store.commit_compaction(
-        "room-1", expected_cursor=0, new_cursor=4, summary="first four", pending_notes=()
+        "room-1", FoldCommit(expected_cursor=0, new_cursor=4, summary="first four", pending_notes=())
     )
 
     late = await store.commit_compaction(
-        "room-1", expected_cursor=0, new_cursor=6, summary="an older view of the first six", pending_notes=()
+        "room-1",
+        FoldCommit(
+            expected_cursor=0, new_cursor=6, summary="an older view of the first six", pending_notes=()
+        ),
     )
 
     assert not late
@@ -302,10 +318,12 @@ async def test_a_commit_with_a_superseded_fence_is_refused(store: Store) -> None
     assert newer is not None and newer > stalled
 
     refused = await store.commit_compaction(
-        "room-1", expected_cursor=0, new_cursor=4, summary="stale words", pending_notes=(), fence=stalled
+        "room-1",
+        FoldCommit(expected_cursor=0, new_cursor=4, summary="stale words", pending_notes=(), fence=stalled),
     )
     landed = await store.commit_compaction(
-        "room-1", expected_cursor=0, new_cursor=4, summary="fresh words", pending_notes=(), fence=newer
+        "room-1",
+        FoldCommit(expected_cursor=0, new_cursor=4, summary="fresh words", pending_notes=(), fence=newer),
     )
 
     assert (refused, landed) == (False, True)
@@ -417,7 +435,7 @@ async def test_the_stored_sessions_of_an_owner_are_listed_by_name_and_listing_ch
     await a_session_with_turns(store, "room-c", 4, owner=None)
     await a_session_with_turns(store, "room-d", 1, owner=None)
     assert await store.commit_compaction(
-        "room-b", expected_cursor=0, new_cursor=2, summary="Two turns.", pending_notes=[]
+        "room-b", FoldCommit(expected_cursor=0, new_cursor=2, summary="Two turns.", pending_notes=[])
     )
     await store.delete("room-c")
 
@@ -535,7 +553,7 @@ async def test_everything_survives_opening_the_store_again(durable: Backend) -> 
     await a_session_with_turns(first, "room-1", 6, config={"recent_window": 2}, owner="bot-a")
     await first.save_notes("room-1", [note(3)], [note(1)])
     assert await first.commit_compaction(
-        "room-1", expected_cursor=0, new_cursor=2, summary="two turns in", pending_notes=()
+        "room-1", FoldCommit(expected_cursor=0, new_cursor=2, summary="two turns in", pending_notes=())
     )
     await first.aclose()
 
@@ -568,16 +586,17 @@ async def test_a_commit_retried_after_it_landed_reports_success_once(durable: Ba
     store = durable.open()
     await a_session_with_turns(store, "room-1", 6)
     token = await store.acquire_lease("room-1", "replica-a", 30)
-    commit = {"expected_cursor": 0, "new_cursor": 3, "summary": "three", "pending_notes": [note(1)]}
+    fold = FoldCommit(expected_cursor=0, new_cursor=3, summary="three", pending_notes=(note(1),), fence=token)
 
-    assert await store.commit_compaction("room-1", fence=token, **commit)  # type: ignore[arg-type]
-    assert await store.commit_compaction("room-1", fence=token, **commit)  # type: ignore[arg-type]
+    assert await store.commit_compaction("room-1", fold)
+    assert await store.commit_compaction("room-1", fold)
 
     record = await store.load("room-1")
     assert record is not None
     assert (record.cursor, record.summary, record.compactions) == (3, "three", 1)
     assert not await store.commit_compaction(
-        "room-1", expected_cursor=0, new_cursor=3, summary="different words", pending_notes=[note(1)]
+        "room-1",
+        FoldCommit(expected_cursor=0, new_cursor=3, summary="different words", pending_notes=[note(1)]),
     )
 
 
@@ -587,10 +606,12 @@ async def test_a_commit_past_the_stored_turns_is_refused(durable: Backend) -> No
     await a_session_with_turns(store, "room-1", 3)
 
     assert not await store.commit_compaction(
-        "room-1", expected_cursor=0, new_cursor=5, summary="turns it never saw", pending_notes=()
+        "room-1", FoldCommit(expected_cursor=0, new_cursor=5, summary="turns it never saw", pending_notes=())
     )
     with pytest.raises(ValueError):
-        await store.commit_compaction("room-1", expected_cursor=2, new_cursor=1, summary="", pending_notes=())
+        await store.commit_compaction(
+            "room-1", FoldCommit(expected_cursor=2, new_cursor=1, summary="", pending_notes=())
+        )
 
 
 # -- group commit ------------------------------------------------------------------------
@@ -949,16 +970,13 @@ async def replay(store: Store, operations: list[tuple[Any, ...]]) -> None:
                 fence = {"none": None, "now": model.fence, "old": model.fence - 1}[op[3]]
             else:  # the last commit, sent again
                 expected, new, summary, pending, fence = 0, model.cursor, model.summary, model.pending, None
-            got_commit = await store.commit_compaction(
-                "room-1", expected_cursor=expected, new_cursor=new, summary=summary,
-                pending_notes=pending, fence=fence,
-            )  # fmt: skip
+            fold = FoldCommit(
+                expected_cursor=expected, new_cursor=new, summary=summary, pending_notes=pending, fence=fence
+            )
+            got_commit = await store.commit_compaction("room-1", fold)
             assert got_commit == model.commit(expected, new, summary, pending, fence), (step, op)
             if got_commit and kind == "commit":  # its answer was lost, so it is sent again
-                again = await store.commit_compaction(
-                    "room-1", expected_cursor=expected, new_cursor=new, summary=summary,
-                    pending_notes=pending, fence=fence,
-                )  # fmt: skip
+                again = await store.commit_compaction("room-1", fold)
                 assert again == model.commit(expected, new, summary, pending, fence), (step, op)
         elif kind == "lease":
             assert await store.acquire_lease("room-1", op[1], 60) == model.acquire(op[1]), (step, op)

@@ -26,6 +26,7 @@ from voice_context.manager.leases import Leases
 from voice_context.manager.live import Lease, Live
 from voice_context.manager.outcomes import Outcomes
 from voice_context.manager.registry import Registry
+from voice_context.store.base import FoldCommit
 from voice_context.summarizers.base import SummaryRequest
 
 log = structlog.get_logger("voice_context")
@@ -192,14 +193,14 @@ class Compactions:
         """Cursor, summary and the notes left, into the store together; then into the session."""
         plan = commit.plan
         try:
-            committed = await self.registry.store.commit_compaction(
-                session.name,
+            fold = FoldCommit(
                 expected_cursor=plan.start,
                 new_cursor=plan.end,
                 summary=commit.summary,
-                pending_notes=commit.pending_notes,
+                pending_notes=tuple(commit.pending_notes),
                 fence=fence,
             )
+            committed = await self.registry.store.commit_compaction(session.name, fold)
         except StoreError as exc:
             self.outcomes.failure(live, session, plan, "store", exc.retryable, str(exc))
             return None

@@ -15,10 +15,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from voice_context.store.base import Created, SessionRecord, Store, StoredSession
+from voice_context.store.base import Created, FoldCommit, SessionRecord, Store, StoredSession
 from voice_context.store.memory import MemoryStore
 
-__all__ = ["Created", "MemoryStore", "SessionRecord", "Store", "StoredSession", "open_store", "sqlite_path"]
+__all__ = [
+    "Created",
+    "FoldCommit",
+    "MemoryStore",
+    "SessionRecord",
+    "Store",
+    "StoredSession",
+    "open_store",
+    "sqlite_path",
+]
 
 DB_FILE = "voice-context.db"
 

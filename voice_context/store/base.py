@@ -26,6 +26,25 @@ from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, Turn
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FoldCommit:
+    """What a landed fold writes to a store, all or nothing: the cursor moves from
+    ``expected_cursor`` to ``new_cursor`` (never back), and the summary and the notes still
+    waiting to be folded are replaced with it. ``fence`` is the lease token the fold ran under
+    (``None``: no lease)."""
+
+    expected_cursor: int
+    new_cursor: int
+    summary: str
+    pending_notes: tuple[Note, ...] = ()
+    fence: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.new_cursor < self.expected_cursor:
+            raise ValueError(f"the cursor only moves forward ({self.expected_cursor} -> {self.new_cursor})")
+        object.__setattr__(self, "pending_notes", tuple(self.pending_notes))
+
+
 @dataclass(frozen=True, slots=True)
 class SessionRecord:
     """A session as the store holds it.
@@ -102,19 +121,10 @@ class Store(Protocol):
         """Replace the session's config overrides (given again when it was resumed)."""
         ...
 
-    async def commit_compaction(
-        self,
-        name: str,
-        *,
-        expected_cursor: int,
-        new_cursor: int,
-        summary: str,
-        pending_notes: Sequence[Note],
-        fence: int | None = None,
-    ) -> bool:
-        """Move cursor and summary together, if the cursor is still ``expected_cursor``
-        and ``fence`` (when given) is still the newest lease token. Returns whether it did.
-        """
+    async def commit_compaction(self, name: str, fold: FoldCommit) -> bool:
+        """Land ``fold``: move cursor and summary together, if the cursor is still
+        ``fold.expected_cursor`` and ``fold.fence`` (when given) is still the newest lease
+        token. Returns whether it did (a retry of a commit that already landed did)."""
         ...
 
     async def read_turns(self, name: str, start: int, end: int) -> list[Turn]:

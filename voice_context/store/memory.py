@@ -12,7 +12,7 @@ from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStat
 from voice_context.core.tiers import TierSummary, should_replace
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, TurnConflict
-from voice_context.store.base import ChooseTerms, Created, SessionRecord, StoredSession
+from voice_context.store.base import ChooseTerms, Created, FoldCommit, SessionRecord, StoredSession
 
 
 @dataclass
@@ -80,28 +80,19 @@ class MemoryStore:
         entry = self._entry(name)
         entry.record = replace(entry.record, config=dict(config))
 
-    async def commit_compaction(
-        self,
-        name: str,
-        *,
-        expected_cursor: int,
-        new_cursor: int,
-        summary: str,
-        pending_notes: Sequence[Note],
-        fence: int | None = None,
-    ) -> bool:
+    async def commit_compaction(self, name: str, fold: FoldCommit) -> bool:
         entry = self._entry(name)
-        if fence is not None and fence != entry.fence:
+        if fold.fence is not None and fold.fence != entry.fence:
             return False
-        if entry.record.cursor == new_cursor and entry.record.summary == summary:
+        if entry.record.cursor == fold.new_cursor and entry.record.summary == fold.summary:
             return True  # a retry of a commit that already landed
-        if entry.record.cursor != expected_cursor or new_cursor > len(entry.turns):
+        if entry.record.cursor != fold.expected_cursor or fold.new_cursor > len(entry.turns):
             return False
         entry.record = replace(
             entry.record,
-            cursor=new_cursor,
-            summary=summary,
-            pending_notes=tuple(pending_notes),
+            cursor=fold.new_cursor,
+            summary=fold.summary,
+            pending_notes=tuple(fold.pending_notes),
             compactions=entry.record.compactions + 1,
         )
         return True

@@ -87,7 +87,7 @@ from voice_context.core.recalled import MAX_TERM_DOCS, IndexedDoc, Passage, Post
 from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, StoreError, TurnConflict
-from voice_context.store.base import ChooseTerms, Created, SessionRecord, StoredSession
+from voice_context.store.base import ChooseTerms, Created, FoldCommit, SessionRecord, StoredSession
 from voice_context.store.common import (
     decode_config,
     decode_landmark,
@@ -539,22 +539,18 @@ class RedisStore:
         if not saved:
             raise SessionNotStored(name)
 
-    async def commit_compaction(
-        self,
-        name: str,
-        *,
-        expected_cursor: int,
-        new_cursor: int,
-        summary: str,
-        pending_notes: Sequence[Note],
-        fence: int | None = None,
-    ) -> bool:
-        if new_cursor < expected_cursor:
-            raise ValueError(f"the cursor only moves forward ({expected_cursor} -> {new_cursor})")
+    async def commit_compaction(self, name: str, fold: FoldCommit) -> bool:
         k = self.keys(name)
-        pending = encode_notes(pending_notes)
-        token: str | int = "" if fence is None else fence
-        args: list[str | int] = [expected_cursor, new_cursor, summary, pending, token, self._ttl]
+        pending = encode_notes(fold.pending_notes)
+        token: str | int = "" if fold.fence is None else fold.fence
+        args: list[str | int] = [
+            fold.expected_cursor,
+            fold.new_cursor,
+            fold.summary,
+            pending,
+            token,
+            self._ttl,
+        ]
         with self._errors("commit_compaction"):
             status = await self._commit(keys=[k.meta, k.notes, k.turns, *k.rest], args=args)
         if status == -1:

@@ -77,7 +77,7 @@ from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStat
 from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored
-from voice_context.store.base import ChooseTerms, Created, SessionRecord, StoredSession
+from voice_context.store.base import ChooseTerms, Created, FoldCommit, SessionRecord, StoredSession
 from voice_context.store.common import (
     decode_config,
     decode_landmark,
@@ -237,19 +237,8 @@ class SQLiteStore:
 
         await self.db.run("save_config", op)
 
-    async def commit_compaction(
-        self,
-        name: str,
-        *,
-        expected_cursor: int,
-        new_cursor: int,
-        summary: str,
-        pending_notes: Sequence[Note],
-        fence: int | None = None,
-    ) -> bool:
-        if new_cursor < expected_cursor:
-            raise ValueError(f"the cursor only moves forward ({expected_cursor} -> {new_cursor})")
-        pending = encode_notes(pending_notes)
+    async def commit_compaction(self, name: str, fold: FoldCommit) -> bool:
+        pending = encode_notes(fold.pending_notes)
 
         def op(conn: sqlite3.Connection) -> bool:
             with writing(conn):
@@ -260,17 +249,21 @@ class SQLiteStore:
                 if row is None:
                     raise SessionNotStored(name)
                 cursor, stored_summary, stored_pending, total, current_fence = row
-                if fence is not None and fence != current_fence:
+                if fold.fence is not None and fold.fence != current_fence:
                     return False
-                if cursor != expected_cursor:
+                if cursor != fold.expected_cursor:
                     # the same commit, retried after its answer was lost, has nothing left to do
-                    return (cursor, stored_summary, stored_pending) == (new_cursor, summary, pending)
-                if new_cursor > total:
+                    return (cursor, stored_summary, stored_pending) == (
+                        fold.new_cursor,
+                        fold.summary,
+                        pending,
+                    )
+                if fold.new_cursor > total:
                     return False
                 conn.execute(
                     "UPDATE sessions SET cursor = ?, summary = ?, pending_notes = ?,"
                     " compactions = compactions + 1, updated_at = ? WHERE name = ?",
-                    (new_cursor, summary, pending, self._clock(), name),
+                    (fold.new_cursor, fold.summary, pending, self._clock(), name),
                 )
                 return True
 
