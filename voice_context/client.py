@@ -57,14 +57,15 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, Self
 
 import anyio
 import structlog
-from anyio.abc import TaskGroup
+from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
@@ -164,6 +165,7 @@ class Client:
         self._sessions: dict[str, SessionHandle] = {}
         self._link: _Link | None = None
         self._tg: TaskGroup | None = None
+        self._stack: AsyncExitStack | None = None
         self._lock = anyio.Lock()
         self._ids = itertools.count(1)
         self._closed = False
@@ -185,39 +187,47 @@ class Client:
     # -- lifetime --------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
-        self._events_in, self._events_out = anyio.create_memory_object_stream[Event](EVENT_BUFFER)
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        try:
-            await self._ensure_link()
-        except BaseException:
-            self._tg.cancel_scope.cancel()
-            await self._tg.__aexit__(None, None, None)
-            self._tg = None
-            self._close_events()
-            raise
+        with _as_itself(None):
+            async with AsyncExitStack() as stack:
+                await stack.enter_async_context(self._lifetime())
+                self._stack = stack.pop_all()
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
-        self._closed = True
-        link, self._link = self._link, None
-        if link is not None:
-            with anyio.move_on_after(self.open_timeout, shield=True):
-                await link.ws.close()
-            link.fail_all("the client is closed")
-        self._close_events()
-        assert self._tg is not None
-        self._tg.cancel_scope.cancel()
+        stack, self._stack = self._stack, None
+        assert stack is not None, "the client was not entered"
+        with _as_itself(exc):
+            return await stack.__aexit__(exc_type, exc, tb)
+
+    @asynccontextmanager
+    async def _lifetime(self) -> AsyncIterator[None]:
+        """The event stream and the task group the connection's reader runs in, with the first
+        connection made; on the way out the connection closes (shielded, within
+        ``open_timeout``), then the reader ends and the event stream with it."""
+        self._events_in, self._events_out = anyio.create_memory_object_stream[Event](EVENT_BUFFER)
         try:
-            return await self._tg.__aexit__(exc_type, exc, tb)
-        except BaseExceptionGroup as group:
-            # the task group wraps the block's own error (and a reader's): hand out the error itself
-            error = _unwrap(group, exc)
-            raise error from error.__cause__
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                try:
+                    await self._ensure_link()
+                    try:
+                        yield
+                    finally:
+                        self._closed = True
+                        await self._hang_up()
+                finally:
+                    tg.cancel_scope.cancel()  # the reader, whose connection is closed
         finally:
             self._tg = None
+            self._close_events()
+
+    async def _hang_up(self) -> None:
+        link, self._link = self._link, None
+        if link is not None:
+            await self._let_go(link)
+            link.fail_all("the client is closed")
 
     def _close_events(self) -> None:
         # iterators hold clones of the receiving end: they end after what is buffered
@@ -325,6 +335,8 @@ class Client:
             link: _Link | None = None
             try:
                 link = await self._connect()
+                assert self._tg is not None
+                await self._tg.start(self._read, link)  # reading before the first request goes out
                 await self._resume(link)
             except (ConnectionLost, OSError, TimeoutError, InvalidHandshake) as exc:
                 last = exc  # refused, unreachable, or dropped (or silent) before the sessions were open again
@@ -387,10 +399,7 @@ class Client:
             if status == 404:
                 raise ClientError("not_found", f"no voice-context endpoint at {self.url}") from None
             raise
-        link = _Link(ws)
-        assert self._tg is not None
-        self._tg.start_soon(self._read, link)
-        return link
+        return _Link(ws)
 
     async def _resume(self, link: _Link) -> None:
         for handle in list(self._sessions.values()):
@@ -417,8 +426,9 @@ class Client:
         assert waiter.reply is not None
         return waiter.reply
 
-    async def _read(self, link: _Link) -> None:
+    async def _read(self, link: _Link, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         reason = "the connection dropped"
+        task_status.started()
         try:
             async for frame in link.ws:
                 try:
@@ -592,6 +602,16 @@ def _retry_after(reply: Event) -> float | None:
     if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay < math.inf:
         return None
     return float(delay)
+
+
+@contextmanager
+def _as_itself(raised: BaseException | None) -> Iterator[None]:
+    """Hand out the error a task group collected as itself (see :func:`_unwrap`)."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        error = _unwrap(group, raised)
+        raise error from error.__cause__
 
 
 def _unwrap(group: BaseExceptionGroup[BaseException], raised: BaseException | None) -> BaseException:

@@ -44,6 +44,7 @@ ID [--call-id CALL]``).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
@@ -170,6 +171,7 @@ class RealtimeMemory:
         self.fallbacks = 0
         self._waiting: dict[str, _Reply] = {}
         self._tg: anyio.abc.TaskGroup | None = None
+        self._stack: AsyncExitStack | None = None
 
     def __repr__(self) -> str:
         return (
@@ -178,19 +180,26 @@ class RealtimeMemory:
         )
 
     async def __aenter__(self) -> Self:
-        self._tg = await anyio.create_task_group().__aenter__()
+        async with AsyncExitStack() as stack:
+            self._tg = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(self._stop_waiting)  # on the way out, before the task group ends
+            self._stack = stack.pop_all()
         return self
 
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
-        # The realtime socket is done with: a reply still waiting has no one to answer.
+        stack, self._stack = self._stack, None
+        assert stack is not None, "the memory was not entered"
+        return await stack.__aexit__(kind, exc, tb)
+
+    def _stop_waiting(self) -> None:
+        """The realtime socket is done with: a reply still waiting has no one to answer, and
+        no reply waits from now on."""
+        self._tg = None
         for reply in self._waiting.values():
             reply.ready.set()
         self._waiting.clear()
-        assert self._tg is not None
-        tg, self._tg = self._tg, None
-        return await tg.__aexit__(kind, exc, tb)
 
     async def on_event(self, event: Mapping[str, Any]) -> None:
         """Take one server event of the realtime session (the others are ignored)."""
