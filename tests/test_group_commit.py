@@ -7,12 +7,25 @@ commit is told in ``test_store_contract.py`` and ``test_restart.py``.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
 import anyio
 import anyio.lowlevel
 import pytest
+from helpers import TIMEOUT
+from structlog.testing import capture_logs
 
+from voice_context.core.turns import Turn
 from voice_context.errors import StoreError
+from voice_context.store import sqlite_groups
+from voice_context.store.base import SessionRecord
 from voice_context.store.group import GroupCommit, Pending
+from voice_context.store.sqlite import SQLiteStore
+
+#: A deadline short enough for a test to outlast.
+DEADLINE = 0.05
 
 
 class Disk:
@@ -178,3 +191,76 @@ async def test_a_lower_priority_writer_waits_until_no_write_is_queued_or_in_flig
         disk.release.set()
         await settle()
     assert idle_at == [["a", "b"]]
+
+
+@pytest.mark.asyncio
+async def test_a_group_the_disk_never_finishes_is_given_up_at_its_deadline_never_acknowledged() -> None:
+    disk = Disk()  # the first group is never released: a disk that hangs
+    group = GroupCommit(disk.write_many, deadline=DEADLINE)
+    outcomes: dict[str, BaseException | None] = {}
+
+    async def write(op: str) -> None:
+        try:
+            await group.submit(op)
+            outcomes[op] = None
+        except StoreError as exc:
+            outcomes[op] = exc
+
+    with capture_logs() as logs, anyio.fail_after(TIMEOUT):  # the shield used to hold forever
+        async with anyio.create_task_group() as shutting_down:
+            shutting_down.start_soon(write, "hung")
+            await settle()
+            shutting_down.cancel_scope.cancel()  # a shutdown does not wait past the deadline either
+        disk.hold = False
+        await write("next")  # the writer is free again
+
+    assert disk.groups == [["hung"], ["next"]] and disk.durable == ["next"]
+    hung = outcomes["hung"]
+    assert isinstance(hung, StoreError) and hung.retryable, "never acknowledged: the bot may send it again"
+    assert outcomes["next"] is None
+    assert [(e["event"], e["writes"]) for e in logs if e["log_level"] == "warning"] == [
+        ("voice_context_store_group_abandoned", 1)
+    ]
+
+
+class SlowCommit:
+    """Holds the next group in the writer's thread, between its last statement and its COMMIT."""
+
+    def __init__(self) -> None:
+        self.holding = threading.Event()
+        self.released = threading.Event()
+
+    def __call__(self, writes: Sequence[Sequence[object]]) -> None:
+        self.holding.set()
+        self.released.wait(TIMEOUT)
+
+
+@pytest.mark.asyncio
+async def test_a_sqlite_group_already_committing_when_its_deadline_passes_is_committed_and_acknowledged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_groups, "CLOSE_TIMEOUT", 0.0)  # the deadline is the busy timeout alone
+    commit = SlowCommit()
+    store = SQLiteStore(tmp_path / "sessions.db", busy_timeout=DEADLINE, before_commit=commit)
+    assert store.group.deadline == DEADLINE
+    await store.create(SessionRecord("gym"))
+    acknowledged = anyio.Event()
+
+    async def append() -> None:
+        await store.append_turn("gym", 0, Turn("Ana", "user", "My locker code is 4417.", 0.0))
+        acknowledged.set()
+
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(append)
+            assert await anyio.to_thread.run_sync(commit.holding.wait, TIMEOUT)
+            await anyio.sleep(4 * DEADLINE)  # the group outlasts its deadline inside SQLite
+            assert not acknowledged.is_set()
+            commit.released.set()
+    await store.aclose()
+
+    reopened = SQLiteStore(tmp_path / "sessions.db")
+    try:
+        assert [t.text for t in await reopened.read_turns("gym", 0, 1)] == ["My locker code is 4417."]
+    finally:
+        await reopened.aclose()

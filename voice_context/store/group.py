@@ -15,6 +15,12 @@ shielded from cancellation, so a cancelled caller never abandons the writes
 of others; a caller cancelled while its write still waits in the queue takes
 it out (it was never written).
 
+The shield has a deadline, ``deadline`` seconds, which the store chooses no
+shorter than its own give-up time for a write, so that the deadline never cuts
+a write the database would still complete: a group still unwritten by then is
+given up (logged as ``voice_context_store_group_abandoned``) and every write in
+it fails with a retryable ``StoreError``; none of them is acknowledged.
+
 The store's ``write_many`` decides each write's fate: it sets ``error`` on a
 write that failed alone (the others in its group are unaffected) and raises
 when the whole group failed (then every write in it gets that error). A
@@ -30,13 +36,18 @@ from typing import Generic, TypeVar
 
 import anyio
 import anyio.lowlevel
+import structlog
 
 from voice_context.errors import StoreError
 
 T = TypeVar("T")
 
+log = structlog.get_logger("voice_context.store")
+
 MAX_GROUP = 1000
 """At most this many writes in one group (the rest go in the next)."""
+DEADLINE = 60.0
+"""The longest (seconds) a group's shielded write may take when the store names no deadline."""
 
 
 @dataclass(eq=False, slots=True)
@@ -52,12 +63,19 @@ class GroupCommit(Generic[T]):
     """Gathers writes into groups, each made durable by one call of ``write_many``."""
 
     def __init__(
-        self, write_many: Callable[[list[Pending[T]]], Awaitable[None]], *, max_group: int = MAX_GROUP
+        self,
+        write_many: Callable[[list[Pending[T]]], Awaitable[None]],
+        *,
+        max_group: int = MAX_GROUP,
+        deadline: float = DEADLINE,
     ) -> None:
         if max_group < 1:
             raise ValueError("a group holds at least one write")
+        if not deadline > 0:
+            raise ValueError("a group's write needs a positive deadline")
         self._write_many = write_many
         self.max_group = max_group
+        self.deadline = deadline
         self._queue: list[Pending[T]] = []
         self._writing = False
         self._written = anyio.Event()
@@ -107,8 +125,15 @@ class GroupCommit(Generic[T]):
         self._writing = True
         failed: BaseException | None = None
         try:
-            with anyio.CancelScope(shield=True):  # others wait on this group: it is written whole
+            # others wait on this group: it is written whole, or given up after the deadline
+            with anyio.move_on_after(self.deadline, shield=True) as scope:
                 await self._write_many(batch)
+            if scope.cancelled_caught:
+                log.warning("voice_context_store_group_abandoned", writes=len(batch), seconds=self.deadline)
+                raise StoreError(
+                    f"the write did not finish within {self.deadline:g}s; it may or may not be stored",
+                    retryable=True,
+                )
         except BaseException as exc:
             failed = exc
             if not isinstance(exc, Exception):

@@ -459,7 +459,8 @@ class RedisStore:
         self._vectors = self._redis.register_script(_kept(_VECTORS))
         self._df = self._redis.register_script(_DF)
         self._passages = self._redis.register_script(_PASSAGES)
-        self.group: GroupCommit[_Write] = GroupCommit(self._write_group)
+        deadline = write_deadline(retries, backoff_cap, socket_timeout, connect_timeout)
+        self.group: GroupCommit[_Write] = GroupCommit(self._write_group, deadline=deadline)
         self._closed = False
         self.operations = 0
         self.errors = 0
@@ -820,6 +821,15 @@ class _Write:
     keys: tuple[str, ...]
     args: tuple[str | int, ...]
     index: int | None
+
+
+def write_deadline(retries: int, backoff_cap: float, socket_timeout: float, connect_timeout: float) -> float:
+    """The longest (seconds) a group's shielded write may take: no shorter than the client gives
+    a pipeline before it fails it itself (the wait for a pooled connection, then each of its
+    ``retries + 1`` tries' connect, send and read, with the backoffs between them), so the
+    deadline never cuts a pipeline Redis would still answer."""
+    tries = retries + 1
+    return socket_timeout + tries * (connect_timeout + 2 * socket_timeout) + retries * backoff_cap
 
 
 def translate(exc: rex.RedisError, where: str) -> StoreError:

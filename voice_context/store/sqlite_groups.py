@@ -14,7 +14,7 @@ import anyio
 from voice_context.core.recalled import IndexedDoc, RecallStats
 from voice_context.errors import SessionNotStored, TurnConflict
 from voice_context.store.group import GroupCommit, Pending
-from voice_context.store.sqlite_db import Connections
+from voice_context.store.sqlite_db import CLOSE_TIMEOUT, Connections
 from voice_context.store.sqlite_rows import add_postings, derived, recall_state, total_turns, writing
 
 #: Seconds at most a recall index write waits for the turns' writes queued or in flight.
@@ -36,9 +36,10 @@ class GroupWriter:
         self.db = db
         self.clock = clock
         self.before_commit = before_commit
-        self.group: GroupCommit[Write] = GroupCommit(self._write_group)
+        deadline = write_deadline(db.busy_timeout)
+        self.group: GroupCommit[Write] = GroupCommit(self._write_group, deadline=deadline)
         #: the recall index's writes, grouped the same way across sessions (without an fsync)
-        self.derived: GroupCommit[Index] = GroupCommit(self._write_derived)
+        self.derived: GroupCommit[Index] = GroupCommit(self._write_derived, deadline=deadline)
 
     async def _write_group(self, batch: list[Pending[Write]]) -> None:
         await self.db.run("append", lambda conn: self._commit_group(conn, batch))
@@ -117,6 +118,16 @@ class GroupWriter:
             )
             if self.before_commit is not None:
                 self.before_commit([item.op.where for item in batch if item.error is None])
+
+
+def write_deadline(busy_timeout: float) -> float:
+    """The longest (seconds) a group's shielded write may take: as long as closing the store
+    waits for the writer to be free (``CLOSE_TIMEOUT``), then the group's own wait for the
+    file's lock (``busy_timeout``). It can never cut a write SQLite would still complete: a
+    write in the writer's thread runs to its end whatever the deadline (anyio never abandons
+    a worker thread that was not told it may), so only a group still waiting for the writer
+    is given up, with nothing of it written."""
+    return CLOSE_TIMEOUT + busy_timeout
 
 
 @dataclass(frozen=True, slots=True)
