@@ -81,6 +81,7 @@ from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any, Literal, NamedTuple
 
+from voice_context.core.config import SessionConfig
 from voice_context.core.landmarks import Landmark, render
 from voice_context.core.recalled import Recalled
 from voice_context.core.session import ContextView
@@ -649,61 +650,155 @@ def _assemble(
     budget_tokens: int | None,
     tokens: TokenCounter | None,
 ) -> Context:
+    """One pass of the layout in the module docstring, its steps in their order of priority."""
     config = view.config
-    recall_fraction = config.recall_share if asked else config.default_recall_share
-    summary_fraction = config.summary_share if asked else config.default_summary_share
-    turns = (*older, *view.turns)
-    n = len(turns)
-    start = view.cursor - len(older)  # the transcript index of turns[0]
-    layout = _INSTRUCTIONS if format == "instructions" else _MESSAGES
-    fill = _Fill(layout, budget_chars, budget_tokens, tokens)
-    dropped: list[str] = []
     recalled = recalled if config.recall else ()
+    layout = _INSTRUCTIONS if format == "instructions" else _MESSAGES
+    assembly = _Assembly(
+        view,
+        _Transcript.of(older, view, format),
+        _Fill(layout, budget_chars, budget_tokens, tokens),
+        list(recalled),
+        budget_chars,
+        budget_tokens,
+        tokens,
+    )
+    assembly.add_base(base_instructions)  # 1.
+    assembly.add_current_turn()  # 2.
+    assembly.add_landmarks_share()  # 2b.
+    assembly.add_recent_window()  # 3.
+    assembly.add_facts(facts)  # 4.
+    # recall and the summary take their default shares when the query is the newest user turn
+    recall_share = config.recall_share if asked else config.default_recall_share
+    summary_share = config.summary_share if asked else config.default_summary_share
+    unused_recall = assembly.add_recall_share(recall_share)  # 5.
+    assembly.add_summary_head(summary_share, unused_recall)  # 6.
+    assembly.add_notes()  # 7.
+    assembly.add_older_turns()  # 8.
+    assembly.add_the_rest()  # 9.
+    return assembly.context(format, query, recalled)
 
-    # tool calls and their results: cut only between units; old results as placeholders
-    has_tools = any(map(_TOOL_ID, turns))  # most sessions have none: then every turn is its own unit
-    ages: Sequence[int] = tool_iterations(turns) if has_tools else ()
-    unit_start: Sequence[int] = range(n)
-    if has_tools:
-        unit_start = [0] * n
-        for a, b in units(turns):
-            for k in range(a, b):
-                unit_start[k] = a
-    answered = {t.tool_call_id for t in turns if t.is_tool_result} if has_tools else set()
-    called = {t.tool_call_id for t in turns if t.is_tool_call} if has_tools else set()
 
-    def rendered(i: int) -> tuple[str, int]:
+def _over(used: Size, extra: Size, cap: Size) -> bool:
+    return used[0] + extra[0] > cap[0] or used[1] + extra[1] > cap[1]
+
+
+@dataclass(frozen=True, slots=True)
+class _Transcript:
+    """The turns a context may show (``older`` ones, then the view's), and each as it renders in
+    one format: tool calls and their results are cut only between units, old results shown as
+    placeholders."""
+
+    turns: tuple[Turn, ...]
+    n: int
+    start: int  # the transcript index of turns[0]
+    format: Format
+    config: SessionConfig
+    has_tools: bool
+    ages: Sequence[int]
+    unit_start: Sequence[int]  # the first turn of the unit each turn belongs to
+    answered: frozenset[str | None]
+    called: frozenset[str | None]
+
+    @classmethod
+    def of(cls, older: Sequence[Turn], view: ContextView, format: Format) -> _Transcript:
+        turns = (*older, *view.turns)
+        n = len(turns)
+        has_tools = any(map(_TOOL_ID, turns))  # most sessions have none: then every turn is its own unit
+        unit_start: Sequence[int] = range(n)
+        if has_tools:
+            unit_start = [0] * n
+            for a, b in units(turns):
+                for k in range(a, b):
+                    unit_start[k] = a
+        return cls(
+            turns=turns,
+            n=n,
+            start=view.cursor - len(older),
+            format=format,
+            config=view.config,
+            has_tools=has_tools,
+            ages=tool_iterations(turns) if has_tools else (),
+            unit_start=unit_start,
+            answered=frozenset(t.tool_call_id for t in turns if t.is_tool_result)
+            if has_tools
+            else frozenset(),
+            called=frozenset(t.tool_call_id for t in turns if t.is_tool_call) if has_tools else frozenset(),
+        )
+
+    def rendered(self, i: int) -> tuple[str, int]:
         """Turn ``i`` as its line or message content, and how much of it may not be cut."""
-        turn = turns[i]
-        if not has_tools:
+        turn = self.turns[i]
+        config = self.config
+        if not self.has_tools:
             text = clip(turn.text, config.max_turn_chars)
             line = (
-                _turn_line(turn, text) if format == "instructions" else _turn_message(turn, text)["content"]
+                _turn_line(turn, text)
+                if self.format == "instructions"
+                else _turn_message(turn, text)["content"]
             )
             return line, len(line) - len(text)
-        if turn.is_tool_result and ages[i] >= config.tool_result_iterations:
+        if turn.is_tool_result and self.ages[i] >= config.tool_result_iterations:
             text = placeholder(turn)
         else:
             text = clip(turn.text, config.max_turn_chars)
-        if format == "instructions":
+        if self.format == "instructions":
             whole = _turn_line(turn, text)
-        elif turn.is_tool_call and turn.tool_call_id in answered:
+        elif turn.is_tool_call and turn.tool_call_id in self.answered:
             whole = text + _call_extra(turn)  # the size of its message; its arguments are never cut
             return whole, len(whole)
         elif turn.is_tool_call:  # no result yet: shown as a line, not as a call
             whole = _turn_line(turn, text)
-        elif turn.is_tool_result and turn.tool_call_id in called:
+        elif turn.is_tool_result and turn.tool_call_id in self.called:
             whole = text
         else:
             whole = _turn_message(turn, text)["content"]
         return whole, len(whole) - len(text)
 
-    def add_unit(last: int, bound: Callable[[Size], bool] | None = None) -> bool:
+
+@dataclass(slots=True)
+class _Assembly:
+    """One context being assembled: the fill so far, and what each step of the layout chose,
+    left for later or dropped. Its ``add_*`` steps run in the order of the module docstring."""
+
+    view: ContextView
+    transcript: _Transcript
+    fill: _Fill
+    offered: list[Recalled]  # recall's passages not yet shown, best first
+    budget_chars: int | None
+    budget_tokens: int | None
+    tokens: TokenCounter | None
+    dropped: list[str] = field(default_factory=list)
+    shares: dict[str, Size] = field(default_factory=dict)  # the room each part with a share had first
+    room: Size = (UNLIMITED, UNLIMITED)  # the budget left after the base instructions
+    base_total: Size = (0, 0)
+    next_turn: int = -1  # the newest turn not yet shown
+    stopped: bool = True  # the verbatim run can grow no older
+    pinned: list[Landmark] = field(default_factory=list)  # landmarks not yet shown, newest first
+    shown_landmarks: list[Landmark] = field(default_factory=list)
+    chosen: list[Recalled] = field(default_factory=list)
+
+    @property
+    def budgeted(self) -> bool:
+        return self.budget_chars is not None or self.budget_tokens is not None
+
+    def verbatim_from(self) -> int:
+        """The transcript index of the oldest verbatim turn shown so far."""
+        return self.transcript.start + self.transcript.n - len(self.fill.items["turns"])
+
+    def share(self, fraction: float) -> Size:
+        return (
+            UNLIMITED if self.budget_chars is None else int(self.room[0] * fraction),
+            UNLIMITED if self.budget_tokens is None else int(self.room[1] * fraction),
+        )
+
+    def add_unit(self, last: int, bound: Callable[[Size], bool] | None = None) -> bool:
         """Add the unit ending at turn ``last`` whole (newest first), or nothing: ``False`` when
         it does not fit the budget or ``bound`` refuses the size it came to."""
-        first = unit_start[last]
+        fill, transcript = self.fill, self.transcript
+        first = transcript.unit_start[last]
         if first == last:  # a turn of its own: no need to add and take back
-            line = rendered(last)[0]
+            line = transcript.rendered(last)[0]
             extra = fill.cost("turns", line)
             if bound is not None and not bound(extra):
                 return False
@@ -711,7 +806,7 @@ def _assemble(
         added = 0
         before: Size = (fill.total, fill.tokens)
         for k in range(last, first - 1, -1):
-            if not fill.add("turns", rendered(k)[0]):
+            if not fill.add("turns", transcript.rendered(k)[0]):
                 break
             added += 1
         else:
@@ -721,145 +816,156 @@ def _assemble(
             fill.remove("turns", len(fill.items["turns"]) - 1)
         return False
 
-    # 1. the base instructions
-    if base_instructions and not fill.add_cut("base", base_instructions, clip):
-        dropped.append("base_instructions")
-    room: Size = (
-        UNLIMITED if budget_chars is None else max(0, budget_chars - fill.total),
-        UNLIMITED if budget_tokens is None else max(0, budget_tokens - fill.tokens),
-    )
-    base_total: Size = (fill.total, fill.tokens)
-
-    def share(fraction: float) -> Size:
-        return (
-            UNLIMITED if budget_chars is None else int(room[0] * fraction),
-            UNLIMITED if budget_tokens is None else int(room[1] * fraction),
+    def add_base(self, base_instructions: str) -> None:
+        """1. The base instructions; the room left after them is what every share is a share of."""
+        fill = self.fill
+        if base_instructions and not fill.add_cut("base", base_instructions, clip):
+            self.dropped.append("base_instructions")
+        self.room = (
+            UNLIMITED if self.budget_chars is None else max(0, self.budget_chars - fill.total),
+            UNLIMITED if self.budget_tokens is None else max(0, self.budget_tokens - fill.tokens),
         )
+        self.base_total = (fill.total, fill.tokens)
 
-    def over(used: Size, extra: Size, cap: Size) -> bool:
-        return used[0] + extra[0] > cap[0] or used[1] + extra[1] > cap[1]
-
-    # 2. the current turn, clipped if it alone is larger than the budget
-    next_turn = n - 1
-    stopped = n == 0
-    if n:
-        line, prefix = rendered(n - 1)
+    def add_current_turn(self) -> None:
+        """2. The current turn, clipped if it alone is larger than the budget (with the rest of
+        the tool unit it ends, whole, or not at all)."""
+        fill, transcript, n = self.fill, self.transcript, self.transcript.n
+        self.next_turn = n - 1
+        self.stopped = n == 0
+        if not n:
+            return
+        line, prefix = transcript.rendered(n - 1)
         if fill.add_cut("turns", line, clip, fixed=prefix):
-            next_turn = n - 2
-            if unit_start[n - 1] < n - 1:  # the current turn ends a tool unit: the rest comes too
-                if add_unit(n - 2):
-                    next_turn = unit_start[n - 1] - 1
+            self.next_turn = n - 2
+            if transcript.unit_start[n - 1] < n - 1:  # the current turn ends a tool unit: the rest comes too
+                if self.add_unit(n - 2):
+                    self.next_turn = transcript.unit_start[n - 1] - 1
                 else:
                     fill.remove("turns", 0)
-                    stopped = True
-                    dropped.append("current_turn")
+                    self.stopped = True
+                    self.dropped.append("current_turn")
         else:
-            stopped = True
-            dropped.append("current_turn")
+            self.stopped = True
+            self.dropped.append("current_turn")
 
-    # 2b. the landmarks, newest first, whole or not at all, up to their share
-    pinned = sorted(view.landmarks, key=lambda lm: -lm.index)
-    shown_landmarks: list[Landmark] = []
+    def add_landmarks_share(self) -> None:
+        """2b. The landmarks, newest first, whole or not at all, up to their share."""
+        self.pinned = sorted(self.view.landmarks, key=lambda lm: -lm.index)
+        self.shares["landmarks"] = self.share(self.view.config.landmark_share)
+        self.add_landmarks(self.shares["landmarks"])
 
-    def add_landmarks(limit: Size) -> None:
+    def add_landmarks(self, limit: Size) -> None:
         spent: Size = (0, 0)
-        for landmark in list(pinned):
-            if landmark.index >= start + n - len(fill.items["turns"]):
+        for landmark in list(self.pinned):
+            if landmark.index >= self.verbatim_from():
                 continue  # shown verbatim among the turns anyway
             line = render(landmark)
-            cost = fill.cost("landmarks", line)
+            cost = self.fill.cost("landmarks", line)
             # the newest landmark is shown whenever it fits at all, whatever the share
-            if (shown_landmarks and over(spent, cost, limit)) or not fill.add("landmarks", line):
+            if (self.shown_landmarks and _over(spent, cost, limit)) or not self.fill.add("landmarks", line):
                 continue
             spent = (spent[0] + cost[0], spent[1] + cost[1])
-            shown_landmarks.append(landmark)
-            pinned.remove(landmark)
+            self.shown_landmarks.append(landmark)
+            self.pinned.remove(landmark)
 
-    shares: dict[str, Size] = {}  # the room each part with a share of its own had first
-    shares["landmarks"] = share(config.landmark_share)
-    add_landmarks(shares["landmarks"])
+    def recent_floor(self) -> int:
+        """The oldest turn the protected window reaches whatever its share: at least
+        ``priority_turns`` turns, and at least ``recent_floor`` of the turns a plain tail
+        would show in this room."""
+        config, transcript, n = self.view.config, self.transcript, self.transcript.n
+        floor = max(0, n - max(1, config.priority_turns))
+        if config.recent_floor and self.budgeted:
+            notes = self.view.seen_notes or self.view.live_notes
+            tail = self.fill.holds(
+                "turns", _plain_tail(transcript.turns, notes, transcript.rendered), self.room
+            )
+            floor = min(floor, n - math.ceil(config.recent_floor * tail))
+        return floor
 
-    # 3. the recent verbatim window, protected: its share, at least priority_turns turns, and at
-    # least recent_floor of the turns a plain tail would show in this room
-    protected = shares["turns"] = share(config.recent_share)
-    floor = max(0, n - max(1, config.priority_turns))
-    if config.recent_floor and (budget_chars is not None or budget_tokens is not None):
-        tail = fill.holds("turns", _plain_tail(turns, view.seen_notes or view.live_notes, rendered), room)
-        floor = min(floor, n - math.ceil(config.recent_floor * tail))
-    while not stopped and next_turn >= 0:
-        used = (fill.total - base_total[0], fill.tokens - base_total[1])
-        if unit_start[next_turn] == next_turn:  # a turn of its own (the common case), inline
-            line = rendered(next_turn)[0]
-            extra = fill.cost("turns", line)
-            if next_turn < floor and over(used, extra, protected):
-                break
-            if not fill.add("turns", line, extra):
-                stopped = True
+    def add_recent_window(self) -> None:
+        """3. The recent verbatim window, protected: its share, and down to the floor whatever
+        the share."""
+        fill, unit_start = self.fill, self.transcript.unit_start
+        protected = self.shares["turns"] = self.share(self.view.config.recent_share)
+        floor = self.recent_floor()
+        base_total = self.base_total
+        while not self.stopped and self.next_turn >= 0:
+            next_turn = self.next_turn
+            used = (fill.total - base_total[0], fill.tokens - base_total[1])
+            if unit_start[next_turn] == next_turn:  # a turn of its own (the common case), inline
+                line = self.transcript.rendered(next_turn)[0]
+                extra = fill.cost("turns", line)
+                if next_turn < floor and _over(used, extra, protected):
+                    break
+                if not fill.add("turns", line, extra):
+                    self.stopped = True
+                else:
+                    self.next_turn -= 1
+                continue
+
+            def within(extra: Size, used: Size = used, last: int = next_turn) -> bool:
+                return unit_start[last] >= floor or not _over(used, extra, protected)
+
+            if self.add_unit(next_turn, within):
+                self.next_turn = unit_start[next_turn] - 1
+                continue
+            # refused by the budget (stop for good) or by the protected share (older turns may come later)
+            if self.add_unit(next_turn):
+                for _ in range(next_turn - unit_start[next_turn] + 1):
+                    fill.remove("turns", len(fill.items["turns"]) - 1)
             else:
-                next_turn -= 1
-            continue
-
-        def within(extra: Size, used: Size = used, last: int = next_turn) -> bool:
-            return unit_start[last] >= floor or not over(used, extra, protected)
-
-        if add_unit(next_turn, within):
-            next_turn = unit_start[next_turn] - 1
-            continue
-        # refused by the budget (stop for good) or by the protected share (older turns may come later)
-        if add_unit(next_turn):
-            for _ in range(next_turn - unit_start[next_turn] + 1):
-                fill.remove("turns", len(fill.items["turns"]) - 1)
-        else:
-            stopped = True
-        break
-
-    # 4. durable facts, in the order given
-    for fact in facts:
-        if not fill.add("facts", fact):
-            dropped.append("facts")
+                self.stopped = True
             break
 
-    # 5. recall, up to its share: passages of turns older than the verbatim run
-    chosen: list[Recalled] = []
-    offered = list(recalled)
+    def add_facts(self, facts: Sequence[str]) -> None:
+        """4. Durable facts, in the order given."""
+        for fact in facts:
+            if not self.fill.add("facts", fact):
+                self.dropped.append("facts")
+                break
 
-    def verbatim_from() -> int:
-        return start + n - len(fill.items["turns"])
-
-    def recall(limit: Size) -> Size:
+    def recall(self, limit: Size) -> Size:
         """Add offered passages in rank order within ``limit``; returns what they took (the
         section's header is paid from the budget, not from ``limit``: a small share still
         holds a passage)."""
         spent: Size = (0, 0)
+        offered, chosen = self.offered, self.chosen
         for passage in list(offered):
-            if len(chosen) >= config.recall_limit:
+            if len(chosen) >= self.view.config.recall_limit:
                 break
-            if passage.turn is not None and passage.turn >= verbatim_from():
+            if passage.turn is not None and passage.turn >= self.verbatim_from():
                 offered.remove(passage)
                 continue
-            cost = fill.item("recall", passage.line)
-            if over(spent, cost, limit):
+            cost = self.fill.item("recall", passage.line)
+            if _over(spent, cost, limit):
                 continue
-            if fill.add("recall", passage.line):
+            if self.fill.add("recall", passage.line):
                 spent = (spent[0] + cost[0], spent[1] + cost[1])
                 chosen.append(passage)
                 offered.remove(passage)
         return spent
 
-    recall_share = shares["recall"] = share(recall_fraction)
-    spent = recall(recall_share)
-    unused_recall = (recall_share[0] - spent[0], recall_share[1] - spent[1])
+    def add_recall_share(self, fraction: float) -> Size:
+        """5. Recall, up to its share: passages of turns older than the verbatim run. Returns
+        the share it left unused."""
+        recall_share = self.shares["recall"] = self.share(fraction)
+        spent = self.recall(recall_share)
+        return (recall_share[0] - spent[0], recall_share[1] - spent[1])
 
-    # 6. the summary, up to its share
-    if view.summary:
+    def add_summary_head(self, fraction: float, unused_recall: Size) -> None:
+        """6. The summary, up to its share and what recall left of its own."""
+        view, fill, tokens = self.view, self.fill, self.tokens
+        if not view.summary:
+            return
         first = view.summary
-        if budget_chars is not None or budget_tokens is not None:
-            summary_share = share(summary_fraction)
-            cap = min(config.summary_priority_chars, summary_share[0] + unused_recall[0])
+        if self.budgeted:
+            summary_share = self.share(fraction)
+            cap = min(view.config.summary_priority_chars, summary_share[0] + unused_recall[0])
             if len(first) > cap:
                 first = _condense(first, cap) if cap >= MIN_SUMMARY_CUT else ""
             token_cap = summary_share[1] + unused_recall[1]
-            shares["summary"] = (cap, token_cap)
+            self.shares["summary"] = (cap, token_cap)
             if first and tokens is not None and tokens.count(_defused(first)) > token_cap:
                 best = _longest(
                     lambda room: tokens.count(_defused(condense_summary(first, room))) <= token_cap,
@@ -868,92 +974,101 @@ def _assemble(
                 first = condense_summary(first, best) if best >= MIN_SUMMARY_CUT else ""
         added = bool(first) and fill.add_cut("summary", first, _condense, least=MIN_SUMMARY_CUT)
         if not added or fill.items["summary"][0] != view.summary:
-            dropped.append("summary_head")
+            self.dropped.append("summary_head")
 
-    # 7. live screen notes, newest first
-    for note in reversed(view.live_notes):
-        if not fill.add("notes", note.render()):
-            dropped.append("notes")
-            break
+    def add_notes(self) -> None:
+        """7. Live screen notes, newest first."""
+        for note in reversed(self.view.live_notes):
+            if not self.fill.add("notes", note.render()):
+                self.dropped.append("notes")
+                break
 
-    # 8. older verbatim turns back to the cursor; a recalled passage of a turn shown whole goes
-    while not stopped and next_turn >= 0:
-        indices = range(start + unit_start[next_turn], start + next_turn + 1)
+    def add_older_turns(self) -> None:
+        """8. Older verbatim turns back to the cursor (and into ``older``); a recalled passage of
+        a turn shown whole, and a landmark the run reached, give their room back."""
+        fill, chosen, transcript = self.fill, self.chosen, self.transcript
+        start, unit_start = transcript.start, transcript.unit_start
+        while not self.stopped and self.next_turn >= 0:
+            indices = range(start + unit_start[self.next_turn], start + self.next_turn + 1)
+            for k in range(len(chosen) - 1, -1, -1):
+                if chosen[k].turn in indices:
+                    fill.remove("recall", k)
+                    chosen.pop(k)
+            if not self.add_unit(self.next_turn):
+                self.stopped = True
+            else:
+                self.next_turn = unit_start[self.next_turn] - 1
+        if len(fill.items["turns"]) < len(self.view.turns) - ("current_turn" in self.dropped):
+            self.dropped.append("older_turns")
+        for k in range(len(self.shown_landmarks) - 1, -1, -1):
+            if self.shown_landmarks[k].index >= self.verbatim_from():
+                fill.remove("landmarks", k)
+                self.shown_landmarks.pop(k)
+
+    def add_the_rest(self) -> None:
+        """9. The rest of a longer summary, then the landmarks left out, then more recall, in the
+        room left; a recalled summary line the summary shows anyway is not shown twice."""
+        fill, dropped, summary = self.fill, self.dropped, self.view.summary
+        if "summary_head" in dropped:
+            if fill.items["summary"]:
+                fill.grow("summary", summary, _condense)
+            elif summary:
+                fill.add_cut("summary", summary, _condense, least=MIN_SUMMARY_CUT)
+            if not fill.items["summary"]:
+                dropped[dropped.index("summary_head")] = "summary"
+            elif fill.items["summary"][0] == summary:
+                dropped.remove("summary_head")
+        self.add_landmarks((UNLIMITED, UNLIMITED))
+        if any(lm.index < self.verbatim_from() for lm in self.pinned):
+            dropped.append("landmarks")
+        self.recall((UNLIMITED, UNLIMITED))
+        shown_summary = fill.items["summary"][0] if fill.items["summary"] else ""
+        chosen = self.chosen
         for k in range(len(chosen) - 1, -1, -1):
-            if chosen[k].turn in indices:
+            if chosen[k].kind == "summary" and chosen[k].line in shown_summary:
                 fill.remove("recall", k)
                 chosen.pop(k)
-        if not add_unit(next_turn):
-            stopped = True
+
+    def context(self, format: Format, query: str, recalled: Sequence[Recalled]) -> Context:
+        """The parts chosen, rendered: recalled passages in the order they were said, landmarks
+        oldest first."""
+        fill, transcript = self.fill, self.transcript
+        order = sorted(
+            range(len(self.chosen)), key=lambda k: (self.chosen[k].at or 0.0, self.chosen[k].turn or 0)
+        )
+        chosen = [self.chosen[k] for k in order]
+        fill.items["recall"] = [p.line for p in chosen]
+        self.shown_landmarks.sort(key=lambda lm: lm.index)
+        fill.items["landmarks"] = [render(lm) for lm in self.shown_landmarks]
+        shown = len(fill.items["turns"])
+        messages: tuple[Message, ...] = ()
+        instructions = ""
+        if format == "instructions":
+            instructions = _render_instructions(fill.items)
+            chars = len(instructions)
         else:
-            next_turn = unit_start[next_turn] - 1
-    shown = len(fill.items["turns"])
-    if shown < len(view.turns) - ("current_turn" in dropped):
-        dropped.append("older_turns")
-    # a landmark the verbatim run reached is shown there: its line here gives its room back
-    for k in range(len(shown_landmarks) - 1, -1, -1):
-        if shown_landmarks[k].index >= start + n - shown:
-            fill.remove("landmarks", k)
-            shown_landmarks.pop(k)
-
-    # 9. the rest of a longer summary, then more recall, in the room left
-    if "summary_head" in dropped:
-        if fill.items["summary"]:
-            fill.grow("summary", view.summary, _condense)
-        elif view.summary:
-            fill.add_cut("summary", view.summary, _condense, least=MIN_SUMMARY_CUT)
-        if not fill.items["summary"]:
-            dropped[dropped.index("summary_head")] = "summary"
-        elif fill.items["summary"][0] == view.summary:
-            dropped.remove("summary_head")
-    add_landmarks((UNLIMITED, UNLIMITED))
-    if any(lm.index < start + n - shown for lm in pinned):
-        dropped.append("landmarks")
-    recall((UNLIMITED, UNLIMITED))
-    # a recalled summary line the summary shows anyway is not shown twice
-    shown_summary = fill.items["summary"][0] if fill.items["summary"] else ""
-    for k in range(len(chosen) - 1, -1, -1):
-        if chosen[k].kind == "summary" and chosen[k].line in shown_summary:
-            fill.remove("recall", k)
-            chosen.pop(k)
-
-    # recalled passages read in the order they were said
-    order = sorted(range(len(chosen)), key=lambda k: (chosen[k].at or 0.0, chosen[k].turn or 0))
-    chosen = [chosen[k] for k in order]
-    fill.items["recall"] = [p.line for p in chosen]
-    # landmarks read oldest first
-    shown_landmarks.sort(key=lambda lm: lm.index)
-    fill.items["landmarks"] = [render(lm) for lm in shown_landmarks]
-
-    picked = turns[n - shown :]
-    messages: tuple[Message, ...] = ()
-    instructions = ""
-    if format == "instructions":
-        instructions = _render_instructions(fill.items)
-        chars = len(instructions)
-    else:
-        messages = tuple(_render_messages(fill.items, picked))
-        chars = sum(message_chars(m) for m in messages)
-    if chars != fill.total:  # pragma: no cover - the size model must match the rendering
-        raise AssertionError(f"size model {fill.total} != rendered {chars}")
-    return Context(
-        format=format,
-        cursor=view.cursor,
-        covered_through=view.covered_through,
-        summary=fill.items["summary"][0] if fill.items["summary"] else "",
-        chars=chars,
-        first_turn=start + n - shown,
-        turns_shown=shown,
-        messages=messages,
-        instructions=instructions,
-        budget_chars=budget_chars,
-        dropped=tuple(dropped),
-        recalled=tuple(chosen),
-        query=query,
-        landmarks=tuple(shown_landmarks),
-        sections=_sections(fill, shares if budget_chars is not None or budget_tokens is not None else {}),
-        left_out=_left_out(recalled, chosen),
-    )
+            messages = tuple(_render_messages(fill.items, transcript.turns[transcript.n - shown :]))
+            chars = sum(message_chars(m) for m in messages)
+        if chars != fill.total:  # pragma: no cover - the size model must match the rendering
+            raise AssertionError(f"size model {fill.total} != rendered {chars}")
+        return Context(
+            format=format,
+            cursor=self.view.cursor,
+            covered_through=self.view.covered_through,
+            summary=fill.items["summary"][0] if fill.items["summary"] else "",
+            chars=chars,
+            first_turn=transcript.start + transcript.n - shown,
+            turns_shown=shown,
+            messages=messages,
+            instructions=instructions,
+            budget_chars=self.budget_chars,
+            dropped=tuple(self.dropped),
+            recalled=tuple(chosen),
+            query=query,
+            landmarks=tuple(self.shown_landmarks),
+            sections=_sections(fill, self.shares if self.budgeted else {}),
+            left_out=_left_out(recalled, chosen),
+        )
 
 
 def _sections(fill: _Fill, shares: dict[str, Size]) -> tuple[Section, ...]:

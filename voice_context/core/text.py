@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import re
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 _SENTENCE_END = re.compile(r"(?<=[.!?…])[\"')\]]*\s+")
@@ -193,78 +194,131 @@ def condense_summary(text: str, limit: int, *, half_life: float = 48.0) -> str:
     parsed = _summary_lines(text)
     if len(parsed) == 1 and not parsed[0][0]:
         return keep_newest_sentences(text, limit)
-    n = len(parsed)
-    heads = [head for head, _ in parsed]
-    days = [_date_of(head) for head in heads]
-    latest = [day[1] if day else 0 for day in days]  # the minute of day the last line joined began
-    lines = [list(line) for _, line in parsed]
-    infos = [[information(sentence) for sentence in line] for line in lines]
-    lengths = [len(heads[i]) + len(" ".join(lines[i])) for i in range(n)]
-    after = list(range(1, n + 1))  # the next line still shown (n: none)
-    alive = [True] * n
-    total = sum(lengths) + n - 1
-
-    def weight(i: int) -> tuple[float, int]:
-        return (-lengths[i] * (1 + (n - 1 - i) / half_life), i)
-
-    # a max-heap of (age-weighted length, line) over the lines that still have two sentences or more
-    heap = [weight(i) for i in range(n) if len(lines[i]) > 1]
-    heapq.heapify(heap)
-    first = 0  # lines before this one are gone
-    while total > limit and after[first] < n:
-        if heap:
-            i = heapq.heappop(heap)[1]
-            if not alive[i] or len(lines[i]) < 2:
-                continue
-            saved = _drop_one(lines[i], infos[i])
-            total -= saved
-            lengths[i] -= saved
-            if len(lines[i]) > 1:
-                heapq.heappush(heap, weight(i))
-            continue
-        i = first
-        while after[i] < n and not _joinable(days[i], latest[i], days[after[i]]):
-            i = after[i]
-        if after[i] < n:  # two lines of the same date: one head for both, and no sentence lost
-            j = after[i]
-            lines[i] += lines[j]
-            infos[i] += infos[j]
-            lengths[i] += 1 + lengths[j] - len(heads[j])
-            total -= len(heads[j])
-            latest[i] = latest[j]
-            alive[j] = False
-            after[i] = after[j]
-            continue
-        joined = [k for k in range(first, n) if alive[k] and len(lines[k]) > 1]
-        if joined:  # no two lines share a date any more: the joined lines lose sentences again
-            heap = [weight(k) for k in joined]
-            heapq.heapify(heap)
-            continue
-        # a line goes whole: the one that tells least per char, the newest never, of equals the older
-        gone, shown_before, previous, k = first, -1, first, after[first]
-        while after[k] < n:
-            if _told(infos[k]) < _told(infos[gone]):
-                gone, shown_before = k, previous
-            previous, k = k, after[k]
-        total -= lengths[gone] + 1
-        alive[gone] = False
-        if gone == first:
-            first = after[gone]
-        else:
-            after[shown_before] = after[gone]
-    while total > limit and len(lines[first]) > 1:  # one line left: it still keeps its head
-        total -= _drop_one(lines[first], infos[first])
-    shown: list[str] = []
-    i = first
-    while i < n:
-        shown.append(heads[i] + " ".join(lines[i]))
-        i = after[i]
-    result = "\n".join(shown)
+    lines = _Condensing.of(parsed, half_life)
+    while lines.total > limit and lines.after[lines.first] < lines.n:
+        if lines.heap:
+            lines.drop_sentence()
+        elif not lines.join_same_date() and not lines.drop_sentences_again():
+            lines.drop_line()
+    while lines.total > limit and len(lines.lines[lines.first]) > 1:  # one line left: it keeps its head
+        lines.total -= _drop_one(lines.lines[lines.first], lines.infos[lines.first])
+    result = lines.render()
     if len(result) <= limit:
         return result
     # a dated line down to one sentence that still does not fit is left out: a sentence is shown
     # whole or not at all, never cut into a fragment that may say something else
-    return "" if heads[first] else keep_newest_sentences(result, limit)
+    return "" if lines.heads[lines.first] else keep_newest_sentences(result, limit)
+
+
+@dataclass(slots=True)
+class _Condensing:
+    """A dated summary being shrunk by :func:`condense_summary`: its lines (a linked list over
+    ``after``, from ``first``), what each sentence tells, and the lines that may lose one."""
+
+    heads: list[str]
+    days: list[tuple[str, int] | None]
+    latest: list[int]  # the minute of day the last line joined began
+    lines: list[list[str]]
+    infos: list[list[float]]
+    lengths: list[int]
+    after: list[int]  # the next line still shown (n: none)
+    alive: list[bool]
+    total: int
+    half_life: float
+    heap: list[tuple[float, int]] = field(default_factory=list)
+    first: int = 0  # lines before this one are gone
+
+    @classmethod
+    def of(cls, parsed: tuple[tuple[str, tuple[str, ...]], ...], half_life: float) -> _Condensing:
+        n = len(parsed)
+        heads = [head for head, _ in parsed]
+        days = [_date_of(head) for head in heads]
+        lines = [list(line) for _, line in parsed]
+        lengths = [len(heads[i]) + len(" ".join(lines[i])) for i in range(n)]
+        state = cls(
+            heads=heads,
+            days=days,
+            latest=[day[1] if day else 0 for day in days],
+            lines=lines,
+            infos=[[information(sentence) for sentence in line] for line in lines],
+            lengths=lengths,
+            after=list(range(1, n + 1)),
+            alive=[True] * n,
+            total=sum(lengths) + n - 1,
+            half_life=half_life,
+        )
+        # a max-heap of (age-weighted length, line) over the lines that still have two sentences or more
+        state.heap = [state.weight(i) for i in range(n) if len(lines[i]) > 1]
+        heapq.heapify(state.heap)
+        return state
+
+    @property
+    def n(self) -> int:
+        return len(self.heads)
+
+    def weight(self, i: int) -> tuple[float, int]:
+        return (-self.lengths[i] * (1 + (self.n - 1 - i) / self.half_life), i)
+
+    def drop_sentence(self) -> None:
+        """The line with the greatest age-weighted length loses the sentence that tells least."""
+        i = heapq.heappop(self.heap)[1]
+        if not self.alive[i] or len(self.lines[i]) < 2:
+            return
+        saved = _drop_one(self.lines[i], self.infos[i])
+        self.total -= saved
+        self.lengths[i] -= saved
+        if len(self.lines[i]) > 1:
+            heapq.heappush(self.heap, self.weight(i))
+
+    def join_same_date(self) -> bool:
+        """Join the oldest two lines of the same conversation (one head for both, and no sentence
+        lost); ``False`` when no two lines share a date any more."""
+        i = self.first
+        while self.after[i] < self.n and not _joinable(
+            self.days[i], self.latest[i], self.days[self.after[i]]
+        ):
+            i = self.after[i]
+        if self.after[i] >= self.n:
+            return False
+        j = self.after[i]
+        self.lines[i] += self.lines[j]
+        self.infos[i] += self.infos[j]
+        self.lengths[i] += 1 + self.lengths[j] - len(self.heads[j])
+        self.total -= len(self.heads[j])
+        self.latest[i] = self.latest[j]
+        self.alive[j] = False
+        self.after[i] = self.after[j]
+        return True
+
+    def drop_sentences_again(self) -> bool:
+        """Let the joined lines lose sentences again; ``False`` when none has two left."""
+        joined = [k for k in range(self.first, self.n) if self.alive[k] and len(self.lines[k]) > 1]
+        self.heap = [self.weight(k) for k in joined]
+        heapq.heapify(self.heap)
+        return bool(joined)
+
+    def drop_line(self) -> None:
+        """A line goes whole: the one that tells least per char, the newest never, of equals the older."""
+        after = self.after
+        gone, shown_before, previous, k = self.first, -1, self.first, after[self.first]
+        while after[k] < self.n:
+            if _told(self.infos[k]) < _told(self.infos[gone]):
+                gone, shown_before = k, previous
+            previous, k = k, after[k]
+        self.total -= self.lengths[gone] + 1
+        self.alive[gone] = False
+        if gone == self.first:
+            self.first = after[gone]
+        else:
+            after[shown_before] = after[gone]
+
+    def render(self) -> str:
+        shown: list[str] = []
+        i = self.first
+        while i < self.n:
+            shown.append(self.heads[i] + " ".join(self.lines[i]))
+            i = self.after[i]
+        return "\n".join(shown)
 
 
 def _told(infos: list[float]) -> float:

@@ -29,7 +29,7 @@ import itertools
 import json
 import statistics
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -306,78 +306,116 @@ def write_report(results: Sequence[PointResult], out_dir: Path, fmt: str = "html
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = [r.row() for r in results]
     names = sorted({run.recording for r in results for run in r.runs})[:MAX_PLOTTED_RECORDINGS]
-    figures: list[tuple[str, str]] = []
+    figures = _session_plots(plt, results, names, out_dir)
+    figures.append(_latency_plot(plt, results, out_dir))
+    if any("recall_ours" in row for row in rows):
+        figures.append(_recall_plot(plt, results, rows, out_dir))
+    (out_dir / "sweep.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    if fmt != "html":
+        return out_dir
+    index = out_dir / "index.html"
+    index.write_text(_index_html(results, rows, names, figures), encoding="utf-8")
+    return index
 
-    def per_recording(filename: str, title: str, ylabel: str, draw: Any) -> None:
-        fig, axes = plt.subplots(len(names), 1, figsize=(10, 2.6 * len(names) + 0.6), squeeze=False)
-        for ax, name in zip(axes[:, 0], names, strict=True):
-            for result in results:
-                for run in result.runs:
-                    if run.recording == name:
-                        draw(ax, run, result.point.label)
-            ax.set_title(name, fontsize=9)
-            ax.set_ylabel(ylabel, fontsize=8)
-            ax.tick_params(labelsize=7)
-            ax.grid(alpha=0.3)
-        axes[-1, 0].set_xlabel("turn index", fontsize=8)
-        handles, labels = axes[0, 0].get_legend_handles_labels()
-        if handles:
-            fig.legend(handles, labels, loc="upper right", fontsize=7)
-        fig.suptitle(title, fontsize=10)
-        fig.tight_layout(rect=(0, 0, 0.82 if handles else 1, 0.97))
-        fig.savefig(out_dir / filename, dpi=90)
-        plt.close(fig)
-        figures.append((filename, title))
 
-    def context_size(ax: Any, run: Run, label: str) -> None:
-        xs = [c["turn_index"] for c in run.result.contexts]
-        ax.plot(xs, [c["response"]["chars"] for c in run.result.contexts], label=label, linewidth=1)
+_Draw = Callable[[Any, Run, str], None]
 
-    def summary_size(ax: Any, run: Run, label: str) -> None:
-        xs = [c["turn_index"] for c in run.result.contexts]
-        (line,) = ax.plot(xs, [c["state"]["summary_chars"] for c in run.result.contexts], label=label, lw=1)
-        landed = [c for c in run.result.compactions if c["outcome"] in ("applied", "clamped")]
-        ax.scatter(
-            [c["turn_index"] for c in landed],
-            [c["summary_chars"] for c in landed],
-            s=6,
-            color=line.get_color(),
-        )
 
-    def cursor(ax: Any, run: Run, label: str) -> None:
-        xs = [c["turn_index"] for c in run.result.contexts]
-        ax.step(xs, [c["state"]["cursor"] for c in run.result.contexts], where="post", label=label, lw=1)
-
-    def sent(ax: Any, run: Run, label: str) -> None:
-        counted = [c for c in run.result.contexts if _counts_summarizer(c)]  # not a live server's
-        if not counted:
-            return
-        xs = [c["turn_index"] for c in counted]
-        ys = [c["state"]["chars_sent"] / max(1, c["turn_index"] + 1) for c in counted]
-        (line,) = ax.plot(xs, ys, label=label, lw=1)
-        calls = [c["state"]["summarizer_calls"] for c in counted]
-        twin = getattr(ax, "_calls_axis", None) or ax.twinx()
-        ax._calls_axis = twin
-        twin.plot(xs, calls, linestyle=":", lw=1, color=line.get_color())
-        twin.set_ylabel("calls (dotted)", fontsize=7)
-        twin.tick_params(labelsize=7)
-
-    per_recording("context_chars.png", "Context size over the session (chars)", "chars", context_size)
-    per_recording(
-        "summary_chars.png",
-        "Summary size; dots mark compactions as they landed",
-        "summary chars",
-        summary_size,
-    )
-    per_recording("cursor.png", "Cursor: turns folded into the summary", "cursor", cursor)
+def _session_plots(
+    plt: Any, results: Sequence[PointResult], names: Sequence[str], out_dir: Path
+) -> list[tuple[str, str]]:
+    """The plots over the session, one panel per recording; returns their (file, title)."""
+    plots: list[tuple[str, str, str, _Draw]] = [
+        ("context_chars.png", "Context size over the session (chars)", "chars", _context_size),
+        (
+            "summary_chars.png",
+            "Summary size; dots mark compactions as they landed",
+            "summary chars",
+            _summary_size,
+        ),
+        ("cursor.png", "Cursor: turns folded into the summary", "cursor", _cursor),
+    ]
     if any(_counts_summarizer(c) for r in results for run in r.runs for c in run.result.contexts):
-        per_recording(
-            "summarizer.png",
-            "Characters sent to the summarizer per turn so far; calls (dotted)",
-            "chars/turn",
-            sent,
+        plots.append(
+            (
+                "summarizer.png",
+                "Characters sent to the summarizer per turn so far; calls (dotted)",
+                "chars/turn",
+                _sent,
+            )
         )
+    for filename, title, ylabel, draw in plots:
+        _per_recording(plt, results, names, out_dir / filename, title, ylabel, draw)
+    return [(filename, title) for filename, title, _, _ in plots]
 
+
+def _per_recording(
+    plt: Any,
+    results: Sequence[PointResult],
+    names: Sequence[str],
+    path: Path,
+    title: str,
+    ylabel: str,
+    draw: _Draw,
+) -> None:
+    fig, axes = plt.subplots(len(names), 1, figsize=(10, 2.6 * len(names) + 0.6), squeeze=False)
+    for ax, name in zip(axes[:, 0], names, strict=True):
+        for result in results:
+            for run in result.runs:
+                if run.recording == name:
+                    draw(ax, run, result.point.label)
+        ax.set_title(name, fontsize=9)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("turn index", fontsize=8)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="upper right", fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0, 0.82 if handles else 1, 0.97))
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _context_size(ax: Any, run: Run, label: str) -> None:
+    xs = [c["turn_index"] for c in run.result.contexts]
+    ax.plot(xs, [c["response"]["chars"] for c in run.result.contexts], label=label, linewidth=1)
+
+
+def _summary_size(ax: Any, run: Run, label: str) -> None:
+    xs = [c["turn_index"] for c in run.result.contexts]
+    (line,) = ax.plot(xs, [c["state"]["summary_chars"] for c in run.result.contexts], label=label, lw=1)
+    landed = [c for c in run.result.compactions if c["outcome"] in ("applied", "clamped")]
+    ax.scatter(
+        [c["turn_index"] for c in landed],
+        [c["summary_chars"] for c in landed],
+        s=6,
+        color=line.get_color(),
+    )
+
+
+def _cursor(ax: Any, run: Run, label: str) -> None:
+    xs = [c["turn_index"] for c in run.result.contexts]
+    ax.step(xs, [c["state"]["cursor"] for c in run.result.contexts], where="post", label=label, lw=1)
+
+
+def _sent(ax: Any, run: Run, label: str) -> None:
+    counted = [c for c in run.result.contexts if _counts_summarizer(c)]  # not a live server's
+    if not counted:
+        return
+    xs = [c["turn_index"] for c in counted]
+    ys = [c["state"]["chars_sent"] / max(1, c["turn_index"] + 1) for c in counted]
+    (line,) = ax.plot(xs, ys, label=label, lw=1)
+    calls = [c["state"]["summarizer_calls"] for c in counted]
+    twin = getattr(ax, "_calls_axis", None) or ax.twinx()
+    ax._calls_axis = twin
+    twin.plot(xs, calls, linestyle=":", lw=1, color=line.get_color())
+    twin.set_ylabel("calls (dotted)", fontsize=7)
+    twin.tick_params(labelsize=7)
+
+
+def _latency_plot(plt: Any, results: Sequence[PointResult], out_dir: Path) -> tuple[str, str]:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
     labels = [r.point.label for r in results]
     for ax, key, title in (
@@ -389,54 +427,63 @@ def write_report(results: Sequence[PointResult], out_dir: Path, fmt: str = "html
         ax.set_xticks(range(1, len(labels) + 1), labels, fontsize=6, rotation=30, ha="right")
         ax.set_title(title, fontsize=9)
         ax.tick_params(labelsize=7)
+    return _saved(plt, fig, out_dir, "latency.png", "Latencies")
+
+
+def _recall_plot(
+    plt: Any, results: Sequence[PointResult], rows: Sequence[Mapping[str, Any]], out_dir: Path
+) -> tuple[str, str]:
+    methods = [("recall_ours", "ours"), ("recall_tail", "tail"), ("recall_head_tail", "head+tail")]
+    methods.append(("recall_full", "ceiling (no budget)"))
+    fig, ax = plt.subplots(figsize=(10, 3 + 0.2 * len(rows)))
+    height = 0.8 / len(methods)
+    for k, (key, name) in enumerate(methods):
+        ax.barh(
+            [i + k * height for i in range(len(rows))],
+            [row.get(key) or 0.0 for row in rows],
+            height=height,
+            label=name,
+        )
+    labels = [r.point.label for r in results]
+    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(rows))], labels, fontsize=7)
+    ax.set_xlabel("rarity-weighted recall of answers whose evidence left the verbatim window", fontsize=8)
+    ax.legend(fontsize=7)
+    return _saved(plt, fig, out_dir, "recall.png", "Recall beside the baselines, at the same budget")
+
+
+def _saved(plt: Any, fig: Any, out_dir: Path, filename: str, title: str) -> tuple[str, str]:
+    """Lay ``fig`` out, write it as ``filename`` and close it; returns its (file, title)."""
     fig.tight_layout()
-    fig.savefig(out_dir / "latency.png", dpi=90)
+    fig.savefig(out_dir / filename, dpi=90)
     plt.close(fig)
-    figures.append(("latency.png", "Latencies"))
+    return filename, title
 
-    if any("recall_ours" in row for row in rows):
-        methods = [("recall_ours", "ours"), ("recall_tail", "tail"), ("recall_head_tail", "head+tail")]
-        methods.append(("recall_full", "ceiling (no budget)"))
-        fig, ax = plt.subplots(figsize=(10, 3 + 0.2 * len(rows)))
-        height = 0.8 / len(methods)
-        for k, (key, name) in enumerate(methods):
-            ax.barh(
-                [i + k * height for i in range(len(rows))],
-                [row.get(key) or 0.0 for row in rows],
-                height=height,
-                label=name,
-            )
-        ax.set_yticks([i + 0.4 - height / 2 for i in range(len(rows))], labels, fontsize=7)
-        ax.set_xlabel("rarity-weighted recall of answers whose evidence left the verbatim window", fontsize=8)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out_dir / "recall.png", dpi=90)
-        plt.close(fig)
-        figures.append(("recall.png", "Recall beside the baselines, at the same budget"))
 
-    (out_dir / "sweep.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-    if fmt != "html":
-        return out_dir
+def _index_html(
+    results: Sequence[PointResult],
+    rows: Sequence[dict[str, Any]],
+    names: Sequence[str],
+    figures: Sequence[tuple[str, str]],
+) -> str:
     headers, cells = table_cells(rows)
+    recordings = len({run.recording for r in results for run in r.runs})
     parts = [
         "<!doctype html><meta charset='utf-8'><title>voice-context sweep</title>",
         "<style>body{font:14px sans-serif;margin:2em}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}td:first-child{text-align:left}"
         "img{max-width:100%;display:block;margin:1em 0}</style>",
         "<h1>voice-context sweep</h1>",
-        f"<p>{len(results)} point(s) &times; {len({run.recording for r in results for run in r.runs})} "
+        f"<p>{len(results)} point(s) &times; {recordings} "
         "recording(s). Latencies are wall clock; everything else is reproducible.</p>",
         "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in headers) + "</tr>",
         *("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in cells),
         "</table>",
     ]
-    if len(names) < len({run.recording for r in results for run in r.runs}):
+    if len(names) < recordings:
         parts.append(f"<p>Plots show the first {len(names)} recordings.</p>")
     for filename, title in figures:
         parts.append(f"<h2>{html.escape(title)}</h2><img src='{filename}' alt='{html.escape(title)}'>")
-    index = out_dir / "index.html"
-    index.write_text("\n".join(parts) + "\n", encoding="utf-8")
-    return index
+    return "\n".join(parts) + "\n"
 
 
 def _counts_summarizer(context: Mapping[str, Any]) -> bool:
