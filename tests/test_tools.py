@@ -194,7 +194,8 @@ def test_no_tool_pair_is_ever_split_by_a_cut_a_fold_or_a_budget(
             for _ in range(1 if step == "call" else 2):
                 made += 1
                 pending.append(f"c{made}")
-                session.receive(TurnAppended(call(f"c{made}", arguments=f'{{"n": {made}}}')))
+                said = f"Checking {made}." if step == "calls" else ""  # parallel calls, each with words
+                session.receive(TurnAppended(call(f"c{made}", arguments=f'{{"n": {made}}}', text=said)))
         elif step == "result" and pending:
             session.receive(TurnAppended(result(pending.pop(0), text=f'{{"answer": {i}}}' * (1 + i % 4))))
         elif step == "reply":
@@ -291,3 +292,25 @@ def test_a_recorded_tool_turn_replays_as_it_was_sent() -> None:
         recorded = message_dict(TurnAppend("room-1", turn))["turn"]
         # a replay decodes its recordings with the codec, as the server decoded them
         assert decode(json.dumps({"type": "turn.append", "session": "s", "turn": recorded})).turn == turn  # type: ignore[union-attr]
+
+
+def test_a_bot_that_speaks_while_it_calls_two_tools_has_its_words_joined_within_the_budget() -> None:
+    """Parallel calls each carrying what the bot said go out as one message whose content joins
+    the words with a space: the size of the context counts that space too."""
+    turns = [
+        user("Find me a flight to Lisbon, and what does it cost?"),
+        call("c1", text="Checking the flights"),
+        call("c2", "price", '{"to": "LIS"}', text="and the fares."),
+        result("c1"),
+        result("c2", '{"eur": 129}', "price"),
+        reply("TP 1234 at 9:40, 129 euros."),
+    ]
+    whole = build_context(view(turns), "messages")
+    assert whole.messages[1]["content"] == "Checking the flights and the fares."
+    assert whole.chars == sum(len(m["content"]) for m in whole.messages) + len(
+        'find_flight{"to": "LIS"}'
+    ) + len('price{"to": "LIS"}')
+    for budget in range(0, 300, 5):
+        ctx = build_context(view(turns), "messages", budget_chars=budget)
+        assert ctx.chars <= budget
+        assert_paired(ctx.messages)

@@ -444,7 +444,7 @@ def _openai_messages(chosen: Sequence[Turn], contents: Sequence[str]) -> list[Me
         out.append(
             {
                 "role": "assistant",
-                "content": " ".join(text for text in said if text),
+                "content": "".join(said),  # each call's words after the first carry their space
                 "tool_calls": [
                     {
                         "id": chosen[k].tool_call_id,
@@ -726,6 +726,13 @@ class _Transcript:
             called=frozenset(t.tool_call_id for t in turns if t.is_tool_call) if has_tools else frozenset(),
         )
 
+    def _spoke_before(self, i: int) -> bool:
+        """Whether an answered call before ``i`` in its unit carries words of its own."""
+        return any(
+            self.turns[k].is_tool_call and self.turns[k].tool_call_id in self.answered and self.turns[k].text
+            for k in range(self.unit_start[i], i)
+        )
+
     def rendered(self, i: int) -> tuple[str, int]:
         """Turn ``i`` as its line or message content, and how much of it may not be cut."""
         turn = self.turns[i]
@@ -745,6 +752,8 @@ class _Transcript:
         if self.format == "instructions":
             whole = _turn_line(turn, text)
         elif turn.is_tool_call and turn.tool_call_id in self.answered:
+            if text and self._spoke_before(i):  # the words of a unit's calls join with a space
+                text = " " + text
             whole = text + _call_extra(turn)  # the size of its message; its arguments are never cut
             return whole, len(whole)
         elif turn.is_tool_call:  # no result yet: shown as a line, not as a call
