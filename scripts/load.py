@@ -227,9 +227,11 @@ class Process:
         return out
 
 
-def serve_args(store: str, data_dir: Path) -> list[str]:
+def serve_args(store: str, data_dir: Path, profile: Path | None = None) -> list[str]:
+    """The real command line; with ``profile``, run under cProfile, which writes it there on exit."""
+    python = [sys.executable] + (["-m", "cProfile", "-o", str(profile)] if profile else [])
     return [
-        sys.executable, "-m", "voice_context", "serve", "--port", "0", "--store", store,
+        *python, "-m", "voice_context", "serve", "--port", "0", "--store", store,
         "--data-dir", str(data_dir), "--log-format", "json",
     ]  # fmt: skip
 
@@ -441,11 +443,18 @@ class Harness:
             store = self.redis.url
         elif args.replicas > 1 and not store.startswith(("redis", "unix")):
             raise SystemExit("several replicas need a shared store: --store redis")
+        if args.profile:
+            args.profile = args.profile.resolve()
+            args.profile.mkdir(parents=True, exist_ok=True)
         for r in range(args.replicas):
             self.replicas.append(
                 Process(
                     f"replica-{r}",
-                    serve_args(store, self.work / f"data-{r}"),
+                    serve_args(
+                        store,
+                        self.work / f"data-{r}",
+                        args.profile / f"replica-{r}.prof" if args.profile else None,
+                    ),
                     SERVER_ENV,
                     self.work / f"serve-{r}.log",
                 )
@@ -951,6 +960,13 @@ def main() -> None:
     )
     parser.add_argument("--samples", type=int, default=200, help="context requests per length")
     parser.add_argument("--keep", action="store_true", help="keep the servers' files and logs")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="run the replicas under cProfile and write replica-N.prof into DIR when they stop "
+        "(read with python -m pstats; the figures then include the profiler's overhead)",
+    )
     parser.add_argument(
         "--pattern",
         choices=("voice", "group"),

@@ -313,3 +313,13 @@ def test_a_small_recall_share_still_holds_one_passage() -> None:
 
     assert [r.turn for r in ctx.recalled] == [3]  # 0.1 of 1,500 chars: 150, less than header and line
     assert "locker code is 4417" in ctx.instructions
+
+
+def test_a_thousand_sessions_summaries_are_each_cut_once_between_two_folds() -> None:
+    # every live session condenses its own summary for each of its contexts; a cache sized for
+    # one session (the last 256 cuts) made each context of many sessions cut its summary again
+    summaries = [SUMMARY.replace("Alice", f"Alice{k}") for k in range(1000)]
+    first = [(condense_summary(s, 3000), condense_summary(s, 2048)) for s in summaries]
+    again = [(condense_summary(s, 3000), condense_summary(s, 2048)) for s in summaries]
+    assert all(a is b and c is d for (a, c), (b, d) in zip(first, again, strict=True))
+    assert all(len(a) <= 3000 and len(c) <= 2048 for a, c in first)

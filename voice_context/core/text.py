@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import heapq
 import re
+import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
+
+from voice_context.core.cache import CharBoundedCache
 
 _SENTENCE_END = re.compile(r"(?<=[.!?…])[\"')\]]*\s+")
 ELLIPSIS = "…"
@@ -109,9 +112,8 @@ INFO_PAD = 20
 """Each sentence costs this many chars more than its length when a line chooses which to drop."""
 
 
-@lru_cache(maxsize=16)
 def _summary_lines(text: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """A summary's lines as (head, sentences) (cached: one summary serves many contexts)."""
+    """A summary's lines as (head, sentences)."""
     out: list[tuple[str, tuple[str, ...]]] = []
     for paragraph in normalize(text).split("\n"):
         head = _LINE_HEAD.match(paragraph)
@@ -142,8 +144,9 @@ def information(sentence: str) -> float:
     return total / (len(body) + INFO_PAD)
 
 
-def _drop_one(sentences: list[str], infos: list[float]) -> int:
-    """Drop the sentence of a line that tells least (the latest on a tie); returns the chars saved.
+def _drop_one(sentences: list[str], infos: list[float]) -> tuple[int, int]:
+    """Drop the sentence of a line that tells least (the latest on a tie); returns the chars saved
+    and where it was.
 
     A label the dropped sentence carried passes to the next sentence if it has
     none, so that no sentence changes speaker; a label that now repeats the one
@@ -163,10 +166,9 @@ def _drop_one(sentences: list[str], infos: list[float]) -> int:
         if again and again.group(0) == before:
             sentences[k] = sentences[k][again.end() :]
             saved += again.end()
-    return saved
+    return saved, k
 
 
-@lru_cache(maxsize=256)
 def condense_summary(text: str, limit: int, *, half_life: float = 48.0) -> str:
     """``text`` shrunk to at most ``limit`` chars by whole sentences, coarser with age.
 
@@ -187,27 +189,131 @@ def condense_summary(text: str, limit: int, *, half_life: float = 48.0) -> str:
     of any age outlasts small talk. When the newest line alone, down to
     one sentence, is longer than ``limit``, nothing is left (``""``).
 
-    Cached: one summary serves every context until the next compaction.
+    Cached: one summary serves every context of its session until the next
+    compaction (:data:`CUTS_CACHE_CHARS`).
     """
     if len(text) <= limit:
         return text
-    parsed = _summary_lines(text)
-    if len(parsed) == 1 and not parsed[0][0]:
-        return keep_newest_sentences(text, limit)
-    lines = _Condensing.of(parsed, half_life)
-    while lines.total > limit and lines.after[lines.first] < lines.n:
-        if lines.heap:
-            lines.drop_sentence()
-        elif not lines.join_same_date() and not lines.drop_sentences_again():
-            lines.drop_line()
-    while lines.total > limit and len(lines.lines[lines.first]) > 1:  # one line left: it keeps its head
-        lines.total -= _drop_one(lines.lines[lines.first], lines.infos[lines.first])
-    result = lines.render()
-    if len(result) <= limit:
-        return result
-    # a dated line down to one sentence that still does not fit is left out: a sentence is shown
-    # whole or not at all, never cut into a fragment that may say something else
-    return "" if lines.heads[lines.first] else keep_newest_sentences(result, limit)
+    return _SUMMARIES(text).cut(limit, half_life)
+
+
+CUTS_CACHE_CHARS = 16_000_000
+"""How many chars of summaries :func:`condense_summary` remembers the plan of (least recently
+used first out). A summary's text is its session's own string, so the key costs nothing more;
+what is held besides is its parse and its plan, about its size again. The bound is per process,
+not per session: every live session's summary must fit in it, or each context plans its summary
+again (250 sessions thrashing a cache of the last 256 cuts spent a third of the reply path's CPU
+condensing)."""
+CUTS_PER_SUMMARY = 8
+"""The cuts of one summary kept as text (a context asks one or two lengths; the next context of
+the session, between two folds, often asks the same ones again)."""
+
+_Op = tuple[int, int, int, str | None]
+"""One step of a summary's plan: ``(_DROP, line, sentence, the new text of the sentence after it
+or None)``, ``(_JOIN, line, the line joined into it, None)`` or ``(_GONE, line, the line shown
+before it or -1, None)``."""
+_DROP, _JOIN, _GONE = 0, 1, 2
+
+
+class _SummaryCuts:
+    """One summary and its plan: every step :func:`condense_summary` takes to shrink it, from
+    whole to a single sentence, each with the length it leaves. The steps it takes never depend
+    on the limit, only where it stops; so the plan is made once per summary (one full shrink), and
+    a cut to any limit replays its first steps (list pops, no search) and renders."""
+
+    __slots__ = ("_cuts", "_lock", "_plan", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._plan: _Plan | None = None
+        self._cuts: dict[tuple[int, float], str] = {}
+        self._lock = threading.Lock()  # folds condense in worker threads too
+
+    def cut(self, limit: int, half_life: float) -> str:
+        key = (limit, half_life)
+        with self._lock:
+            found = self._cuts.get(key)
+            plan = self._plan
+        if found is not None:
+            return found
+        if plan is None or plan.half_life != half_life:
+            plan = _Plan.of(self.text, half_life)
+            with self._lock:
+                self._plan = plan
+        value = plan.cut(limit)
+        with self._lock:
+            if len(self._cuts) >= CUTS_PER_SUMMARY:
+                del self._cuts[next(iter(self._cuts))]
+            self._cuts[key] = value
+        return value
+
+
+_SUMMARIES: CharBoundedCache[_SummaryCuts] = CharBoundedCache(_SummaryCuts, CUTS_CACHE_CHARS)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A dated summary's shrinking, step by step: ``totals[k]`` is its length after ``k`` steps."""
+
+    text: str
+    half_life: float
+    parsed: tuple[tuple[str, tuple[str, ...]], ...]
+    paragraph: bool
+    steps: tuple[_Op, ...]
+    totals: tuple[int, ...]
+
+    @classmethod
+    def of(cls, text: str, half_life: float) -> _Plan:
+        parsed = _summary_lines(text)
+        if len(parsed) == 1 and not parsed[0][0]:  # one paragraph: keep_newest_sentences
+            return cls(text, half_life, parsed, True, (), (len(text),))
+        lines = _Condensing.of(parsed, half_life)
+        totals = [lines.total]
+        while lines.after[lines.first] < lines.n:
+            if lines.heap:
+                lines.drop_sentence()
+            elif not lines.join_same_date() and not lines.drop_sentences_again():
+                lines.drop_line()
+            if len(lines.steps) == len(totals):  # a step was taken (a heap entry may be stale)
+                totals.append(lines.total)
+        while len(lines.lines[lines.first]) > 1:  # one line left: it keeps its head
+            lines.drop_from(lines.first)
+            totals.append(lines.total)
+        assert len(totals) == len(lines.steps) + 1
+        return cls(text, half_life, parsed, False, tuple(lines.steps), tuple(totals))
+
+    def cut(self, limit: int) -> str:
+        if self.paragraph:
+            return keep_newest_sentences(self.text, limit)
+        taken = next((k for k, total in enumerate(self.totals) if total <= limit), len(self.steps))
+        heads = [head for head, _ in self.parsed]
+        lines = [list(line) for _, line in self.parsed]
+        n = len(lines)
+        after = list(range(1, n + 1))
+        first = 0
+        for kind, i, j, text in self.steps[:taken]:
+            if kind == _DROP:
+                del lines[i][j]
+                if text is not None:
+                    lines[i][j] = text
+            elif kind == _JOIN:
+                lines[i] += lines[j]
+                after[i] = after[j]
+            elif j < 0:  # _GONE, the first line shown
+                first = after[i]
+            else:
+                after[j] = after[i]
+        shown: list[str] = []
+        k = first
+        while k < n:
+            shown.append(heads[k] + " ".join(lines[k]))
+            k = after[k]
+        result = "\n".join(shown)
+        if len(result) <= limit:
+            return result
+        # a dated line down to one sentence that still does not fit is left out: a sentence is shown
+        # whole or not at all, never cut into a fragment that may say something else
+        return "" if heads[first] else keep_newest_sentences(result, limit)
 
 
 @dataclass(slots=True)
@@ -227,6 +333,7 @@ class _Condensing:
     half_life: float
     heap: list[tuple[float, int]] = field(default_factory=list)
     first: int = 0  # lines before this one are gone
+    steps: list[_Op] = field(default_factory=list)  # what was done, for :class:`_Plan`
 
     @classmethod
     def of(cls, parsed: tuple[tuple[str, tuple[str, ...]], ...], half_life: float) -> _Condensing:
@@ -264,11 +371,17 @@ class _Condensing:
         i = heapq.heappop(self.heap)[1]
         if not self.alive[i] or len(self.lines[i]) < 2:
             return
-        saved = _drop_one(self.lines[i], self.infos[i])
-        self.total -= saved
-        self.lengths[i] -= saved
+        self.drop_from(i)
         if len(self.lines[i]) > 1:
             heapq.heappush(self.heap, self.weight(i))
+
+    def drop_from(self, i: int) -> None:
+        """Line ``i`` loses the sentence that tells least (:func:`_drop_one`)."""
+        line = self.lines[i]
+        saved, k = _drop_one(line, self.infos[i])
+        self.total -= saved
+        self.lengths[i] -= saved
+        self.steps.append((_DROP, i, k, line[k] if k < len(line) else None))
 
     def join_same_date(self) -> bool:
         """Join the oldest two lines of the same conversation (one head for both, and no sentence
@@ -288,6 +401,7 @@ class _Condensing:
         self.latest[i] = self.latest[j]
         self.alive[j] = False
         self.after[i] = self.after[j]
+        self.steps.append((_JOIN, i, j, None))
         return True
 
     def drop_sentences_again(self) -> bool:
@@ -307,18 +421,11 @@ class _Condensing:
             previous, k = k, after[k]
         self.total -= self.lengths[gone] + 1
         self.alive[gone] = False
+        self.steps.append((_GONE, gone, shown_before, None))
         if gone == self.first:
             self.first = after[gone]
         else:
             after[shown_before] = after[gone]
-
-    def render(self) -> str:
-        shown: list[str] = []
-        i = self.first
-        while i < self.n:
-            shown.append(self.heads[i] + " ".join(self.lines[i]))
-            i = self.after[i]
-        return "\n".join(shown)
 
 
 def _told(infos: list[float]) -> float:
