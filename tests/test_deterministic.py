@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from voice_context.codec import NoteAppend, TurnAppend
 from voice_context.core.config import BATCH_SIZE
+from voice_context.core.times import utc
 from voice_context.core.turns import Note, Turn
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 from voice_context.summarizers.deterministic import (
     LINE_CHARS,
+    RELATIVE_DATE,
     SESSION_GAP,
     DeterministicSummarizer,
+    _resolve,
     is_filler,
     resolve_dates,
     shorten,
@@ -361,3 +367,32 @@ def test_the_same_request_always_gives_the_same_summary() -> None:
         Turn("Alice", "user", f"We moved the launch to {d} June in Lisbon.", MONDAY + d) for d in range(10)
     ]
     assert fold(turns, max_chars=300) == fold(turns, max_chars=300)
+
+
+@given(
+    prefix=st.sampled_from(["", "I saw her ", "Since ", "we met on "]),
+    phrase=st.sampled_from(
+        [
+            "yesterday",
+            "tomorrow",
+            "last night",
+            "the day before yesterday",
+            *(
+                f"{when} {unit}"
+                for when in ("last", "this past", "past", "next", "this", "the other")
+                for unit in ("week", "weekend", "month", "year", "monday", "tues", "thurs", "sun")
+            ),
+            *(f"{n} {unit} ago" for n in ("a few", "two", "3", "an") for unit in ("day", "weeks", "month")),
+        ]
+    ),
+    case=st.sampled_from([str.lower, str.upper, str.title]),
+    suffix=st.sampled_from(["", ".", ", and then we left", " I think"]),
+)
+def test_every_relative_date_is_resolved_though_most_texts_skip_the_search(
+    prefix: str, phrase: str, case: Callable[[str], str], suffix: str
+) -> None:
+    # resolve_dates searches only the texts with a hint of a relative date: the hint must miss none
+    text = prefix + case(phrase) + suffix
+    at = datetime(2023, 5, 8, 12, tzinfo=UTC).timestamp()
+    when = utc(at)
+    assert resolve_dates(text, at) == RELATIVE_DATE.sub(lambda m: _resolve(m, when), text)

@@ -22,7 +22,6 @@ session's length (about the size of its transcript).
 
 from __future__ import annotations
 
-import functools
 import heapq
 import math
 import re
@@ -76,8 +75,14 @@ LENDERS_PER_HIT = 4
 neighbours a share (see :func:`with_neighbours`)."""
 SMALL_TALK_CACHE_CHARS = 500_000
 """How many chars of shown spans the small-talk check remembers its answer for."""
-SPLIT_CACHE = 512
-"""Docs whose sentences a search keeps split and tokenized (the most recently searched)."""
+SPLIT_CACHE_CHARS = 4_000_000
+"""How many chars of docs a search keeps split into sentences with their words (the most
+recently searched; their parsed forms take a few times their size). Per process, for every live
+session: 512 docs, the bound before, held the hits of a few dozen sessions, so that with
+hundreds each context split and stemmed its hits again."""
+LINE_TERMS_CACHE_CHARS = 4_000_000
+"""How many chars of summary lines keep their words (a fold changes a summary's newest lines
+and leaves the others as they were, so a summary's index is rebuilt from these)."""
 _TOKEN = re.compile(r"[a-z0-9]+")
 _POSSESSIVE = re.compile(r"['’]s\b")
 _APOSTROPHE = re.compile(r"['’]")
@@ -297,7 +302,7 @@ def nearest(
     return [ids[int(k)] for k in np.argsort(-sims, kind="stable")[:limit]]
 
 
-@functools.lru_cache(maxsize=SPLIT_CACHE)
+@char_bounded_cache(SPLIT_CACHE_CHARS)
 def split(text: str) -> tuple[tuple[str, frozenset[str]], ...]:
     """A doc's sentences with their words (cached for the docs searched most recently); a doc
     of one sentence is shown whole, so its words are not needed (an empty set)."""
@@ -623,7 +628,7 @@ class SummaryIndex:
         lines = tuple(summary_passages(summary))
         words: dict[str, list[int]] = {}
         for k, line in enumerate(lines):
-            for term in set(index_terms(line)):
+            for term in _line_terms(line):
                 words.setdefault(term, []).append(k)
         return cls(summary, lines, {t: tuple(ks) for t, ks in words.items()})
 
@@ -637,6 +642,11 @@ class SummaryIndex:
             key=lambda item: (-item[0], -item[1]),
         )
         return [Recalled("summary", None, clip(self.lines[k], 600), score) for score, k in scored[:limit]]
+
+
+@char_bounded_cache(LINE_TERMS_CACHE_CHARS)
+def _line_terms(line: str) -> frozenset[str]:
+    return frozenset(index_terms(line))
 
 
 def search_summary(summary: str, query: str, *, limit: int = 4) -> list[Recalled]:

@@ -232,6 +232,7 @@ _NUMBER_RUN = _number_run(lambda word: re.sub(r"[a-z]", lambda m: f"[{m[0]}{m[0]
 _NUMBER_RUN_LOWER = _number_run(lambda word: word)
 NUMBER_TOKENS = frozenset([*_NUMBER_WORDS, "hundred", "thousand", "point"])
 """The words a number said as words is made of (lowercase)."""
+_ASCII_WORD = re.compile(r"[a-z0-9]+")
 
 
 # -- words and their value ----------------------------------------------------------------
@@ -358,6 +359,13 @@ RELATIVE_DATE = re.compile(
     r" (?P<unit>day|week|month|year|weekend)s? ago)\b(?!['’]s)",
     re.IGNORECASE,
 )
+# Every text RELATIVE_DATE matches holds one of these (and most texts hold none): the search for
+# dates, with its lookbehinds at every position, runs only on those that do.
+_RELATIVE_DATE_HINT = re.compile(
+    r"yesterday|tomorrow|ago|"
+    r"(?:last|past|next|this|other) (?:night|week|month|year|mon|tue|wed|thu|fri|sat|sun)",
+    re.IGNORECASE,
+)
 # After a relative date said as an adverb ("I went there yesterday, ..."), "on 7 May 2023" reads as well:
 # the end of the clause, a conjunction or a preposition.
 _ADVERB_AFTER = re.compile(
@@ -460,6 +468,8 @@ def resolve_dates(text: str, at: float) -> str:
     The sentence stays whole: see :func:`_resolve` for when the words are kept and
     the date added in parentheses.
     """
+    if not _RELATIVE_DATE_HINT.search(text):
+        return text
     when = utc(at)
     return RELATIVE_DATE.sub(lambda m: _resolve(m, when), text)
 
@@ -493,6 +503,8 @@ def _digits(match: re.Match[str]) -> str:
 
 def spoken_numbers(text: str) -> str:
     """Numbers said as words written as digits: "twenty five" -> "25", "twelve point five" -> "12.5"."""
+    if NUMBER_TOKENS.isdisjoint(_ASCII_WORD.findall(text.lower())):  # (most texts say no number)
+        return text
     return _NUMBER_RUN.sub(_digits, text)
 
 
