@@ -122,6 +122,19 @@ async def test_a_lease_granted_to_another_replica_under_a_fold_cancels_it_uncomm
         assert record is not None and (record.cursor, record.summary, record.compactions) == (0, "", 0)
 
 
+async def renewed(redis_server: RedisServer, name: str) -> None:
+    """Returns once the lease on ``name`` has been renewed: its time to live went up in Redis."""
+    watcher = RedisStore(redis_server.url)
+    try:
+        key = watcher.keys(name).lease
+        last = await watcher.client.pttl(key)
+        while (now := await watcher.client.pttl(key)) <= last:
+            last = now
+            await anyio.sleep(0.01)
+    finally:
+        await watcher.aclose()
+
+
 @pytest.fixture
 def servers() -> Iterator[list[Serve]]:
     made: list[Serve] = []
@@ -158,7 +171,7 @@ async def test_a_replica_killed_during_a_fold_holds_up_the_next_one_on_another_r
             with anyio.fail_after(TIMEOUT):
                 while not provider.completions:  # noqa: ASYNC110 - the provider's own record
                     await anyio.sleep(0.01)
-            await anyio.sleep(ttl)  # east has renewed its lease meanwhile
+                await renewed(redis_server, name)  # east renews its lease
             east.kill()  # holding it
             killed = time.monotonic()
 
