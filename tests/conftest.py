@@ -29,8 +29,13 @@ def logs() -> Iterator[list[MutableMapping[str, Any]]]:
         yield captured
 
 
+#: Files whose tests start first: the longest, so that no worker is left with one at the end.
+FIRST = ("test_embedding.py",)  # distils the static embedding table, half a minute of one core
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The ``slow`` tier runs a real local model: only with ``VOICE_CONTEXT_SLOW=1``."""
+    """The longest files first; the ``slow`` tier (a real local model) only with ``VOICE_CONTEXT_SLOW=1``."""
+    items.sort(key=lambda item: item.path.name not in FIRST)
     if os.environ.get("VOICE_CONTEXT_SLOW") == "1":
         return
     skip = pytest.mark.skip(
