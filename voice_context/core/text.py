@@ -152,7 +152,7 @@ def _drop_one(sentences: list[str], infos: list[float]) -> tuple[int, int]:
     none, so that no sentence changes speaker; a label that now repeats the one
     before it goes.
     """
-    k = min(range(len(infos) - 1, -1, -1), key=infos.__getitem__)
+    k = len(infos) - 1 - infos[::-1].index(min(infos))  # the last of the least
     dropped = sentences.pop(k)
     del infos[k]
     saved = len(dropped) + 1

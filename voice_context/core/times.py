@@ -28,7 +28,9 @@ def utc(at: float) -> datetime:
 _MONTHS = "January February March April May June July August September October November December".split()
 
 
-@functools.lru_cache(maxsize=4096)  # a context dates the same few dozen turns, reply after reply
+# a context dates the same few dozen turns of its session, reply after reply: room for the recent
+# turns of a thousand sessions (4,096 held those of a few dozen, and every context missed)
+@functools.lru_cache(maxsize=32_768)
 def stamp(at: float) -> str:
     """``8 May 2023, 13:56`` (UTC): how a dated line of a context (a recalled passage, a
     landmark, a line of a plain dated transcript) says when it was said."""
