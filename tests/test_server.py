@@ -18,6 +18,7 @@ from voice_context.core.session import Session, TurnAppended
 from voice_context.core.turns import Turn
 from voice_context.errors import StoreError, SummarizerError
 from voice_context.server import TokenBucket, find_duplicate, owner_of, recording_name
+from voice_context.store import open_store
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.deterministic import DeterministicSummarizer
@@ -503,3 +504,33 @@ async def test_a_turn_waiting_for_its_commit_holds_up_its_own_session_not_anothe
         assert [r["id"] for r in replies] == ["a0", "a-ctx", "barrier"], "a session's replies keep its order"
         assert replies[0]["index"] == 0
         assert replies[1]["messages"][-1]["content"].endswith("turn 0"), "the context sees the turn before it"
+
+
+@pytest.mark.asyncio
+async def test_a_backlog_appended_without_contexts_folds_in_the_background(tmp_path: Path) -> None:
+    # an import, a burst, a bot that asks for context rarely: 400 turns and no context.get
+    store = open_store("sqlite", data_dir=str(tmp_path))
+    try:
+        async with running(summarizer=DeterministicSummarizer(), store=store) as server, wire(server) as bot:
+            await bot.open("import")
+            for i in range(400):
+                await bot.append("import", i, text=f"On day {i} we booked table {i} in Lisbon.")
+            with anyio.fail_after(TIMEOUT * 4):
+                while True:
+                    state = await bot.request("session.state", session="import")
+                    # folded until less than a backlog is left: the recent window and a few batches
+                    if not state["in_flight"] and state["cursor"] > 400 - (50 + 4 * 10):
+                        break
+                    await anyio.sleep(0.01)
+            assert state["turns"] == 400 and state["failures"] == 0
+    finally:
+        await store.aclose()
+    store = open_store("sqlite", data_dir=str(tmp_path))
+    try:
+        async with running(summarizer=DeterministicSummarizer(), store=store) as server, wire(server) as bot:
+            resumed = await bot.open("import")  # the folds were stored, not only held
+            assert (resumed["turns"], resumed["cursor"]) == (400, state["cursor"])
+            context = await bot.request("context.get", session="import", format="messages")
+            assert "table 12" in context["summary"] and context["first_turn"] == state["cursor"]
+    finally:
+        await store.aclose()

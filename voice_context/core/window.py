@@ -74,6 +74,14 @@ BACKLOG_BATCHES = 4
 MAX_FOLD_BATCHES = 8
 
 
+def has_backlog(total_turns: int, cursor: int, config: SessionConfig) -> bool:
+    """Whether the turns before the recent window have piled up to a backlog (at least
+    :data:`BACKLOG_BATCHES` batches): turns appended with no context asked for them (a burst, an
+    import, a bot that asks rarely). A fold then starts from the append itself; in a conversation,
+    where contexts are asked every turn or two, folds start from the contexts, as designed."""
+    return total_turns - cursor >= config.recent_window + BACKLOG_BATCHES * config.batch_size
+
+
 FILL_TARGET = 0.5
 """A fold made due by the fill trigger leaves this share of the fill line verbatim."""
 

@@ -20,7 +20,7 @@ from voice_context.core.session import (
     StartCompaction,
     SummaryReturned,
 )
-from voice_context.core.window import FillBudget, Skip, SkipReason
+from voice_context.core.window import FillBudget, Skip, SkipReason, has_backlog
 from voice_context.errors import StoreError, SummarizerError
 from voice_context.manager.leases import Leases
 from voice_context.manager.live import Lease, Live
@@ -73,6 +73,9 @@ class Compactions:
                     while current is not None:
                         running = current
                         current = await self._run_plan(live, session, current, lease)
+                        landed = session.cursor == running.end and live.session is session
+                        if current is None and landed and not lease.lost:
+                            current = self._backlog(live)  # it folds on under the lease
                     renewals.cancel_scope.cancel()
         except Exception as exc:  # a bug, here or in a backend, must not escape into the task group
             if isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
@@ -90,6 +93,18 @@ class Compactions:
             registry.end()
             if fence is not None:
                 await self.leases.release(session.name)
+
+    def _backlog(self, live: Live) -> CompactionPlan | None:
+        """Once a fold landed, the next one while a backlog is left (see
+        :func:`~voice_context.core.window.has_backlog`), or ``None``: no context needs to ask."""
+        session = live.session
+        if not has_backlog(session.total_turns, session.cursor, session.config):
+            return None
+        [decision] = session.receive(ContextRequested(self.registry.clock()))
+        if isinstance(decision, Skip):
+            return None
+        assert isinstance(decision, StartCompaction)
+        return decision.plan
 
     async def _run_plan(
         self, live: Live, session: Session, plan: CompactionPlan, lease: Lease

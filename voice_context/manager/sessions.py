@@ -30,6 +30,7 @@ from voice_context.core.session import (
 )
 from voice_context.core.tiers import TIERS, Tier
 from voice_context.core.turns import Note, Turn
+from voice_context.core.window import has_backlog
 from voice_context.errors import ConfigError, StoreError, TurnConflict, UnknownSession
 from voice_context.manager.compactions import Compactions
 from voice_context.manager.indexing import Indexing
@@ -62,8 +63,8 @@ class SessionManager(Registry):
         self._recall = Recall(self, self._indexing)
         self._replicas = Replicas(self, self._tiers, self._indexing)
         outcomes = Outcomes(self)
-        compactions = Compactions(self, Leases(self, self._replicas, outcomes), outcomes)
-        self._replies = Replies(self, compactions, self._indexing, self._recall, self._tiers)
+        self._compactions = Compactions(self, Leases(self, self._replicas, outcomes), outcomes)
+        self._replies = Replies(self, self._compactions, self._indexing, self._recall, self._tiers)
         self._stack: contextlib.AsyncExitStack | None = None
 
     def __repr__(self) -> str:
@@ -154,6 +155,9 @@ class SessionManager(Registry):
             assert isinstance(held, TurnHeld)
             self._indexing.maybe_index(live)
             self._recall.maybe_ahead(live, turn)
+            session = live.session
+            if session.in_flight is None and has_backlog(session.total_turns, session.cursor, session.config):
+                self._compactions.maybe_compact(live)  # a backlog folds without waiting for a context
             if Tiers.ended_conversation(live.session, before, turn.at):
                 self._tiers.maybe_roll(live, now=True)  # a conversation just ended: roll it
             if held.landmark is not None:
