@@ -35,6 +35,8 @@ class Supervised:
     url: str
     port: int
     log: Path
+    #: the worker processes, as the kernel lists the supervisor's children once it listens
+    children: list[int]
 
     def events(self, name: str) -> list[dict[str, Any]]:
         lines = self.log.read_text().splitlines()
@@ -76,23 +78,44 @@ async def supervised(tmp_path: Path, *args: str) -> AsyncIterator[Supervised]:
             url = listening.removeprefix("listening on ")
             port = int(url.rsplit(":", 1)[1].removesuffix("/v1"))
             assert inspector == f"inspector at http://127.0.0.1:{port}/inspector"
-            running = Supervised(process, url, port, log)
+            running = Supervised(process, url, port, log, children_of(process.pid))
+            assert len(running.children) == 2
             yield running
         finally:
-            pids = running.worker_pids().values() if running is not None else ()
-            for pid in [process.pid, *pids]:
+            for pid in [process.pid, *(running.children if running is not None else [])]:
                 if alive(pid):
                     os.kill(pid, signal.SIGKILL)
             with anyio.move_on_after(TIMEOUT):
                 await process.wait()
 
 
+def children_of(parent: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # it ended meanwhile
+        if ppid == parent:
+            found.append(int(stat.parent.name))
+    return found
+
+
+async def gone(pid: int) -> bool:
+    """Whether ``pid`` ends within the timeout."""
+    with anyio.move_on_after(TIMEOUT * 4):
+        while alive(pid):  # noqa: ASYNC110 - another process's end, which no event tells
+            await anyio.sleep(0.05)
+    return not alive(pid)
+
+
 def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (an ended process not yet reaped by its parent does not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
         return False
-    return True
+    return state != "Z"
 
 
 @pytest.mark.asyncio
@@ -135,14 +158,13 @@ async def test_a_signal_stops_every_worker_gracefully_and_the_supervisor_exits_0
             bot = Wire(ws)
             await bot.open("room-1")
             assert (await bot.append("room-1", 0))["index"] == 0
-            pids = running.worker_pids()
             running.process.send_signal(signal.SIGTERM)
             assert await bot.closed_with() == 1001
         assert await running.exit_code() == 0
         stopped = {entry["worker"]: entry["code"] for entry in running.events("voice_context_worker_stopped")}
         assert stopped == {0: 0, 1: 0}
         assert len(running.events("voice_context_server_stopped")) == 2, "each worker shut down as serve does"
-        assert [pid for pid in pids.values() if alive(pid)] == []
+        assert [pid for pid in running.children if alive(pid)] == []
 
 
 @pytest.mark.asyncio
@@ -156,6 +178,16 @@ async def test_a_worker_killed_stops_the_other_and_the_supervisor_exits_non_zero
         stopped = {entry["worker"]: entry["code"] for entry in running.events("voice_context_worker_stopped")}
         assert stopped == {0: 0}, "the other was stopped gracefully"
         assert not alive(pids[0])
+
+
+@pytest.mark.asyncio
+async def test_workers_whose_supervisor_is_killed_outright_shut_down_gracefully(tmp_path: Path) -> None:
+    async with supervised(tmp_path) as running:
+        os.kill(running.process.pid, signal.SIGKILL)  # no signal to pass on: the workers see it alone
+        for pid in running.children:
+            assert await gone(pid)
+        assert {entry["worker"] for entry in running.events("voice_context_supervisor_gone")} == {0, 1}
+        assert len(running.events("voice_context_server_stopped")) == 2
 
 
 @pytest.mark.asyncio

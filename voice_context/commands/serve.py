@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from functools import partial
@@ -27,7 +28,7 @@ import anyio
 import structlog
 
 from voice_context.collector import keep_collector_off
-from voice_context.commands.workers import Supervisor, check_shared
+from voice_context.commands.workers import Supervisor, check_shared, stop_when_orphaned
 from voice_context.config import Settings, load_settings
 from voice_context.errors import ConfigError, StoreError
 from voice_context.server import Server
@@ -141,6 +142,7 @@ async def serve(settings: Settings, *, store: Store | None = None) -> None:
     serve from (the caller closes it), instead of the one ``settings.store`` names. A worker of
     ``serve --workers`` says which in every log line (the workers share one stderr)."""
     worker = settings.server.worker
+    supervisor = os.getppid()
     with (
         structlog.contextvars.bound_contextvars(**({} if worker is None else {"worker": worker})),
         anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals,
@@ -160,6 +162,8 @@ async def serve(settings: Settings, *, store: Store | None = None) -> None:
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watch)
+                if worker is not None:
+                    tg.start_soon(stop_when_orphaned, server.request_shutdown, supervisor)
                 freeze_seconds = settings.server.gc_freeze_seconds
                 if freeze_seconds > 0:
                     tg.start_soon(partial(keep_collector_off, server.load, freeze_seconds=freeze_seconds))

@@ -17,7 +17,9 @@ does; the supervisor exits 0 once all of them exited 0. A worker that exits on i
 crash, ``kill -9``) is logged, the others are stopped the same way, and the supervisor exits
 non-zero, so that a process manager restarts the whole: the port never goes on serving with
 fewer workers than configured without anyone being told, and the bots reconnect and resume
-their sessions from the store. The workers' logs go to the supervisor's stderr.
+their sessions from the store. A supervisor killed outright (SIGKILL) passes nothing on: its
+workers notice they lost their parent within a second and shut down gracefully too. The workers'
+logs go to the supervisor's stderr.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -43,6 +45,9 @@ from voice_context.server.app import replica_name
 from voice_context.server.connection import SHUTDOWN_GRACE
 
 log = structlog.get_logger("voice_context.serve")
+
+ORPHAN_POLL_SECONDS = 1.0
+"""How often a worker checks that its supervisor is still there."""
 
 LISTENING = "listening on "
 """How a server's first line on stdout begins: ``listening on ws://HOST:PORT/v1``."""
@@ -66,6 +71,16 @@ def replica_base(settings: Settings) -> str:
     (a port picked anew at each start is no one's to take back)."""
     cfg = settings.server
     return replica_name(cfg.replica, cfg.port) or f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}"
+
+
+async def stop_when_orphaned(request_shutdown: Callable[[], None], supervisor: int) -> None:
+    """In a worker: shut down gracefully once the supervisor (the parent process ``supervisor``)
+    is gone, killed with a signal it could not pass on (SIGKILL): the workers never go on
+    serving unsupervised, each holding the port."""
+    while os.getppid() == supervisor:  # noqa: ASYNC110 - the kernel tells no event of it
+        await anyio.sleep(ORPHAN_POLL_SECONDS)
+    log.warning("voice_context_supervisor_gone", supervisor=supervisor)
+    request_shutdown()
 
 
 @dataclass(eq=False)
