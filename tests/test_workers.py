@@ -22,6 +22,7 @@ from websockets.asyncio.client import connect
 
 from voice_context.config import load_settings
 from voice_context.errors import ConfigError
+from voice_context.testing.processes import children
 
 #: two interpreters each load the server (and the first makes the store's schema) before it listens
 STARTUP = TIMEOUT * 6
@@ -78,7 +79,7 @@ async def supervised(tmp_path: Path, *args: str) -> AsyncIterator[Supervised]:
             url = listening.removeprefix("listening on ")
             port = int(url.rsplit(":", 1)[1].removesuffix("/v1"))
             assert inspector == f"inspector at http://127.0.0.1:{port}/inspector"
-            running = Supervised(process, url, port, log, children_of(process.pid))
+            running = Supervised(process, url, port, log, children(process.pid))
             assert len(running.children) == 2
             yield running
         finally:
@@ -87,18 +88,6 @@ async def supervised(tmp_path: Path, *args: str) -> AsyncIterator[Supervised]:
                     os.kill(pid, signal.SIGKILL)
             with anyio.move_on_after(TIMEOUT):
                 await process.wait()
-
-
-def children_of(parent: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # it ended meanwhile
-        if ppid == parent:
-            found.append(int(stat.parent.name))
-    return found
 
 
 async def gone(pid: int) -> bool:
