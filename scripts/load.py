@@ -48,6 +48,13 @@ Modes:
 
 ``--replicas R --store redis`` starts a real redis-server and R replicas sharing it;
 sessions are spread across the replicas (session k on replica k mod R).
+
+``--workers N`` runs each replica as ``serve --workers N``: N server processes on the replica's
+port, over its store. A server's CPU and RSS are then its supervisor's and its workers'
+together (every live child of the process started, read from ``/proc``). ``/metrics`` on the
+shared port answers for one worker at a time: the indexing lag is the largest of ``4 N``
+scrapes, each on a fresh connection that the kernel gives to either worker; the folds are
+counted from the servers' logs, where every worker writes.
 """
 
 from __future__ import annotations
@@ -185,9 +192,14 @@ def rss_bytes(pid: int) -> int:
 class Process:
     """A server in a child process that prints ``listening on URL`` once it serves."""
 
-    def __init__(self, name: str, args: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self, name: str, args: list[str], env: dict[str, str], log: Path, *, workers: int = 1
+    ) -> None:
         self.name = name
         self.log = log
+        self.workers = workers
+        # /metrics answers for one worker: so many scrapes see each of them (very likely)
+        self.scrapes = 4 * workers if workers > 1 else 1
         full = {k: v for k, v in os.environ.items() if not k.startswith("VOICE_CONTEXT_")} | env
         with log.open("a") as err:
             self.popen = subprocess.Popen(
@@ -210,6 +222,17 @@ class Process:
                 self.popen.kill()
                 self.popen.wait()
 
+    def pids(self) -> list[int]:
+        """The process, and a supervisor's workers, which do the serving."""
+        if self.workers == 1:
+            return [self.pid]
+        from voice_context.testing.processes import children
+
+        return [self.pid, *children(self.pid)]
+
+    def rss(self) -> int:
+        return sum(rss_bytes(pid) for pid in self.pids())
+
     @property
     def http(self) -> str:
         return self.url.replace("ws://", "http://").removesuffix("/v1")
@@ -227,12 +250,13 @@ class Process:
         return out
 
 
-def serve_args(store: str, data_dir: Path, profile: Path | None = None) -> list[str]:
+def serve_args(store: str, data_dir: Path, profile: Path | None = None, workers: int = 1) -> list[str]:
     """The real command line; with ``profile``, run under cProfile, which writes it there on exit."""
     python = [sys.executable] + (["-m", "cProfile", "-o", str(profile)] if profile else [])
     return [
         *python, "-m", "voice_context", "serve", "--port", "0", "--store", store,
         "--data-dir", str(data_dir), "--log-format", "json",
+        *(["--workers", str(workers)] if workers > 1 else []),
     ]  # fmt: skip
 
 
@@ -443,6 +467,8 @@ class Harness:
             store = self.redis.url
         elif args.replicas > 1 and not store.startswith(("redis", "unix")):
             raise SystemExit("several replicas need a shared store: --store redis")
+        if args.profile and args.workers > 1:
+            raise SystemExit("--profile runs one process under cProfile: the workers would go unprofiled")
         if args.profile:
             args.profile = args.profile.resolve()
             args.profile.mkdir(parents=True, exist_ok=True)
@@ -454,16 +480,18 @@ class Harness:
                         store,
                         self.work / f"data-{r}",
                         args.profile / f"replica-{r}.prof" if args.profile else None,
+                        args.workers,
                     ),
                     SERVER_ENV,
                     self.work / f"serve-{r}.log",
+                    workers=args.workers,
                 )
             )
         self.trivial = Process(
             "trivial", [sys.executable, __file__, "--trivial"], {}, self.work / "trivial.log"
         )
         time.sleep(0.5)
-        self.baseline_rss = sum(rss_bytes(p.pid) for p in self.replicas)
+        self.baseline_rss = sum(p.rss() for p in self.replicas)
 
     def stop(self) -> None:
         for p in [*self.replicas, *([self.trivial] if self.trivial else [])]:
@@ -474,7 +502,7 @@ class Harness:
             shutil.rmtree(self.work, ignore_errors=True)
 
     def server_pids(self) -> list[int]:
-        pids = [p.pid for p in self.replicas]
+        pids = [pid for p in self.replicas for pid in p.pids()]
         if self.redis is not None and self.redis.process is not None:
             pids.append(self.redis.process.pid)
         return pids
@@ -700,33 +728,39 @@ class Harness:
         lags = [
             (await asyncio.to_thread(p.metrics)).get("voice_context_indexing_lag_max", 0.0)
             for p in self.replicas
+            for _ in range(p.scrapes)
         ]
         return max(lags, default=0.0)
 
-    async def compactions(self) -> dict[str, float]:
-        totals: dict[str, float] = {}
-        for p in self.replicas:
-            m = await asyncio.to_thread(p.metrics)
-            for key, value in m.items():
-                if key.startswith("voice_context_compactions"):
-                    totals[key] = totals.get(key, 0.0) + value
-        return totals
-
-    def folds_twice(self) -> tuple[int, int]:
-        """(folds started, of which for a batch another fold had already started at) across replicas."""
+    def folds(self) -> Folds:
+        """The folds every server (every worker) logged; started twice: for a batch another fold
+        had already started at, across replicas."""
         seen: set[tuple[str, int]] = set()
-        started = twice = 0
+        counts = dict.fromkeys(("started", "completed", "failed", "twice"), 0)
         for r in range(len(self.replicas)):
             for raw in (self.work / f"serve-{r}.log").read_text().splitlines():
-                if '"voice_context_compaction_started"' not in raw:
+                what = next((k for k in ("started", "completed", "failed") if f'"{FOLD}{k}"' in raw), None)
+                if what is None:
                     continue
-                entry = json.loads(raw)
-                key = (entry["session"], entry["cursor"])
-                started += 1
-                if key in seen:
-                    twice += 1
-                seen.add(key)
-        return started, twice
+                counts[what] += 1
+                if what == "started":
+                    entry = json.loads(raw)
+                    key = (entry["session"], entry["cursor"])
+                    counts["twice"] += int(key in seen)
+                    seen.add(key)
+        return Folds(**counts)
+
+
+FOLD = "voice_context_compaction_"
+"""How the servers' log events about folds begin (each counted beside its counter on /metrics)."""
+
+
+@dataclass(frozen=True)
+class Folds:
+    started: int
+    completed: int
+    failed: int
+    twice: int
 
 
 def lag_verdict(sample: Sample) -> tuple[int, float, float, bool]:
@@ -743,7 +777,8 @@ async def ramp(args: argparse.Namespace) -> None:
     h = Harness(args)
     print(
         f"== voice-context load: {os.cpu_count()} cores; the load generator is this process"
-        f" (pid {os.getpid()}), apart from every server; {args.replicas} replica(s), store {args.store!r}"
+        f" (pid {os.getpid()}), apart from every server; {args.replicas} replica(s) of {args.workers}"
+        f" worker(s), store {args.store!r}"
     )
     h.start()
     try:
@@ -792,9 +827,9 @@ async def ramp(args: argparse.Namespace) -> None:
             trivial_talkers = await h.grow("trivial", n)
             triv, triv_usage = await h.paced(trivial_talkers, args.step_seconds, "trivial")
             talkers = await h.grow("voice", n)
-            rss_before = sum(rss_bytes(p) for p in [p.pid for p in h.replicas])
+            rss_before = sum(p.rss() for p in h.replicas)
             sample, usage = await h.paced(talkers, args.step_seconds, "voice")
-            rss = sum(rss_bytes(p.pid) for p in h.replicas)
+            rss = sum(p.rss() for p in h.replicas)
             worst, first, last, grows = lag_verdict(sample)
             index_first = max(sample.index_first, default=0.0)
             index_last = max(sample.index_last, default=0.0)
@@ -823,13 +858,11 @@ async def ramp(args: argparse.Namespace) -> None:
             )
             if not ok and args.stop_at_capacity:
                 break
-        folds = await h.compactions()
-        started, twice = h.folds_twice()
+        folds = h.folds()
         stored = h.burst_turns + sum(t.turns for t in h.talkers if t.name.startswith("voice-voice"))
         print(
-            f"\n   folds: {int(folds.get('voice_context_compactions_completed_total', 0))} completed,"
-            f" {int(folds.get('voice_context_compactions_failed_total', 0))} failed;"
-            f" {started} started, {twice} of them for a batch already started"
+            f"\n   folds: {folds.completed} completed, {folds.failed} failed;"
+            f" {folds.started} started, {folds.twice} of them for a batch already started"
         )
         print(
             f"   bytes on disk: {h.disk_bytes() / max(stored, 1):,.0f} per turn"
@@ -872,7 +905,7 @@ async def length(args: argparse.Namespace) -> None:
         await talker.open()
         shadow = Talker("length-trivial", trivial, 0)
         await shadow.open()
-        rss0 = rss_bytes(h.replicas[0].pid)
+        rss0 = h.replicas[0].rss()
         log = h.work / "serve-0.log"
         seen_lines = 0
         for target in args.lengths:
@@ -916,7 +949,7 @@ async def length(args: argparse.Namespace) -> None:
                 if '"voice_context_compaction_completed"' in raw
             ]
             seen_lines = len(lines)
-            rss = rss_bytes(h.replicas[0].pid)
+            rss = h.replicas[0].rss()
             print(
                 f"{talker.turns:>7,} {pct(replies, 0.5) * 1e3:>6.2f}ms {pct(replies, 0.99) * 1e3:>6.2f}ms"
                 f" {pct(baseline, 0.99) * 1e3:>6.2f}ms"
@@ -942,6 +975,9 @@ def main() -> None:
         "--store", default="sqlite", help="sqlite (default), memory or redis (a redis-server is started)"
     )
     parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument(
+        "--workers", type=int, default=1, metavar="N", help="serve --workers N for each replica (default 1)"
+    )
     parser.add_argument(
         "--steps", type=lambda s: [int(x) for x in s.split(",")], default=[250, 500, 1000, 1500]
     )

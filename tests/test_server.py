@@ -314,7 +314,13 @@ async def test_healthz_and_metrics_answer_on_the_same_port() -> None:
         health = await http_get(server.port, "/healthz")
         assert health.status == 200
         assert health.headers["content-type"] == "application/json"
-        assert health.json() == {"status": "ok", "sessions": 1, "connections": 1, "in_flight": 0}
+        assert health.json() == {
+            "status": "ok",
+            "sessions": 1,
+            "connections": 1,
+            "in_flight": 0,
+            "worker": None,
+        }
 
         metrics = await http_get(server.port, "/metrics")
         assert metrics.status == 200

@@ -6,7 +6,8 @@ Groups, each a frozen value with named defaults::
                   turns_per_second, turn_burst, auth_tokens, record_dir, shutdown_timeout,
                   max_connections, max_outbox_chars, send_timeout, ping_interval,
                   ping_timeout, replica, owner_turns_per_second, owner_turn_burst,
-                  max_connections_per_owner, lease_ttl, gc_freeze_seconds
+                  max_connections_per_owner, lease_ttl, gc_freeze_seconds, workers,
+                  reuse_port, worker
     [summarizer]  kind ("deterministic" | "openai"), base_url, model (both needed by "openai"),
                   api_key, timeout (per attempt; derived from compaction_timeout when unset),
                   max_retries, compaction_timeout
@@ -36,6 +37,9 @@ from voice_context.errors import ConfigError
 from voice_context.summarizers.base import Summarizer
 
 ENV_PREFIX = "VOICE_CONTEXT_"
+
+MIN_WORKERS, MAX_WORKERS = 1, 64
+"""How many server processes ``serve`` may run on one port (``[server] workers``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,10 +86,26 @@ class ServerSettings:
     #: (collecting first, and thawing to reclaim what died frozen: :mod:`voice_context.collector`);
     #: 0 never freezes, and leaves the collector to walk every live session
     gc_freeze_seconds: float = FREEZE_SECONDS
+    #: server processes ``serve`` runs on this one port over the same store (1..64): one
+    #: process's event loop keeps to one core, so with more than one, ``serve`` supervises
+    #: that many workers (:mod:`voice_context.commands.workers`); not with the ``memory``
+    #: store, which nothing shares
+    workers: int = MIN_WORKERS
+    #: bind the listener with ``SO_REUSEPORT``, so that several processes share the port (the
+    #: kernel spreads new connections over them): the workers do, and so may servers a user
+    #: starts himself
+    reuse_port: bool = False
+    #: which worker of a ``serve --workers`` supervisor this process is (the supervisor sets
+    #: it; ``None`` otherwise); ``/healthz`` says it
+    worker: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"server.port must be 0..65535, got {self.port}")
+        if not MIN_WORKERS <= self.workers <= MAX_WORKERS:
+            raise ConfigError(f"server.workers must be {MIN_WORKERS}..{MAX_WORKERS}, got {self.workers}")
+        if self.worker is not None and not 0 <= self.worker < MAX_WORKERS:
+            raise ConfigError(f"server.worker must be 0..{MAX_WORKERS - 1}, got {self.worker}")
         positive = (
             "max_frame_bytes",
             "max_text_chars",
@@ -362,6 +382,8 @@ def _convert(name: str, hint: Any, raw: Any) -> Any:
                 return None
             if text in ("float | None", "typing.Optional[float]"):
                 return float(raw)
+            if text in ("int | None", "typing.Optional[int]"):
+                return int(raw)
             return raw
         if "tuple" in text and isinstance(raw, list | tuple):
             return tuple(str(x) for x in raw)

@@ -9,12 +9,16 @@ real port when ``--port 0`` asked for any free one), then the inspector's on the
 The first SIGTERM or SIGINT shuts down gracefully: stop accepting, finish the
 requests in progress, close connections with 1001, land the compactions in
 flight (up to ``server.shutdown_timeout``), close the store; then exit 0.
+
+``--workers N`` (``server.workers``) runs N such servers on the one port, over the
+same store, under a supervisor: see :mod:`voice_context.commands.workers`.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from functools import partial
@@ -24,6 +28,7 @@ import anyio
 import structlog
 
 from voice_context.collector import keep_collector_off
+from voice_context.commands.workers import Supervisor, check_shared, stop_when_orphaned
 from voice_context.config import Settings, load_settings
 from voice_context.errors import ConfigError, StoreError
 from voice_context.server import Server
@@ -53,7 +58,36 @@ def register(subparsers: Any) -> None:
         help="JSON lines, or readable lines; auto picks console on a terminal (default auto)",
     )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="server processes on the one port, over the same store (default 1; not with --store memory)",
+    )
     parser.set_defaults(func=run)
+
+
+FLAGS = {
+    "--host": "host",
+    "--port": "port",
+    "--config": "config",
+    "--record": "record",
+    "--store": "store",
+    "--data-dir": "data_dir",
+    "--log-format": "log_format",
+    "--log-level": "log_level",
+}
+"""The flags a worker is given as the supervisor was (all but ``--workers``), by their attribute."""
+
+
+def worker_argv(args: argparse.Namespace) -> list[str]:
+    """The supervisor's flags, for each of its workers."""
+    argv: list[str] = []
+    for flag, name in FLAGS.items():
+        value = getattr(args, name)
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -66,6 +100,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         server["port"] = args.port
     if args.record is not None:
         server["record_dir"] = args.record
+    if args.workers is not None:
+        server["workers"] = args.workers
     if server:
         settings = settings.with_values("server", server)
     store: dict[str, Any] = {}
@@ -94,7 +130,9 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # a line in one write: the workers of `serve --workers` share one stderr, and with an
+        # unbuffered one (PYTHONUNBUFFERED) print's two writes of a line would interleave theirs
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -103,8 +141,14 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
 
 async def serve(settings: Settings, *, store: Store | None = None) -> None:
     """Run until the first SIGTERM or SIGINT, then shut down gracefully. ``store``: the one to
-    serve from (the caller closes it), instead of the one ``settings.store`` names."""
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    serve from (the caller closes it), instead of the one ``settings.store`` names. A worker of
+    ``serve --workers`` says which in every log line (the workers share one stderr)."""
+    worker = settings.server.worker
+    supervisor = os.getppid()
+    with (
+        structlog.contextvars.bound_contextvars(**({} if worker is None else {"worker": worker})),
+        anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals,
+    ):
         async with Server(settings, store=store) as server:
             print(f"listening on {server.url}", flush=True)
             token = " (add ?token=YOUR_TOKEN)" if settings.server.auth_tokens else ""
@@ -120,6 +164,8 @@ async def serve(settings: Settings, *, store: Store | None = None) -> None:
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watch)
+                if worker is not None:
+                    tg.start_soon(stop_when_orphaned, server.request_shutdown, supervisor)
                 freeze_seconds = settings.server.gc_freeze_seconds
                 if freeze_seconds > 0:
                     tg.start_soon(partial(keep_collector_off, server.load, freeze_seconds=freeze_seconds))
@@ -130,10 +176,14 @@ async def serve(settings: Settings, *, store: Store | None = None) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_from(args)
+        check_shared(settings)
     except ConfigError as exc:
         print(f"voice-context serve: {exc}", file=sys.stderr)
         return 2
     configure_logging(args.log_format, args.log_level)
+    if settings.server.workers > 1:
+        code: int = anyio.run(Supervisor(settings, worker_argv(args)).run)
+        return code
     try:
         anyio.run(serve, settings)
     except (ConfigError, StoreError) as exc:

@@ -250,6 +250,7 @@ class Server:
                     ping_interval=cfg.ping_interval,
                     ping_timeout=cfg.ping_timeout,
                     close_timeout=cfg.send_timeout,
+                    reuse_port=cfg.reuse_port,  # passed on to loop.create_server
                 )
                 self.port = self._ws.sockets[0].getsockname()[1] if self._ws.sockets else cfg.port
                 try:

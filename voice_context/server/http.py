@@ -113,6 +113,7 @@ class Routes:
                 "sessions": health.sessions,
                 "connections": health.connections,
                 "in_flight": health.in_flight,
+                "worker": self.settings.worker,  # which of `serve --workers`' processes answered
             }
             return _response(status, orjson.dumps(body), "application/json")
         if path == "/metrics":
