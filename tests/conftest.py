@@ -12,8 +12,20 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # Each worker has a core: BLAS threads of its own would only fight the other workers for it
     # (the embedding table's distillation ran a third slower so). Before numpy loads.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import structlog
 from helpers import ManualClock
 from structlog.testing import capture_logs
+
+# structlog's default renderer draws a logged exception with rich: each frame's source
+# highlighted, with its locals. A warning about a Redis that is down took seconds of a core
+# so (the Redis restarted mid-session story spent five of its six there); a plain traceback
+# says the same.
+structlog.configure(
+    processors=[
+        *structlog.get_config()["processors"][:-1],
+        structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback),
+    ]
+)
 
 
 @pytest.fixture

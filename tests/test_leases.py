@@ -17,7 +17,7 @@ import anyio
 import pytest
 from serving import TIMEOUT, running, settings, wire
 from test_restart import SMALL as PROCESS_SMALL
-from test_restart import Serve, bot, compacted, speak
+from test_restart import Serve, bot, compacted, speak, start_together
 
 from voice_context.store.redis import RedisStore
 from voice_context.summarizers.fakes import ScriptedSummarizer, SlowSummarizer
@@ -51,7 +51,7 @@ async def stores(redis_server: RedisServer, count: int) -> AsyncIterator[list[Re
 async def test_a_fold_slower_than_its_lease_keeps_it_and_no_other_replica_folds_that_batch(
     redis_server: RedisServer,
 ) -> None:
-    slow = SlowSummarizer(ScriptedSummarizer(), delay=LEASE_TTL * 3)
+    slow = SlowSummarizer(ScriptedSummarizer(), delay=LEASE_TTL * 2)
     quick = ScriptedSummarizer()
     async with stores(redis_server, 2) as (east_store, west_store), AsyncExitStack() as stack:
         east = await stack.enter_async_context(
@@ -65,7 +65,7 @@ async def test_a_fold_slower_than_its_lease_keeps_it_and_no_other_replica_folds_
         await on_east.open("room-1", config=SMALL)
         for i in range(4):
             await on_east.append("room-1", i)
-        await on_east.request("context.get", session="room-1")  # east folds turn 0, for 3 ttls
+        await on_east.request("context.get", session="room-1")  # east folds turn 0, for 2 ttls
         await on_west.open("room-1")
 
         asked = 0
@@ -147,7 +147,7 @@ def servers() -> Iterator[list[Serve]]:
 async def test_a_replica_killed_during_a_fold_holds_up_the_next_one_on_another_replica_one_lease_ttl(
     tmp_path: Path, servers: list[Serve], redis_server: RedisServer
 ) -> None:
-    ttl = 2.0
+    ttl = LEASE_TTL
     async with OpenAIServer(default=Reply("Alice and Bob agreed to meet on day 1.")) as provider:
         provider.script(Stall())  # the fold under way when the process dies never returns
         east, west = (Serve(redis_server.url, tmp_path / n, tmp_path / f"{n}.log") for n in ("east", "west"))
@@ -163,7 +163,7 @@ async def test_a_replica_killed_during_a_fold_holds_up_the_next_one_on_another_r
             }
             servers.append(serve)
         name = f"room-{uuid.uuid4().hex[:6]}"
-        url_east, url_west = await east.start(), await west.start()
+        url_east, url_west = await start_together(east, west)
         async with bot(url_east) as client:
             room = await client.open(name, PROCESS_SMALL)
             await speak(room, range(8))

@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
-from serving import TIMEOUT, clean_env, running, serve_process
+from serving import TIMEOUT, clean_env, http_get, running, serve_process
 
 from voice_context.cli import main
 from voice_context.codec import TurnAppend
@@ -322,17 +322,32 @@ async def test_the_fixtures_replay_against_a_served_default_server_and_write_the
     tmp_path: Path,
 ) -> None:
     """A default server takes 20 turns a second for a session: the client waits when it is told to."""
+    # one recording of the fixtures is enough to be told: its 99 turns are over the burst of 40,
+    # and each recording beyond it would only add its three seconds of waiting
+    fixtures = tmp_path / "fixtures"
+    fixtures.mkdir()
+    for name in ("raid-night.jsonl", "raid-night.probes.jsonl"):
+        (fixtures / name).write_bytes((FIXTURES / name).read_bytes())
+    out_dir = tmp_path / "out"
     async with serve_process("--store", "memory", "--log-level", "warning") as served:
-        code, out, err = await replay_command(str(FIXTURES), "--url", served.url, "--out", str(tmp_path))
+        code, out, err = await replay_command(str(fixtures), "--url", served.url, "--out", str(out_dir))
+        metrics = (await http_get(served.port, "/metrics")).body.decode()
     assert (code, err) == (0, ""), err
+    errors = {
+        line.partition(" ")[0]: float(line.rpartition(" ")[2])
+        for line in metrics.splitlines()
+        if line.startswith("voice_context_errors_total{")
+    }
+    assert list(errors) == ['voice_context_errors_total{code="rate_limited"}'], "no other error"
+    assert min(errors.values()) > 0, "the client was told to wait"
     assert "report: " in out
-    assert (tmp_path / "report" / "index.html").is_file()
-    contexts = read_contexts(tmp_path / "raid-night.contexts.jsonl")
+    assert (out_dir / "report" / "index.html").is_file()
+    contexts = read_contexts(out_dir / "raid-night.contexts.jsonl")
     assert contexts[-1]["request_id"] == "checkpoint-end"
     recorded = parse_recording((FIXTURES / "raid-night.jsonl").read_text().splitlines())
     sent = [m for m in recorded.decoded if isinstance(m, TurnAppend)]
     assert contexts[-1]["state"]["turns"] == len(sent) == 99, "every turn stored, none refused"
-    table = json.loads((tmp_path / "report" / "sweep.json").read_text())
+    table = json.loads((out_dir / "report" / "sweep.json").read_text())
     assert table[0]["chars_sent"] is None, "a live server does not say what its summarizer was sent"
 
 

@@ -75,7 +75,13 @@ class Serve:
 
     async def start(self) -> str:
         """Start the process and wait for the line that says where it listens."""
-        stdout = self.spawn().stdout
+        self.spawn()
+        return await self.listening()
+
+    async def listening(self) -> str:
+        """Wait for the line of the spawned process that says where it listens."""
+        assert self.process is not None
+        stdout = self.process.stdout
         assert stdout is not None
         with anyio.fail_after(TIMEOUT):
             line = await anyio.to_thread.run_sync(stdout.readline, abandon_on_cancel=True)
@@ -108,6 +114,13 @@ class Serve:
         self.kill()
         if self.process is not None and self.process.stdout is not None:
             self.process.stdout.close()
+
+
+async def start_together(*serves: Serve) -> list[str]:
+    """Start the processes side by side (each takes a second or two to import and listen)."""
+    for serve in serves:
+        serve.spawn()
+    return [await serve.listening() for serve in serves]
 
 
 @pytest.fixture
@@ -202,7 +215,7 @@ async def test_two_server_processes_on_one_redis_with_a_bot_moving_between_them(
     a = Serve(redis_server.url, tmp_path / "a", tmp_path / "a.log")
     b = Serve(redis_server.url, tmp_path / "b", tmp_path / "b.log")
     servers.extend([a, b])
-    url_a, url_b = await a.start(), await b.start()
+    url_a, url_b = await start_together(a, b)
     name = f"room-{uuid.uuid4().hex[:6]}"
 
     # the bot starts on A; its connection there stays open, as a half-dead one would
@@ -283,8 +296,9 @@ async def test_kill_9_between_a_groups_write_and_its_commit_loses_only_turns_nev
     tmp_path: Path, servers: list[Serve]
 ) -> None:
     data, log = tmp_path / "data", tmp_path / "serve.log"
-    # every group waits 2 s between its last statement and its COMMIT
-    first = Serve("sqlite", data, log, program=(str(HELD_COMMITS), "--hold", "2"))
+    # every group waits a second between its last statement and its COMMIT: time enough for four
+    # turns sent at once to queue up behind the one written alone
+    first = Serve("sqlite", data, log, program=(str(HELD_COMMITS), "--hold", str(TIMEOUT / 20)))
     servers.append(first)
     url = await first.start()
     acked: list[tuple[str, int]] = []
