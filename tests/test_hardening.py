@@ -954,12 +954,14 @@ async def test_only_a_session_open_here_for_this_token_can_be_deleted() -> None:
 async def test_a_large_backlog_folds_several_batches_per_compaction() -> None:
     async with running() as server, wire(server) as bot:
         await bot.open("room-1", config={"recent_window": 4, "batch_size": 2})
-        for i in range(100):  # nobody asked for a context while these arrived
+        for i in range(100):  # nobody asks for a context while these arrive: the backlog folds anyway
             await bot.append("room-1", i)
-        cursors = []
-        while not cursors or cursors[-1] < 90:
-            await bot.request("context.get", session="room-1")
+        cursors = [0]
+        while cursors[-1] <= 100 - (4 + 4 * 2):  # until less than a backlog (4 batches) is left
             landed = await bot.push()
             assert landed["type"] == "compaction.completed"
             cursors.append(landed["cursor"])
-        assert cursors == [16, 32, 48, 64, 80, 96], "eight batches of two at once (one at a time: 48 folds)"
+        folded = [b - a for a, b in zip(cursors, cursors[1:], strict=False)]
+        # four to eight batches of two at once: at most 12 folds (one batch at a time: 44 or more)
+        assert all(8 <= n <= 16 and n % 2 == 0 for n in folded), folded
+        assert len(folded) <= 100 // 8
