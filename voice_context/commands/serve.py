@@ -100,7 +100,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         server["port"] = args.port
     if args.record is not None:
         server["record_dir"] = args.record
-    if args.workers is not None:
+    if getattr(args, "workers", None) is not None:  # (compact reads its settings here too)
         server["workers"] = args.workers
     if server:
         settings = settings.with_values("server", server)
