@@ -108,10 +108,13 @@ def alive(pid: int) -> bool:
 
 
 @pytest.mark.asyncio
-async def test_both_workers_answer_on_the_one_port(tmp_path: Path) -> None:
+async def test_both_workers_serve_one_port_a_bot_moves_between_them_and_a_signal_stops_them_all(
+    tmp_path: Path,
+) -> None:
     async with supervised(tmp_path) as running:
+        # each request on a fresh connection, which the kernel gives either worker
         answered: set[int] = set()
-        for _ in range(200):  # each on a fresh connection, which the kernel gives either worker
+        for _ in range(200):
             health = await http_get(running.port, "/healthz")
             assert health.json()["status"] == "ok"
             answered.add(health.json()["worker"])
@@ -120,12 +123,9 @@ async def test_both_workers_answer_on_the_one_port(tmp_path: Path) -> None:
         assert answered == {0, 1}
         assert set(running.worker_pids()) == {0, 1}
 
-
-@pytest.mark.asyncio
-async def test_a_bot_that_moves_between_workers_resumes_its_session_with_every_turn(tmp_path: Path) -> None:
-    async with supervised(tmp_path) as running:
+        # a bot that reconnects lands on either worker, and resumes its session with every turn
         said, connection = 0, 0
-        while connection < 8 or running.connected_to() != {0, 1}:  # each lands on either worker
+        while connection < 8 or running.connected_to() != {0, 1}:
             connection += 1
             assert connection <= 64, running.connected_to()
             async with connect(running.url, open_timeout=TIMEOUT) as ws:
@@ -139,14 +139,11 @@ async def test_a_bot_that_moves_between_workers_resumes_its_session_with_every_t
                 words = str(context["messages"])
                 assert [i for i in range(said) if not re.search(rf"\bturn {i}\b", words)] == []
 
-
-@pytest.mark.asyncio
-async def test_a_signal_stops_every_worker_gracefully_and_the_supervisor_exits_0(tmp_path: Path) -> None:
-    async with supervised(tmp_path) as running:
+        # a signal to the supervisor stops every worker gracefully, and it exits 0
         async with connect(running.url, open_timeout=TIMEOUT) as ws:
             bot = Wire(ws)
             await bot.open("room-1")
-            assert (await bot.append("room-1", 0))["index"] == 0
+            assert (await bot.append("room-1", said))["index"] == said
             running.process.send_signal(signal.SIGTERM)
             assert await bot.closed_with() == 1001
         assert await running.exit_code() == 0
