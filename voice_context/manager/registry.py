@@ -7,7 +7,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any, TypeVarTuple
+from typing import TYPE_CHECKING, Any, TypeVarTuple
 
 import anyio
 import structlog
@@ -18,10 +18,12 @@ from voice_context.core.config import SessionConfig
 from voice_context.core.session import SessionEnding
 from voice_context.errors import UnknownSession
 from voice_context.manager.live import CompactionEvent, Listener, Live
-from voice_context.recall.embedding import Embedder
 from voice_context.store.base import Store
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import Summarizer
+
+if TYPE_CHECKING:  # (numpy loads only with an embedder)
+    from voice_context.recall.embedding import Embedder
 
 log = structlog.get_logger("voice_context")
 

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 import anyio.to_thread
@@ -37,7 +37,6 @@ from voice_context.descriptors import DescriptorGuard
 from voice_context.errors import StoreError
 from voice_context.manager import SessionManager
 from voice_context.metrics import Metrics
-from voice_context.recall.embedding import load_embedder
 from voice_context.server.connection import SHUTDOWN_GRACE, Connection
 from voice_context.server.handlers import Handlers
 from voice_context.server.http import PATH, Health, Routes, remote
@@ -48,10 +47,22 @@ from voice_context.store import open_store
 from voice_context.store.base import Store
 from voice_context.summarizers.base import Summarizer
 
+if TYPE_CHECKING:
+    from voice_context.recall.embedding import Embedder
+
 log = structlog.get_logger("voice_context.server")
 
 TICK_SECONDS = 15.0
 """How often the server starts the tier rolls the time of day made due (see ``SessionManager.tick``)."""
+
+
+def _load_embedder(kind: str) -> Embedder | None:
+    """The embedder recall ranks with; without one (the default) numpy is never loaded."""
+    if kind == "none":
+        return None
+    from voice_context.recall.embedding import load_embedder
+
+    return load_embedder(kind)
 
 
 def replica_name(configured: str | None, port: int) -> str | None:
@@ -204,8 +215,8 @@ class Server:
                 replica=replica_name(cfg.replica, cfg.port),
                 lease_ttl=cfg.lease_ttl,
                 recall_ahead=self.settings.recall.ahead,
-                # loading (a first use distils the static table: some 20 s) runs off the event loop
-                embedder=await anyio.to_thread.run_sync(load_embedder, self.settings.recall.embedder),
+                # loading (a first use distils the static table: some 40 s) runs off the event loop
+                embedder=await anyio.to_thread.run_sync(_load_embedder, self.settings.recall.embedder),
             )
             async with manager, anyio.create_task_group() as tg, self._serving(manager, tg):
                 yield
