@@ -45,6 +45,10 @@ Modes:
 ``length``
     One session grown to each of ``--lengths`` turns: reply p99, fold time, recall
     time, server RSS, bytes on disk per turn.
+``backlog``
+    One session: ``--backlog`` turns (20,000) appended as fast as they are acknowledged with
+    no context asked, then how long its folds take to catch up (``session.state`` polled,
+    which starts nothing), and a context's p50/p99 once they have.
 
 ``--replicas R --store redis`` starts a real redis-server and R replicas sharing it;
 sessions are spread across the replicas (session k on replica k mod R).
@@ -880,6 +884,67 @@ async def ramp(args: argparse.Namespace) -> None:
         h.stop()
 
 
+# -- one session's backlog, folded with no context asked ----------------------------------
+
+
+async def backlog(args: argparse.Namespace) -> None:
+    """One session: ``--backlog`` turns appended as fast as they are acknowledged, no context
+    asked; then how long its folds take to catch up (``session.state`` polled, which starts
+    nothing), and a context's round trip once they have."""
+    h = Harness(args)
+    h.start()
+    print(f"== one session's backlog, no context asked: store {args.store!r}, {os.cpu_count()} cores")
+    try:
+        links = await h.links_for("voice", 1)
+        talker = Talker("backlog-voice", links[0], 0)
+        await talker.open()
+        t0 = time.perf_counter()
+        while talker.turns < args.backlog:  # at full speed: 50 appends in flight, as a bulk import sends
+            window = []
+            for _ in range(min(50, args.backlog - talker.turns)):
+                line = talker.line()
+                turn = {"speaker": line.speaker, "role": line.role, "text": line.text, "at": time.time()}
+                turn["id"] = f"u{talker.turns}"
+                request = {"type": "turn.append", "session": talker.name, "turn": turn}
+                window.append(talker.link.request(request))
+                talker.turns += 1
+            await asyncio.gather(*window)
+            PROGRESS.show(f"appending: {talker.turns:,} turns")
+        appended = time.perf_counter() - t0
+        PROGRESS.done()
+        state = await talker.link.request({"type": "session.state", "session": talker.name})
+        left = state["turns"] - state["cursor"]
+        rate = args.backlog / appended
+        print(
+            f"   {args.backlog:,} turns appended in {appended:.1f}s ({rate:,.0f} turns/s); "
+            f"at the last acknowledgement {left:,} turns were not folded yet"
+        )
+        t1 = time.perf_counter()
+        # folded: less than a backlog left (the recent window and 4 batches) and no fold in flight
+        while state["in_flight"] or state["turns"] - state["cursor"] >= 50 + 4 * 10:
+            await asyncio.sleep(0.2)
+            state = await talker.link.request({"type": "session.state", "session": talker.name})
+            PROGRESS.show(f"folding: cursor {state['cursor']:,} of {state['turns']:,}")
+            if time.perf_counter() - t1 > args.backlog_wait:
+                print(f"   not folded {args.backlog_wait:g}s after the last append")
+                break
+        PROGRESS.done()
+        since_last = time.perf_counter() - t1
+        print(
+            f"   folded to cursor {state['cursor']:,} {since_last:.1f}s after the last append "
+            f"({appended + since_last:.1f}s after the first), no context asked"
+        )
+        replies = []
+        for _ in range(args.samples):
+            t2 = time.perf_counter()
+            await talker.context()
+            replies.append(time.perf_counter() - t2)
+        p50, p99 = pct(replies, 0.5) * 1000, pct(replies, 0.99) * 1000
+        print(f"   then a context: p50 {p50:.2f} ms, p99 {p99:.2f} ms ({args.samples} requests)")
+    finally:
+        h.stop()
+
+
 # -- one session, longer and longer ------------------------------------------------------
 
 
@@ -969,7 +1034,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("mode", nargs="?", default="ramp", choices=("ramp", "length"))
+    parser.add_argument("mode", nargs="?", default="ramp", choices=("ramp", "length", "backlog"))
     parser.add_argument("--trivial", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
         "--store", default="sqlite", help="sqlite (default), memory or redis (a redis-server is started)"
@@ -995,6 +1060,8 @@ def main() -> None:
         "--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[100, 1000, 5000, 20000]
     )
     parser.add_argument("--samples", type=int, default=200, help="context requests per length")
+    parser.add_argument("--backlog", type=int, default=20_000, help="turns the backlog mode appends")
+    parser.add_argument("--backlog-wait", type=float, default=300.0, help="how long it waits for the folds")
     parser.add_argument("--keep", action="store_true", help="keep the servers' files and logs")
     parser.add_argument(
         "--profile",
@@ -1037,7 +1104,8 @@ def main() -> None:
     if args.trivial:
         asyncio.run(trivial_main())
         return
-    asyncio.run(ramp(args) if args.mode == "ramp" else length(args))
+    modes = {"ramp": ramp, "length": length, "backlog": backlog}
+    asyncio.run(modes[args.mode](args))
 
 
 if __name__ == "__main__":
