@@ -961,7 +961,7 @@ async def test_a_large_backlog_folds_several_batches_per_compaction() -> None:
             landed = await bot.push()
             assert landed["type"] == "compaction.completed"
             cursors.append(landed["cursor"])
-        folded = [b - a for a, b in zip(cursors, cursors[1:], strict=False)]
+        folded = [b - a for a, b in itertools.pairwise(cursors)]
         # four to eight batches of two at once: at most 12 folds (one batch at a time: 44 or more)
         assert all(8 <= n <= 16 and n % 2 == 0 for n in folded), folded
         assert len(folded) <= 100 // 8
