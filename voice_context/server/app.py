@@ -368,38 +368,43 @@ class Server:
         """Start the tier rolls the time of day makes due (a day's at 03:00, a week's on
         Sunday at 04:00, a conversation's once its silence passes the gap) in sessions that
         get no traffic meanwhile; each session checks at most once a minute."""
+        manager = self.manager  # (the server lets go of it at shutdown, before this loop ends)
         task_status.started()
         while True:
             await anyio.sleep(TICK_SECONDS)
-            await self.manager.tick()
+            await manager.tick()
 
     async def _retain(self, ttl: float, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """The retention policy, every sweep interval, off the path of any reply: the
         sessions open here are kept, those idle past ``ttl`` are forgotten, and so are their
         recordings."""
         interval = self.settings.store.retention_interval or ttl / 4
+        # the manager this loop serves: at shutdown the server lets go of it (``self.manager``
+        # then raises) before this loop's cancellation reaches a sweep that just resumed
+        manager = self.manager
         task_status.started()
         while True:
             await anyio.sleep(interval)
             try:
-                expired = await self.manager.retain()
+                expired = await manager.retain()
             except StoreError as exc:  # the next sweep tries again, well within the ttl
                 log.warning("voice_context_retention_failed", error=str(exc)[:300])
                 continue
             if expired:
                 log.info("voice_context_sessions_expired", count=len(expired), sessions=expired[:20])
             if self._recorder is not None:
-                await self._expire_recordings(self._recorder, ttl)
+                await self._expire_recordings(manager, self._recorder, ttl)
 
-    async def _expire_recordings(self, recorder: Recorder, ttl: float) -> None:
+    @staticmethod
+    async def _expire_recordings(manager: SessionManager, recorder: Recorder, ttl: float) -> None:
         """Delete the recordings untouched for ``ttl`` whose session the store no longer holds
         (it expired, here or on another replica)."""
-        live = set(self.manager.names())
+        live = set(manager.names())
         for name, path in await recorder.stale(time.time() - ttl):
             if name in live:
                 continue
             try:
-                if await self.manager.store.load(name) is not None:
+                if await manager.store.load(name) is not None:
                     continue
             except StoreError:
                 return  # decide at the next sweep
