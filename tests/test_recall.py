@@ -207,6 +207,9 @@ def test_relative_dates_keep_their_words_and_gain_the_day_they_mean() -> None:
         "I painted that lake sunrise last year [2022]."
     )
     assert annotate_dates("Since yesterday it rains.", T0) == "Since yesterday [7 May 2023] it rains."
+    # every phrase the date search resolves is annotated, "this week" and "past month" among them
+    assert annotate_dates("We moved this week.", T0) == "We moved this week [the week of 8 May 2023]."
+    assert annotate_dates("It rained for a past month?", T0) == "It rained for a past month [April 2023]?"
     assert annotate_dates("Nothing relative here.", T0) == "Nothing relative here."
     assert annotate_dates("yesterday", 1e20).startswith("yesterday")  # any time: never raises
     assert stamp(float("nan")) == "1 January 1970, 00:00"

@@ -42,6 +42,7 @@ from voice_context.recall.dates import DATE_TERMS, MAX_DATE_TERMS, date_terms, i
 from voice_context.summarizers.deterministic import (
     NUMBER_TOKENS,
     RELATIVE_DATE,
+    RELATIVE_DATE_HINT,
     resolve_dates,
     spoken_numbers_lower,
     without_small_talk,
@@ -99,9 +100,6 @@ _STOP = frozenset(
     lol yep yup hmm mm
     """.split()
 )
-_RELATIVE_HINT = re.compile(
-    r"\b(?:yesterday|tomorrow|tonight|last|next|ago|this past|the other)\b", re.IGNORECASE
-)
 
 
 _STEMMER = Stemmer.Stemmer("english")
@@ -132,7 +130,7 @@ def index_terms(text: str) -> list[str]:
 def annotate_dates(text: str, at: float) -> str:
     """Relative dates kept as said, with the day they mean in brackets:
     "yesterday" said on 8 May 2023 reads "yesterday [7 May 2023]"."""
-    if not _RELATIVE_HINT.search(text):
+    if not RELATIVE_DATE_HINT.search(text):  # ("this week", "past month" among them)
         return text
     out: list[str] = []
     last = 0

@@ -361,7 +361,7 @@ RELATIVE_DATE = re.compile(
 )
 # Every text RELATIVE_DATE matches holds one of these (and most texts hold none): the search for
 # dates, with its lookbehinds at every position, runs only on those that do.
-_RELATIVE_DATE_HINT = re.compile(
+RELATIVE_DATE_HINT = re.compile(
     r"yesterday|tomorrow|ago|"
     r"(?:last|past|next|this|other) (?:night|week|month|year|mon|tue|wed|thu|fri|sat|sun)",
     re.IGNORECASE,
@@ -468,7 +468,7 @@ def resolve_dates(text: str, at: float) -> str:
     The sentence stays whole: see :func:`_resolve` for when the words are kept and
     the date added in parentheses.
     """
-    if not _RELATIVE_DATE_HINT.search(text):
+    if not RELATIVE_DATE_HINT.search(text):
         return text
     when = utc(at)
     return RELATIVE_DATE.sub(lambda m: _resolve(m, when), text)
