@@ -40,6 +40,7 @@ from voice_context.core.times import stamp
 from voice_context.core.turns import Note, Turn
 from voice_context.recall.dates import DATE_TERMS, MAX_DATE_TERMS, date_terms, is_date_term, query_date_terms
 from voice_context.summarizers.deterministic import (
+    LOWER_TOKEN,
     NUMBER_TOKENS,
     RELATIVE_DATE,
     RELATIVE_DATE_HINT,
@@ -84,7 +85,6 @@ hundreds each context split and stemmed its hits again."""
 LINE_TERMS_CACHE_CHARS = 4_000_000
 """How many chars of summary lines keep their words (a fold changes a summary's newest lines
 and leaves the others as they were, so a summary's index is rebuilt from these)."""
-_TOKEN = re.compile(r"[a-z0-9]+")
 _POSSESSIVE = re.compile(r"['’]s\b")
 _APOSTROPHE = re.compile(r"['’]")
 _STOP = frozenset(
@@ -113,14 +113,14 @@ def index_terms(text: str) -> list[str]:
     # every step but the tokenizing and the stemmer is skipped when its text cannot apply:
     # this runs for every turn stored and every sentence a search shows
     lowered = text.lower()
-    found: list[str] = _TOKEN.findall(lowered)
+    found: list[str] = LOWER_TOKEN.findall(lowered)
     tokens: list[str] | None = found
     if not NUMBER_TOKENS.isdisjoint(found):  # a number said as words starts with one of these
         lowered, tokens = spoken_numbers_lower(lowered), None
     if "'" in lowered or "’" in lowered:
         lowered, tokens = _APOSTROPHE.sub("", _POSSESSIVE.sub("", lowered)), None
     if tokens is None:
-        tokens = _TOKEN.findall(lowered)
+        tokens = LOWER_TOKEN.findall(lowered)
     words = [w for w in tokens if w not in _STOP and (len(w) > 1 or w.isdigit())]
     if "-" in lowered:  # "de-stress" is also "destress"
         words.extend(h.replace("-", "") for h in _HYPHENATED.findall(lowered))

@@ -232,7 +232,8 @@ _NUMBER_RUN = _number_run(lambda word: re.sub(r"[a-z]", lambda m: f"[{m[0]}{m[0]
 _NUMBER_RUN_LOWER = _number_run(lambda word: word)
 NUMBER_TOKENS = frozenset([*_NUMBER_WORDS, "hundred", "thousand", "point"])
 """The words a number said as words is made of (lowercase)."""
-_ASCII_WORD = re.compile(r"[a-z0-9]+")
+LOWER_TOKEN = re.compile(r"[a-z0-9]+")
+"""A lowercased text's words, as recall's index and the number check split them."""
 
 
 # -- words and their value ----------------------------------------------------------------
@@ -503,7 +504,7 @@ def _digits(match: re.Match[str]) -> str:
 
 def spoken_numbers(text: str) -> str:
     """Numbers said as words written as digits: "twenty five" -> "25", "twelve point five" -> "12.5"."""
-    if NUMBER_TOKENS.isdisjoint(_ASCII_WORD.findall(text.lower())):  # (most texts say no number)
+    if NUMBER_TOKENS.isdisjoint(LOWER_TOKEN.findall(text.lower())):  # (most texts say no number)
         return text
     return _NUMBER_RUN.sub(_digits, text)
 
