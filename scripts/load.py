@@ -368,12 +368,16 @@ class Talker:
         reply = await self.link.request({"type": "session.open", "session": self.name})
         self.turns, self.cursor = reply.get("turns", 0), reply.get("cursor", 0)
 
-    async def say(self, line: Line | None = None) -> None:
+    def next_append(self, line: Line | None = None) -> dict[str, Any]:
+        """The ``turn.append`` of the session's next turn (counted as said)."""
         line = line or self.line()
         turn = {"speaker": line.speaker, "role": line.role, "text": line.text, "at": time.time()}
         turn["id"] = f"u{self.turns}"
-        await self.link.request({"type": "turn.append", "session": self.name, "turn": turn})
         self.turns += 1
+        return {"type": "turn.append", "session": self.name, "turn": turn}
+
+    async def say(self, line: Line | None = None) -> None:
+        await self.link.request(self.next_append(line))
 
     async def context(self, query: str | None = None) -> None:
         request: dict[str, Any] = {
@@ -900,15 +904,8 @@ async def backlog(args: argparse.Namespace) -> None:
         await talker.open()
         t0 = time.perf_counter()
         while talker.turns < args.backlog:  # at full speed: 50 appends in flight, as a bulk import sends
-            window = []
-            for _ in range(min(50, args.backlog - talker.turns)):
-                line = talker.line()
-                turn = {"speaker": line.speaker, "role": line.role, "text": line.text, "at": time.time()}
-                turn["id"] = f"u{talker.turns}"
-                request = {"type": "turn.append", "session": talker.name, "turn": turn}
-                window.append(talker.link.request(request))
-                talker.turns += 1
-            await asyncio.gather(*window)
+            window = [talker.next_append() for _ in range(min(50, args.backlog - talker.turns))]
+            await asyncio.gather(*map(talker.link.request, window))
             PROGRESS.show(f"appending: {talker.turns:,} turns")
         appended = time.perf_counter() - t0
         PROGRESS.done()
