@@ -62,6 +62,7 @@ from voice_context.core.window import (
     SkipReason,
     choose_batch,
     fill_end,
+    has_backlog,
     verbatim_sizes,
 )
 
@@ -546,6 +547,12 @@ class Session:
     @property
     def in_flight(self) -> CompactionPlan | None:
         return self._in_flight
+
+    @property
+    def backlog(self) -> bool:
+        """Whether turns have piled up before the recent window with no context asked for
+        them (:func:`~voice_context.core.window.has_backlog`): a fold is then started without one."""
+        return has_backlog(self.total_turns, self._cursor, self.config)
 
     @property
     def ending(self) -> bool:

@@ -20,7 +20,7 @@ from voice_context.core.session import (
     StartCompaction,
     SummaryReturned,
 )
-from voice_context.core.window import FillBudget, Skip, SkipReason, has_backlog
+from voice_context.core.window import FillBudget, Skip, SkipReason
 from voice_context.errors import StoreError, SummarizerError
 from voice_context.manager.leases import Leases
 from voice_context.manager.live import Lease, Live
@@ -97,10 +97,9 @@ class Compactions:
     def _backlog(self, live: Live) -> CompactionPlan | None:
         """Once a fold landed, the next one while a backlog is left (see
         :func:`~voice_context.core.window.has_backlog`), or ``None``: no context needs to ask."""
-        session = live.session
-        if not has_backlog(session.total_turns, session.cursor, session.config):
+        if not live.session.backlog:
             return None
-        [decision] = session.receive(ContextRequested(self.registry.clock()))
+        [decision] = live.session.receive(ContextRequested(self.registry.clock()))
         if isinstance(decision, Skip):
             return None
         assert isinstance(decision, StartCompaction)

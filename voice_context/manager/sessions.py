@@ -30,7 +30,6 @@ from voice_context.core.session import (
 )
 from voice_context.core.tiers import TIERS, Tier
 from voice_context.core.turns import Note, Turn
-from voice_context.core.window import has_backlog
 from voice_context.errors import ConfigError, StoreError, TurnConflict, UnknownSession
 from voice_context.manager.compactions import Compactions
 from voice_context.manager.indexing import Indexing
@@ -155,8 +154,7 @@ class SessionManager(Registry):
             assert isinstance(held, TurnHeld)
             self._indexing.maybe_index(live)
             self._recall.maybe_ahead(live, turn)
-            session = live.session
-            if session.in_flight is None and has_backlog(session.total_turns, session.cursor, session.config):
+            if live.session.in_flight is None and live.session.backlog:
                 self._compactions.maybe_compact(live)  # a backlog folds without waiting for a context
             if Tiers.ended_conversation(live.session, before, turn.at):
                 self._tiers.maybe_roll(live, now=True)  # a conversation just ended: roll it
