@@ -43,7 +43,7 @@ from voice_context.summarizers.deterministic import (
     LOWER_TOKEN,
     NUMBER_TOKENS,
     RELATIVE_DATE,
-    RELATIVE_DATE_HINT,
+    may_hold_relative_date,
     resolve_dates,
     spoken_numbers_lower,
     without_small_talk,
@@ -85,6 +85,8 @@ hundreds each context split and stemmed its hits again."""
 LINE_TERMS_CACHE_CHARS = 4_000_000
 """How many chars of summary lines keep their words (a fold changes a summary's newest lines
 and leaves the others as they were, so a summary's index is rebuilt from these)."""
+ANNOTATED_CACHE_CHARS = 2_000_000
+"""How many chars of shown turns with a relative date keep their annotated form."""
 _POSSESSIVE = re.compile(r"['’]s\b")
 _APOSTROPHE = re.compile(r"['’]")
 _STOP = frozenset(
@@ -130,8 +132,20 @@ def index_terms(text: str) -> list[str]:
 def annotate_dates(text: str, at: float) -> str:
     """Relative dates kept as said, with the day they mean in brackets:
     "yesterday" said on 8 May 2023 reads "yesterday [7 May 2023]"."""
-    if not RELATIVE_DATE_HINT.search(text):  # ("this week", "past month" among them)
+    if not may_hold_relative_date(text):  # ("this week", "past month" among them)
         return text
+    return _annotated(f"{at!r}{_AT}{text}")  # the same turns are shown again and again
+
+
+_AT = "\x00"
+
+
+@char_bounded_cache(ANNOTATED_CACHE_CHARS)
+def _annotated(key: str) -> str:
+    """:func:`annotate_dates` of a text with a hint of a relative date; ``key`` is when it was
+    said (``repr`` of the float), :data:`_AT`, then the text."""
+    said, _, text = key.partition(_AT)
+    at = float(said)
     out: list[str] = []
     last = 0
     for match in RELATIVE_DATE.finditer(text):

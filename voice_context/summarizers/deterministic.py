@@ -358,15 +358,24 @@ RELATIVE_DATE = re.compile(
     + r"|mon|tues?|wed|thu(?:rs?)?|fri|sat|sun)|"
     r"(?P<n>a few|a couple of|couple of|several|a|an|one|two|three|four|five|six|seven|eight|nine|ten|\d+)"
     r" (?P<unit>day|week|month|year|weekend)s? ago)\b(?!['’]s)",
-    re.IGNORECASE,
+    # either case of the ASCII letters only: ignoring case alone would also match "yeſterday" (long s)
+    # or "thıs week" (dotless i), which resolve as no date and stop the summarizer
+    re.IGNORECASE | re.ASCII,
 )
-# Every text RELATIVE_DATE matches holds one of these (and most texts hold none): the search for
-# dates, with its lookbehinds at every position, runs only on those that do.
-RELATIVE_DATE_HINT = re.compile(
+# Every text RELATIVE_DATE matches holds one of these once lowercased (and most texts hold none):
+# the search for dates, with its lookbehinds at every position, runs only on those that do.
+_RELATIVE_DATE_HINT = re.compile(
     r"yesterday|tomorrow|ago|"
-    r"(?:last|past|next|this|other) (?:night|week|month|year|mon|tue|wed|thu|fri|sat|sun)",
-    re.IGNORECASE,
+    r"(?:last|past|next|this|other) (?:night|week|month|year|mon|tue|wed|thu|fri|sat|sun)"
 )
+
+
+def may_hold_relative_date(text: str) -> bool:
+    """False when ``text`` holds no relative date :data:`RELATIVE_DATE` could match (most texts):
+    its lowercased copy is searched, three times faster than a search that ignores case."""
+    return _RELATIVE_DATE_HINT.search(text.lower()) is not None
+
+
 # After a relative date said as an adverb ("I went there yesterday, ..."), "on 7 May 2023" reads as well:
 # the end of the clause, a conjunction or a preposition.
 _ADVERB_AFTER = re.compile(
@@ -469,7 +478,7 @@ def resolve_dates(text: str, at: float) -> str:
     The sentence stays whole: see :func:`_resolve` for when the words are kept and
     the date added in parentheses.
     """
-    if not RELATIVE_DATE_HINT.search(text):
+    if not may_hold_relative_date(text):
         return text
     when = utc(at)
     return RELATIVE_DATE.sub(lambda m: _resolve(m, when), text)
@@ -1023,6 +1032,7 @@ __all__ = [
     "DeterministicSummarizer",
     "content_words",
     "is_filler",
+    "may_hold_relative_date",
     "resolve_dates",
     "shorten",
     "spoken_numbers",
