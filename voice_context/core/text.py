@@ -216,10 +216,11 @@ _DROP, _JOIN, _GONE = 0, 1, 2
 
 
 class _SummaryCuts:
-    """One summary and its plan: every step :func:`condense_summary` takes to shrink it, from
-    whole to a single sentence, each with the length it leaves. The steps it takes never depend
-    on the limit, only where it stops; so the plan is made once per summary (one full shrink), and
-    a cut to any limit replays its first steps (list pops, no search) and renders."""
+    """One summary and its plan: the steps :func:`condense_summary` takes to shrink it, from
+    whole towards a single sentence, each with the length it leaves. The steps it takes never
+    depend on the limit, only where it stops; so the plan is made once per summary, as far as the
+    shortest cut asked of it so far, and a cut to any limit replays its first steps (list pops,
+    no search) and renders."""
 
     __slots__ = ("_cuts", "_lock", "_plan", "text")
 
@@ -231,17 +232,14 @@ class _SummaryCuts:
 
     def cut(self, limit: int, half_life: float) -> str:
         key = (limit, half_life)
-        with self._lock:
+        with self._lock:  # the plan grows in place: one thread at a time
             found = self._cuts.get(key)
+            if found is not None:
+                return found
             plan = self._plan
-        if found is not None:
-            return found
-        if plan is None or plan.half_life != half_life:
-            plan = _Plan.of(self.text, half_life)
-            with self._lock:
-                self._plan = plan
-        value = plan.cut(limit)
-        with self._lock:
+            if plan is None or plan.half_life != half_life:
+                plan = self._plan = _Plan(self.text, half_life)
+            value = plan.cut(limit)
             if len(self._cuts) >= CUTS_PER_SUMMARY:
                 del self._cuts[next(iter(self._cuts))]
             self._cuts[key] = value
@@ -251,40 +249,47 @@ class _SummaryCuts:
 _SUMMARIES: CharBoundedCache[_SummaryCuts] = CharBoundedCache(_SummaryCuts, CUTS_CACHE_CHARS)
 
 
-@dataclass(frozen=True, slots=True)
 class _Plan:
-    """A dated summary's shrinking, step by step: ``totals[k]`` is its length after ``k`` steps."""
+    """A dated summary's shrinking, step by step, taken as far as a cut has needed:
+    ``totals[k]`` is its length after ``k`` steps."""
 
-    text: str
-    half_life: float
-    parsed: tuple[tuple[str, tuple[str, ...]], ...]
-    paragraph: bool
-    steps: tuple[_Op, ...]
-    totals: tuple[int, ...]
+    __slots__ = ("_shrinking", "half_life", "paragraph", "parsed", "steps", "text", "totals")
 
-    @classmethod
-    def of(cls, text: str, half_life: float) -> _Plan:
-        parsed = _summary_lines(text)
-        if len(parsed) == 1 and not parsed[0][0]:  # one paragraph: keep_newest_sentences
-            return cls(text, half_life, parsed, True, (), (len(text),))
-        lines = _Condensing.of(parsed, half_life)
-        totals = [lines.total]
+    def __init__(self, text: str, half_life: float) -> None:
+        self.text = text
+        self.half_life = half_life
+        self.parsed = _summary_lines(text)
+        # one paragraph: keep_newest_sentences
+        self.paragraph = len(self.parsed) == 1 and not self.parsed[0][0]
+        self._shrinking = None if self.paragraph else _Condensing.of(self.parsed, half_life)
+        self.steps: list[_Op] = [] if self._shrinking is None else self._shrinking.steps
+        self.totals = [len(text) if self._shrinking is None else self._shrinking.total]
+
+    def _step(self) -> bool:
+        """One more step of the shrink; False once it is down to a single sentence."""
+        lines = self._shrinking
+        if lines is None:
+            return False
         while lines.after[lines.first] < lines.n:
             if lines.heap:
                 lines.drop_sentence()
             elif not lines.join_same_date() and not lines.drop_sentences_again():
                 lines.drop_line()
-            if len(lines.steps) == len(totals):  # a step was taken (a heap entry may be stale)
-                totals.append(lines.total)
-        while len(lines.lines[lines.first]) > 1:  # one line left: it keeps its head
+            if len(lines.steps) == len(self.totals):  # a step was taken (a heap entry may be stale)
+                self.totals.append(lines.total)
+                return True
+        if len(lines.lines[lines.first]) > 1:  # one line left: it keeps its head
             lines.drop_from(lines.first)
-            totals.append(lines.total)
-        assert len(totals) == len(lines.steps) + 1
-        return cls(text, half_life, parsed, False, tuple(lines.steps), tuple(totals))
+            self.totals.append(lines.total)
+            return True
+        self._shrinking = None  # the whole plan is made: its working state is let go
+        return False
 
     def cut(self, limit: int) -> str:
         if self.paragraph:
             return keep_newest_sentences(self.text, limit)
+        while self.totals[-1] > limit and self._step():
+            pass
         taken = next((k for k, total in enumerate(self.totals) if total <= limit), len(self.steps))
         heads = [head for head, _ in self.parsed]
         lines = [list(line) for _, line in self.parsed]
