@@ -15,7 +15,9 @@ Modes:
        as acknowledgements come back, over ``--connections`` connections: durable
        ingest in turns/s, against the trivial server's; then the indexing lag it left (the
        recall index is written after the acknowledgement, in the background) and how long it
-       takes to drain.
+       takes to drain. Around it, ``--probe-sessions`` paced voice sessions (below) for
+       ``--probe-seconds`` before the burst and again at once after it, while its folds and
+       indexing are still to do: their reply p99 after the burst against before it.
     2. Ramp: for each N in ``--steps``, N paced sessions, first against the trivial
        server, then against the replicas. New sessions get 30-89 turns of history first, so
        recall and folds have work from the start. ``--pattern`` says how a session talks:
@@ -800,9 +802,14 @@ async def ramp(args: argparse.Namespace) -> None:
                 f"\n== burst: {args.burst_sessions:,} sessions x {args.burst_turns} turns over"
                 f" {args.connections} connections per server, acknowledged turns/s"
             )
+            probe = await h.grow("voice", args.probe_sessions) if args.probe_sessions else []
+            idle = (await h.paced(probe, args.probe_seconds, "before the burst"))[0] if probe else None
             trivial_rate, _ = await h.burst("trivial")
             real, h.burst_turns = await h.burst("voice")
-            left, drained = await h.index_drain()
+            # the same paced sessions at once, while the burst's folds and indexing are still to do
+            drain = asyncio.create_task(h.index_drain())
+            after = (await h.paced(probe, args.probe_seconds, "after the burst"))[0] if probe else None
+            left, drained = await drain
             print(f"   trivial protocol-v1 server   {trivial_rate:9,.0f} turns/s")
             print(
                 f"   voice-context ({args.store:<6})      {real:9,.0f} turns/s"
@@ -812,6 +819,19 @@ async def ramp(args: argparse.Namespace) -> None:
                 f"   indexing lag at the burst's end: {left:,.0f} turns (the most one session waited for),"
                 f" drained in {drained:.1f}s"
             )
+            if idle is not None and after is not None:
+
+                def spread(replies: list[float]) -> str:
+                    return " / ".join(
+                        f"{x * 1e3:.1f}" for x in (pct(replies, 0.5), pct(replies, 0.99), max(replies))
+                    )
+
+                ratio = pct(after.replies, 0.99) / pct(idle.replies, 0.99)
+                print(
+                    f"   {len(probe)} paced sessions' replies, p50 / p99 / max ms: {spread(idle.replies)}"
+                    f" in the {args.probe_seconds:g}s before the burst, {spread(after.replies)} in the"
+                    f" {args.probe_seconds:g}s right after it; p99 x{ratio:.2f} of before"
+                )
         words = ", ".join(w.name for w in args.words) if args.words else "the recordings in fixtures/"
         print(
             f"\n== ramp: paced sessions, pattern {args.pattern!r}, words {words} ({len(LINES):,} lines;"
@@ -1048,6 +1068,15 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=20, help="connections per server for the burst")
     parser.add_argument("--burst-sessions", type=int, default=1000, help="0 skips the burst")
     parser.add_argument("--burst-turns", type=int, default=60)
+    parser.add_argument(
+        "--probe-sessions",
+        type=int,
+        default=50,
+        help="paced sessions whose replies are measured before the burst and right after it (0: none)",
+    )
+    parser.add_argument(
+        "--probe-seconds", type=float, default=20.0, help="how long each of those two steps lasts"
+    )
     parser.add_argument("--p99-ratio", type=float, default=1.5)
     parser.add_argument("--p99-budget-ms", type=float, default=100.0, help="capacity within this p99")
     parser.add_argument(
