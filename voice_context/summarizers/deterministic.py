@@ -130,9 +130,11 @@ _FAREWELL = re.compile(
     r"stay in touch|(?:nice|good|great|lovely) (?:catching up|chatting|talking|to (?:chat|talk|catch up))"
     r"(?: with you)?|(?:good|nice|great) to (?:hear from|see) you|cheers|later|"
     r"w(?:oo)+h(?:oo)+|wo+h?o+|yay+|hooray|yippee|phew|whew|ugh+|aw+|yess+)\b"
-    r"|<3+|[:;=]-?[()DPp]\B|\bx[Dd]\b|[\U0001F300-\U0001FAFF\u2600-\u27BF]",
+    r"|<3+|[:;=]-?[()DdPp]\B|\bx[Dd]\b|[\U0001F300-\U0001FAFF\u2600-\u27BF]",
     re.IGNORECASE,
 )
+_FAREWELL_LOWER = re.compile(_FAREWELL.pattern)
+"""The same, for an ASCII text lowercased: three times faster than ignoring case."""
 # Acknowledgements, greetings, mic checks and voice-chat callouts, which steer the moment and leave
 # nothing to remember: "Copy that", "Roger", "Go go", "On it", "Nice shot", "Can you hear me okay?",
 # "I'm low, falling back", "Holding the door". Only the words go: what else the sentence says stays.
@@ -246,12 +248,20 @@ def content_words(text: str) -> list[str]:
 
 def _pleasantries_out(text: str) -> str:
     """``text`` without its standard pleasantries, acknowledgements and callouts."""
+    if text.isascii():  # both searches run on the lowercased text, their spans cut from the text
+        text = _spans_out(text, _FAREWELL_LOWER.finditer(text.lower()))
+        return _spans_out(text, _CALLOUT.finditer(text.lower()))
     text = _FAREWELL.sub(" ", text)
     low = text.lower()
     if len(low) != len(text):  # a letter whose lowercase is longer: spans would not line up
         return _CALLOUT.sub(" ", low)
+    return _spans_out(text, _CALLOUT.finditer(low))
+
+
+def _spans_out(text: str, matches: Iterable[re.Match[str]]) -> str:
+    """``text`` with a space for each match's span (matches of a copy of it the same length)."""
     out, end = [], 0
-    for match in _CALLOUT.finditer(low):
+    for match in matches:
         out.append(text[end : match.start()])
         out.append(" ")
         end = match.end()
