@@ -194,10 +194,13 @@ async def test_kill_9_right_after_an_ack_then_a_restart_loses_nothing(
         room = await client.open("room-1")
         assert room.resumed
         assert room.opened["turns"] == 9
-        after = await room.context()
+        # asked before any context: the first context may start the next fold (nine turns leave
+        # a batch due), and whether it lands before that context is answered is down to timing
         state = await room.state()
+        after = await room.context()
 
-    assert (after["cursor"], after["summary"]) == (before["cursor"], before["summary"])
+    assert (state["cursor"], state["summary_chars"]) == (before["cursor"], len(before["summary"]))
+    assert after["cursor"] >= before["cursor"]
     assert state["live_notes"] == 1
     shown = [m["content"] for m in after["messages"]]
     assert any("turn 8: we meet on day 8." in text for text in shown), "the last acked turn is back"
