@@ -116,8 +116,9 @@ def test_flags_override_the_file_and_the_environment(tmp_path: Path, monkeypatch
 @pytest.mark.asyncio
 async def test_serve_loads_none_of_the_tuning_tools(tmp_path: Path) -> None:
     """The service imports what serving needs: not the replay, scoring, sweep, audit and import
-    tools, nor what their reports draw with. Python itself lists every module a process imports
-    (``-X importtime``), here while a bot opens a session, talks and asks for its context."""
+    tools, nor what their reports draw with, nor an HTTP client it has nothing to ask with.
+    Python itself lists every module a process imports (``-X importtime``), here while a bot
+    opens a session, talks and asks for its context."""
     imports = tmp_path / "imports.txt"
     command = [sys.executable, "-X", "importtime", "-m", "voice_context", "serve", "--port", "0"]
     with imports.open("wb") as stderr:
@@ -135,6 +136,7 @@ async def test_serve_loads_none_of_the_tuning_tools(tmp_path: Path) -> None:
     tuning = sorted(m for m in loaded if m.startswith("voice_context.") and m.split(".")[-1] in TUNING)
     assert tuning == []
     assert sorted(m for m in loaded if m.split(".")[0] in REPORTS) == []
+    assert "httpx" not in loaded, "no HTTP client without a context source or a model to ask"
 
 
 def test_the_package_loads_each_public_name_s_module_when_the_name_is_first_used() -> None:
