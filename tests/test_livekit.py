@@ -4,69 +4,24 @@ own testing API), its LLM the OpenAI plugin pointed at a real OpenAI-compatible 
 
 from __future__ import annotations
 
+import importlib
 import re
-from collections.abc import Mapping, MutableMapping
+from collections.abc import MutableMapping
+from types import ModuleType
 from typing import Any
 
 import pytest
-from livekit.agents import Agent, AgentSession, ModelSettings, function_tool, llm
-from livekit.plugins import openai as lk_openai
 from serving import running, settings
 
 from voice_context.client import Client
-from voice_context.integrations.livekit import VoiceContextMemory
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 from voice_context.testing.openai_server import CallTool, OpenAIServer, Reply, ReplyWith
 
-INSTRUCTIONS = "You are Nova, a travel agent."
-FLIGHT = '{"flight": "TP 1234", "departs": "09:40"}'
-TIMETABLE = " ".join(f"TP {1000 + k}" for k in range(3000))  # 23,999 chars
 
-
-class Assistant(Agent):
-    """The agent of LiveKit's docs with the memory in its ``llm_node``. With ``truncate`` it
-    first bounds the chat context itself, as a user without voice-context would; ``contexts``
-    keeps voice-context's reply for each LLM run."""
-
-    def __init__(self, memory: VoiceContextMemory, *, truncate: int | None = None) -> None:
-        super().__init__(instructions=INSTRUCTIONS)
-        self.memory = memory
-        self.truncate = truncate
-        self.contexts: list[Mapping[str, Any]] = []
-
-    async def llm_node(
-        self, chat_ctx: llm.ChatContext, tools: list[llm.Tool], model_settings: ModelSettings
-    ) -> Any:
-        if self.truncate is not None:
-            chat_ctx.truncate(max_items=self.truncate)
-        chat_ctx = await self.memory.update(chat_ctx)
-        if self.memory.last_context is not None:
-            self.contexts.append(self.memory.last_context)
-        return Agent.default.llm_node(self, chat_ctx, tools, model_settings)
-
-    @function_tool
-    async def find_flight(self, destination: str) -> str:
-        """Find the next flight to a city."""
-        return FLIGHT
-
-    @function_tool
-    async def timetable(self, destination: str) -> str:
-        """Every flight to a city this year."""
-        return TIMETABLE
-
-
-async def call(model: OpenAIServer, memory: VoiceContextMemory, agent: Agent, *said: str) -> None:
-    """A call: an agent session, its LLM served by ``model``, answers each of ``said`` in turn;
-    then the memory stores what is left and closes."""
-    async with (
-        lk_openai.LLM(model="scripted", base_url=model.base_url, api_key="test") as lk_llm,
-        AgentSession(llm=lk_llm) as session,
-    ):
-        memory.attach(session)
-        await session.start(agent)
-        for words in said:
-            await session.run(user_input=words)
-    await memory.aclose()
+@pytest.fixture(scope="module")
+def livekit() -> ModuleType:
+    """The agent and the call (``livekit_agent.py``), with LiveKit, loaded by the first story run."""
+    return importlib.import_module("livekit_agent")
 
 
 def sent_messages(model: OpenAIServer) -> list[dict[str, Any]]:
@@ -88,7 +43,9 @@ def stop_reply(request: Any) -> str:
 
 
 @pytest.mark.asyncio
-async def test_a_livekit_session_stores_its_turns_and_its_llm_gets_the_remembered_context() -> None:
+async def test_a_livekit_session_stores_its_turns_and_its_llm_gets_the_remembered_context(
+    livekit: ModuleType,
+) -> None:
     async with (
         running(settings(), summarizer=DeterministicSummarizer()) as server,
         OpenAIServer(default=Reply("Booked: two window seats to Lisbon.")) as model,
@@ -100,15 +57,15 @@ async def test_a_livekit_session_stores_its_turns_and_its_llm_gets_the_remembere
                     "user", "user", f"Earlier call, line {k}: Alice's passport number ends 4417."
                 )
             await room.context("messages")  # folds the oldest turns into the summary
-        memory = VoiceContextMemory(server.url, session="call-7", budget_chars=6000, timeout=5)
+        memory = livekit.VoiceContextMemory(server.url, session="call-7", budget_chars=6000, timeout=5)
         said = "Which passport number did I give you?", "And book two window seats to Lisbon."
-        await call(model, memory, Assistant(memory), *said)
+        await livekit.call(model, memory, livekit.Assistant(memory), *said)
         first = model.completions[0].json["messages"]
         async with Client(server.url) as client:
             room = await client.open("call-7")
             state = await room.state()
     # the agent's own instructions first, then what voice-context remembers, then the session's turns
-    assert first[0]["content"] == INSTRUCTIONS
+    assert first[0]["content"] == livekit.INSTRUCTIONS
     remembered = " ".join(str(m["content"]) for m in first if m["role"] == "system")
     assert "4417" in remembered
     # the question last: as voice-context stored it ("user: ..."), or as the session has it when
@@ -121,12 +78,14 @@ async def test_a_livekit_session_stores_its_turns_and_its_llm_gets_the_remembere
 
 
 @pytest.mark.asyncio
-async def test_when_voice_context_is_down_the_reply_uses_the_sessions_own_context() -> None:
+async def test_when_voice_context_is_down_the_reply_uses_the_sessions_own_context(
+    livekit: ModuleType,
+) -> None:
     async with running(settings()) as server:
         url = server.url  # nobody listens here once this server stops
-    memory = VoiceContextMemory(url, session="call-7", timeout=0.5)
+    memory = livekit.VoiceContextMemory(url, session="call-7", timeout=0.5)
     async with OpenAIServer(default=Reply("Sure.")) as model:
-        await call(model, memory, Assistant(memory), "Hello?")
+        await livekit.call(model, memory, livekit.Assistant(memory), "Hello?")
         sent = sent_messages(model)
     assert [m["role"] for m in sent] == ["system", "user"]
     assert memory.fallbacks == 1
@@ -143,7 +102,7 @@ def stop(k: int) -> str:
 @pytest.mark.asyncio
 @pytest.mark.parametrize("truncate", [None, 10], ids=["whole", "truncated"])
 async def test_a_long_call_gets_a_bounded_context_with_every_turn_in_the_summary_or_shown_once(
-    truncate: int | None,
+    truncate: int | None, livekit: ModuleType
 ) -> None:
     budget = 3000
     runs = 60
@@ -151,9 +110,9 @@ async def test_a_long_call_gets_a_bounded_context_with_every_turn_in_the_summary
         running(settings()) as server,  # its summarizer's words: a count of what it folded
         OpenAIServer(default=ReplyWith(stop_reply)) as model,
     ):
-        memory = VoiceContextMemory(server.url, session="call-9", budget_chars=budget, timeout=5)
-        agent = Assistant(memory, truncate=truncate)
-        await call(model, memory, agent, PASSPORT, *map(stop, range(1, runs)), QUESTION)
+        memory = livekit.VoiceContextMemory(server.url, session="call-9", budget_chars=budget, timeout=5)
+        agent = livekit.Assistant(memory, truncate=truncate)
+        await livekit.call(model, memory, agent, PASSPORT, *map(stop, range(1, runs)), QUESTION)
     said = [PASSPORT, "Noted, it is on file."]  # the turns as stored: each run's user words, the reply
     for k in range(1, runs):
         said += [stop(k), f"Noted: stop {k} is on the plan."]
@@ -163,7 +122,7 @@ async def test_a_long_call_gets_a_bounded_context_with_every_turn_in_the_summary
     for messages, context in zip(requests, agent.contexts, strict=True):
         # the agent's instructions, then at most the budget: voice-context's context and the
         # words the session had not committed yet
-        assert messages[0] == {"role": "system", "content": INSTRUCTIONS}
+        assert messages[0] == {"role": "system", "content": livekit.INSTRUCTIONS}
         assert chars(messages[1:]) <= budget
         # no gap: the turns before the cursor are the summary's (shown when the budget has room
         # for it, and voice-context says when not), every turn from the cursor on is shown
@@ -180,15 +139,19 @@ async def test_a_long_call_gets_a_bounded_context_with_every_turn_in_the_summary
 
 
 @pytest.mark.asyncio
-async def test_a_tool_call_and_its_output_are_stored_as_tool_turns_and_sent_once() -> None:
+async def test_a_tool_call_and_its_output_are_stored_as_tool_turns_and_sent_once(livekit: ModuleType) -> None:
     async with (
         running(settings()) as server,
         OpenAIServer(default=Reply("Sure.")) as model,
     ):
         model.script(CallTool("find_flight", {"destination": "Lisbon"}, "call_1"), Reply("TP 1234, 09:40."))
-        memory = VoiceContextMemory(server.url, session="call-11", budget_chars=3000, timeout=5)
-        await call(
-            model, memory, Assistant(memory), "Find me a flight to Lisbon.", "Thanks. When does it leave?"
+        memory = livekit.VoiceContextMemory(server.url, session="call-11", budget_chars=3000, timeout=5)
+        await livekit.call(
+            model,
+            memory,
+            livekit.Assistant(memory),
+            "Find me a flight to Lisbon.",
+            "Thanks. When does it leave?",
         )
         async with Client(server.url) as client:
             stored = (await (await client.open("call-11")).context("messages"))["messages"]
@@ -201,8 +164,8 @@ async def test_a_tool_call_and_its_output_are_stored_as_tool_turns_and_sent_once
     # the run after the tool gets the call and its output once, from the session's own context;
     # the next run once, from voice-context
     assert tool_parts(asked) == []
-    assert tool_parts(after_tool) == [("call", "find_flight"), ("output", FLIGHT)]
-    assert tool_parts(later) == [("call", "find_flight"), ("output", FLIGHT)]
+    assert tool_parts(after_tool) == [("call", "find_flight"), ("output", livekit.FLIGHT)]
+    assert tool_parts(later) == [("call", "find_flight"), ("output", livekit.FLIGHT)]
     # stored as tool turns, between the question and the answer
     assert [m["role"] for m in stored] == ["user", "assistant", "tool", "assistant", "user", "assistant"]
     assert stored[1]["tool_calls"][0]["id"] == "call_1"
@@ -210,26 +173,28 @@ async def test_a_tool_call_and_its_output_are_stored_as_tool_turns_and_sent_once
         "name": "find_flight",
         "arguments": '{"destination": "Lisbon"}',
     }
-    assert stored[2] == {"role": "tool", "tool_call_id": "call_1", "content": FLIGHT}
+    assert stored[2] == {"role": "tool", "tool_call_id": "call_1", "content": livekit.FLIGHT}
 
 
 @pytest.mark.asyncio
 async def test_a_long_tool_output_reaches_the_run_after_it_whole_and_is_stored_cut(
-    logs: list[MutableMapping[str, Any]],
+    logs: list[MutableMapping[str, Any]], livekit: ModuleType
 ) -> None:
     async with (
         running(settings()) as server,  # max_text_chars 8000
         OpenAIServer(default=Reply("Sure.")) as model,
     ):
         model.script(CallTool("timetable", {"destination": "Lisbon"}, "call_7"), Reply("Many flights."))
-        memory = VoiceContextMemory(server.url, session="call-12", budget_chars=6000, timeout=5)
-        await call(model, memory, Assistant(memory), "Which flights go to Lisbon?", "Book the first one.")
+        memory = livekit.VoiceContextMemory(server.url, session="call-12", budget_chars=6000, timeout=5)
+        await livekit.call(
+            model, memory, livekit.Assistant(memory), "Which flights go to Lisbon?", "Book the first one."
+        )
         async with Client(server.url) as client:
             state = await (await client.open("call-12")).state()
             stored = (await (await client.open("call-12")).context("messages"))["messages"]
     # the run that follows the tool gets the output whole, from the session's own context, once
     after_tool = model.completions[1].json["messages"]
-    assert [m["content"] for m in after_tool if m["role"] == "tool"] == [TIMETABLE]
+    assert [m["content"] for m in after_tool if m["role"] == "tool"] == [livekit.TIMETABLE]
     assert memory.fallbacks == 0
     assert state["turns"] == 6  # the question, the call, its output, the answer, and the next run's two
     output = next(m for m in stored if m["role"] == "tool")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -115,8 +116,9 @@ def test_flags_override_the_file_and_the_environment(tmp_path: Path, monkeypatch
 @pytest.mark.asyncio
 async def test_serve_loads_none_of_the_tuning_tools(tmp_path: Path) -> None:
     """The service imports what serving needs: not the replay, scoring, sweep, audit and import
-    tools, nor what their reports draw with. Python itself lists every module a process imports
-    (``-X importtime``), here while a bot opens a session, talks and asks for its context."""
+    tools, nor what their reports draw with, nor an HTTP client it has nothing to ask with.
+    Python itself lists every module a process imports (``-X importtime``), here while a bot
+    opens a session, talks and asks for its context."""
     imports = tmp_path / "imports.txt"
     command = [sys.executable, "-X", "importtime", "-m", "voice_context", "serve", "--port", "0"]
     with imports.open("wb") as stderr:
@@ -134,6 +136,29 @@ async def test_serve_loads_none_of_the_tuning_tools(tmp_path: Path) -> None:
     tuning = sorted(m for m in loaded if m.startswith("voice_context.") and m.split(".")[-1] in TUNING)
     assert tuning == []
     assert sorted(m for m in loaded if m.split(".")[0] in REPORTS) == []
+    assert "httpx" not in loaded, "no HTTP client without a context source or a model to ask"
+
+
+def test_the_package_loads_each_public_name_s_module_when_the_name_is_first_used() -> None:
+    """``import voice_context`` costs a process nothing it does not use: a served process, a
+    script that needs a turn, a test, each loads its own part of the package."""
+    probe = (
+        "import sys, voice_context\n"
+        "def loaded(): return sorted(m for m in sys.modules if m.startswith('voice_context.'))\n"
+        "print(loaded())\n"
+        "from voice_context import Turn\n"
+        "print(loaded())\n"
+        "print(sorted(n for n in voice_context.__all__ if getattr(voice_context, n, None) is None))\n"
+        "print(sorted(set(voice_context.__all__) - set(dir(voice_context))))\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", probe], env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT * 4
+    )
+    assert ran.returncode == 0, ran.stderr
+    bare, for_a_turn, unresolved, unlisted = ran.stdout.splitlines()
+    assert bare == "[]"
+    assert for_a_turn == "['voice_context.core', 'voice_context.core.turns']"
+    assert unresolved == unlisted == "[]"
 
 
 async def talk_to(process: Process) -> None:

@@ -29,10 +29,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
-import httpx
 import structlog
 
 from voice_context.core.landmarks import stamp
@@ -40,6 +39,9 @@ from voice_context.core.text import clip, condense_summary
 from voice_context.errors import ConfigError
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 from voice_context.summarizers.prompt import neutralise
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["ContextSource", "HTTPSource", "SourceWindow", "SourcedSummarizer", "source_line", "with_sources"]
 
@@ -110,6 +112,8 @@ class HTTPSource:
 
     async def summary(self, window: SourceWindow) -> str:
         if self._client is None:
+            import httpx  # on a source's first question: a server with no HTTP source never loads it
+
             self._client = httpx.AsyncClient(timeout=self.timeout, headers=self.headers)
         body = {"session": window.session, "from": window.start_iso, "to": window.end_iso}
         body["prompt"] = self.prompt
