@@ -7,7 +7,6 @@ lowered once it is running; the bots are real websocket clients in this process.
 from __future__ import annotations
 
 import contextlib
-import os
 import resource
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import anyio
 import anyio.to_thread
 import orjson
 import pytest
-from serving import TIMEOUT, Wire, http_get
+from serving import TIMEOUT, Wire, clean_env, http_get
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
@@ -34,7 +33,7 @@ def serve(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
         sys.executable, "-m", "voice_context", "serve", "--port", "0",
         "--data-dir", str(tmp_path / "data"), "--log-format", "json",
     ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VOICE_CONTEXT_")}
+    env = clean_env()
     with log.open("w") as stderr:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
     try:

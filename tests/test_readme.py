@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -10,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from serving import clean_env
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -36,7 +36,7 @@ def test_the_readme_bot_example_talks_to_a_real_server(
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
     bot = next(block for block in blocks if "voice_context.client" in block)
     command = [sys.executable, "-m", "voice_context", "serve", "--port", "0", "--store", "memory"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VOICE_CONTEXT_")}
+    env = clean_env()
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=tmp_path
     ) as server:

@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
+from serving import clean_env
 
 from voice_context.client import Client, SessionHandle
 from voice_context.core.turns import Turn
@@ -66,7 +67,7 @@ class Serve:
         return f"<Serve {self.url or 'not listening'} pid={pid}>"
 
     def spawn(self) -> subprocess.Popen[str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("VOICE_CONTEXT_")} | self.env
+        env = clean_env() | self.env
         with self.log.open("a") as log:
             self.process = subprocess.Popen(
                 self.args, stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True

@@ -51,6 +51,32 @@ async def test_serve_listens_then_shuts_down_gracefully_on_a_signal(signum: int,
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("preload", ["true", "false"])
+async def test_the_tokenizer_is_read_before_listening_unless_told_to_wait_for_a_token_budget(
+    preload: str,
+) -> None:
+    env = {"VOICE_CONTEXT_SERVER_PRELOAD_TOKENIZER": preload}
+    async with serve_process("--store", "memory", "--log-level", "info", env=env) as running:
+        async with connect(running.url, open_timeout=TIMEOUT) as ws:
+            bot = Wire(ws)
+            await bot.open("room-1")
+            await bot.append("room-1", 0)
+            reply = await bot.request("context.get", session="room-1", format="messages", budget_tokens=500)
+            assert reply["type"] == "context" and reply["messages"]
+        running.process.send_signal(signal.SIGTERM)
+        with anyio.fail_after(TIMEOUT * 2):
+            assert await running.process.wait() == 0
+        logs = [orjson.loads(line) for line in (await stderr_of(running.process)).splitlines() if line]
+    events = [entry["event"] for entry in logs]
+    assert events.count("voice_context_tokenizer_loaded") == 1  # once for the process, whenever it is
+    loaded, listening = (
+        events.index("voice_context_tokenizer_loaded"),
+        events.index("voice_context_server_listening"),
+    )
+    assert (loaded < listening) == (preload == "true")
+
+
+@pytest.mark.asyncio
 async def test_serve_says_where_the_inspector_is_on_the_line_after_where_it_listens() -> None:
     command = [sys.executable, "-m", "voice_context", "serve", "--port", "0", "--store", "memory"]
     async with await anyio.open_process(command, env=clean_env()) as process:

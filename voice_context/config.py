@@ -98,6 +98,10 @@ class ServerSettings:
     #: which worker of a ``serve --workers`` supervisor this process is (the supervisor sets
     #: it; ``None`` otherwise); ``/healthz`` says it
     worker: int | None = None
+    #: read the default tokenizer's file before listening (about half a second of CPU and some
+    #: tens of MB for ``o200k_base``), so that the first token-budgeted reply does not wait for
+    #: it; false reads it when a token budget first needs it (never, for a bot that budgets chars)
+    preload_tokenizer: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

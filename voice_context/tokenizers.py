@@ -21,6 +21,7 @@ import gzip
 import hashlib
 import importlib.util
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -134,7 +135,14 @@ def load_tokenizer(name: str) -> TokenCounter:
         counter = _loaded.get(name)
         if counter is not None:
             return counter
+        started = time.perf_counter()
         counter = CharEstimate() if name == "chars" else _load_real(name)
+        if not isinstance(counter, CharEstimate):
+            log.info(
+                "voice_context_tokenizer_loaded",
+                tokenizer=name,
+                seconds=round(time.perf_counter() - started, 3),
+            )
         counter = counter if isinstance(counter, CharEstimate) else CachedCounter(counter)
         _loaded[name] = counter
         return counter

@@ -215,6 +215,7 @@ class Server:
                 replica=replica_name(cfg.replica, cfg.port),
                 lease_ttl=cfg.lease_ttl,
                 recall_ahead=self.settings.recall.ahead,
+                tokenizer_ahead=cfg.preload_tokenizer,
                 # loading (a first use distils the static table: some 40 s) runs off the event loop
                 embedder=await anyio.to_thread.run_sync(_load_embedder, self.settings.recall.embedder),
             )
