@@ -137,13 +137,13 @@ def load_tokenizer(name: str) -> TokenCounter:
             return counter
         started = time.perf_counter()
         counter = CharEstimate() if name == "chars" else _load_real(name)
-        if not isinstance(counter, CharEstimate):
+        if not isinstance(counter, CharEstimate):  # (the estimate also stands in when no package is)
             log.info(
                 "voice_context_tokenizer_loaded",
                 tokenizer=name,
                 seconds=round(time.perf_counter() - started, 3),
             )
-        counter = counter if isinstance(counter, CharEstimate) else CachedCounter(counter)
+            counter = CachedCounter(counter)
         _loaded[name] = counter
         return counter
 
