@@ -17,6 +17,7 @@ from anyio.abc import Process, SocketAttribute
 from websockets.asyncio.client import ClientConnection, connect
 
 from voice_context.config import Settings
+from voice_context.core.recalled import IndexedDoc, RecallStats
 from voice_context.core.turns import Note, Turn
 from voice_context.server import Server
 from voice_context.store.base import Store
@@ -80,10 +81,12 @@ class GatedStore(MemoryStore):
         self.entered = anyio.Event()
         self.gate = anyio.Event()
 
-    async def append_turn(self, name: str, index: int, turn: Turn) -> None:
+    async def append_turn(
+        self, name: str, index: int, turn: Turn, doc: IndexedDoc | None = None
+    ) -> RecallStats | None:
         self.entered.set()
         await self.gate.wait()
-        await super().append_turn(name, index, turn)
+        return await super().append_turn(name, index, turn, doc)
 
 
 class Proxy:

@@ -314,6 +314,29 @@ async def test_recall_finds_an_old_detail_after_a_restart_on_sqlite(tmp_path: Pa
     )
 
 
+@pytest.mark.asyncio
+async def test_on_sqlite_a_turn_is_in_the_index_when_it_is_acknowledged_without_an_index_write_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """The turn's postings go in the turn's own transaction: a context asked right after the
+    ack waits for no index write, and the index never falls behind a live session's turns."""
+    store = SQLiteStore(tmp_path / "sessions.db")
+    async with SessionManager(DeterministicSummarizer(), store=store) as manager:
+        await manager.open("room", SMALL)
+        index_writes = store.derived.groups
+        for turn in chatter(120, detail_at=3):
+            await manager.append_turn("room", turn)
+            stats, _, _ = await store.recall_postings("room", ())
+            assert stats.turns == manager.session("room").total_turns
+            await manager.context("room")
+        assert store.derived.groups == index_writes
+
+        query = "the LGBTQ support group"
+        ctx = await manager.context("room", "instructions", budget_chars=3000, query=query)
+    await store.aclose()
+    assert 3 in [p.turn for p in ctx.recalled]
+
+
 SMALL_TALK = "The new map is pretty fun to play on."  # each of its words is said in a fifth of the turns
 
 

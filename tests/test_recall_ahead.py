@@ -212,6 +212,13 @@ class HeldIndex(CountingStore):
             self.reading -= 1
             self.read.set()
 
+    async def append_turn(
+        self, name: str, index: int, turn: Turn, doc: IndexedDoc | None = None
+    ) -> RecallStats | None:
+        """Stores the turn without its doc: the turn is indexed by a write of its own, as a
+        store that indexes apart from its appends does (Redis)."""
+        return await super().append_turn(name, index, turn)
+
     async def index_turns(self, name: str, start: int, docs: Sequence[IndexedDoc]) -> RecallStats:
         if self.held is not None:
             await self.held.wait()

@@ -9,6 +9,8 @@ import anyio
 import anyio.to_thread
 import structlog
 
+from voice_context.core.recalled import IndexedDoc, RecallStats
+from voice_context.core.turns import Turn
 from voice_context.manager.live import Live, RecallState
 from voice_context.manager.registry import Registry
 from voice_context.recall.index import indexed, note_passage, turn_passage
@@ -64,6 +66,22 @@ class Indexing:
         with anyio.move_on_after(INDEX_WAIT):
             while recall.running and self.lag(live):
                 await recall.done.wait()
+
+    @staticmethod
+    def doc_for(live: Live, index: int, turn: Turn) -> IndexedDoc | None:
+        """The recall doc of the turn about to be stored at ``index``, for the store to index
+        in the turn's own write, when the index holds every turn before it (``None`` else:
+        the background indexing, behind, takes the turns in order)."""
+        return indexed(turn_passage(index, turn)) if live.recall.indexed == index else None
+
+    def stored_with_turn(self, live: Live, stats: RecallStats | None) -> None:
+        """The store indexed a turn in its own write (``stats``: the index after it)."""
+        recall = live.recall
+        if stats is None or stats.turns <= recall.indexed:
+            return
+        if self.registry.embedder is not None:
+            recall.unembedded.extend(range(recall.indexed, stats.turns))
+        recall.indexed = stats.turns
 
     def maybe_index(self, live: Live) -> None:
         """Index what waits for it (turns, notes; their vectors), in the background."""
@@ -127,7 +145,7 @@ class Indexing:
             return False
         if self.registry.embedder is not None:
             recall.unembedded.extend(range(max(start, recall.indexed), stats.turns))
-        recall.indexed = stats.turns
+        recall.indexed = max(recall.indexed, stats.turns)  # (a turn's own write may have gone further)
         return True
 
     async def _embed(self, live: Live) -> None:

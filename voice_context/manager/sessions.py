@@ -167,14 +167,16 @@ class SessionManager(Registry):
         appended meanwhile, adopt the store's view and append after it (once)."""
         name = live.session.name
         index = live.session.total_turns
+        doc_for, stored = Indexing.doc_for, self._indexing.stored_with_turn
         try:
-            await self.store.append_turn(name, index, turn)
+            stored(live, await self.store.append_turn(name, index, turn, doc_for(live, index, turn)))
         except TurnConflict as conflict:
             await self._replicas.catch_up_locked(live)
             if live.session.total_turns == index:
                 raise
+            index = live.session.total_turns
             try:
-                await self.store.append_turn(name, live.session.total_turns, turn)
+                stored(live, await self.store.append_turn(name, index, turn, doc_for(live, index, turn)))
             except TurnConflict:
                 await self._replicas.catch_up_locked(live)
                 text = f"session {name!r} is being appended to elsewhere at the same time: try again"

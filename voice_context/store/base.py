@@ -109,8 +109,17 @@ class Store(Protocol):
         and a later create changes nothing and is told who owns it."""
         ...
 
-    async def append_turn(self, name: str, index: int, turn: Turn) -> None:
-        """Durably store the turn at ``index``; the ack to the bot waits for this."""
+    async def append_turn(
+        self, name: str, index: int, turn: Turn, doc: IndexedDoc | None = None
+    ) -> RecallStats | None:
+        """Durably store the turn at ``index``; the ack to the bot waits for this.
+
+        With ``doc`` (the turn's recall doc), a store may add it to the session's recall index
+        in the same write, when the index holds every turn before ``index`` and none after:
+        then it returns the index's stats after the write. ``None``: the turn is not indexed
+        (no ``doc``, the index is behind, a retry of a turn stored before, or a store that
+        indexes in writes of their own), and :meth:`index_turns` indexes it later.
+        """
         ...
 
     async def save_notes(self, name: str, live: Sequence[Note], pending: Sequence[Note]) -> None:

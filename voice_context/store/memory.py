@@ -63,14 +63,21 @@ class MemoryStore:
         self._sessions[record.name] = _Entry(replace(record, turns=(), total_turns=0))
         return Created(True, record.owner)
 
-    async def append_turn(self, name: str, index: int, turn: Turn) -> None:
+    async def append_turn(
+        self, name: str, index: int, turn: Turn, doc: IndexedDoc | None = None
+    ) -> RecallStats | None:
         entry = self._entry(name)
         stored = len(entry.turns)
         if index < stored and entry.turns[index] == turn:
-            return  # a retry of a write whose answer was lost: stored once
+            return None  # a retry of a write whose answer was lost: stored once
         if index != stored:
             raise TurnConflict(name, index, stored, differs=index < stored)
         entry.turns.append(turn)
+        if doc is None or entry.recall.turns != index:
+            return None
+        self._index(entry, index, doc)
+        entry.recall = replace(entry.recall, turns=index + 1)
+        return entry.recall
 
     async def save_notes(self, name: str, live: Sequence[Note], pending: Sequence[Note]) -> None:
         entry = self._entry(name)

@@ -519,11 +519,15 @@ class RedisStore:
             )
         return Created(bool(made), _owner(record.name, held))
 
-    async def append_turn(self, name: str, index: int, turn: Turn) -> None:
+    async def append_turn(
+        self, name: str, index: int, turn: Turn, doc: IndexedDoc | None = None
+    ) -> RecallStats | None:
+        """Stores the turn; its recall doc is indexed by a script of its own later (``None``)."""
         k = self.keys(name)
         keys = (k.meta, k.turns, k.notes, *k.rest)
         args = (index, encode_turn(turn), self._ttl)
         await self.group.submit(_Write(_APPEND_KEPT, name, keys, args, index))
+        return None
 
     async def save_notes(self, name: str, live: Sequence[Note], pending: Sequence[Note]) -> None:
         k = self.keys(name)
