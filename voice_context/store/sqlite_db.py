@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
 import anyio
-import anyio.to_thread
 import structlog
 
 from voice_context.errors import StoreError
 from voice_context.store.sqlite_schema import migrate
+from voice_context.store.worker import Worker
 
 T = TypeVar("T")
 
@@ -44,15 +45,16 @@ def translate(exc: sqlite3.Error, where: str) -> StoreError:
 
 class Connections:
     """Runs each operation (a function of a connection, one whole transaction) in a worker
-    thread: writes one at a time on the writer, a reply's reads one at a time on the reader."""
+    thread of the connection's own (see :mod:`~voice_context.store.worker`): writes one at a
+    time on the writer, a reply's reads one at a time on the reader."""
 
     def __init__(self, path: Path, busy_timeout: float) -> None:
         self.path = path
         self.busy_timeout = busy_timeout
         self.writer: sqlite3.Connection | None = None
         self.reader: sqlite3.Connection | None = None
-        self._limiter = anyio.CapacityLimiter(1)
-        self._read_limiter = anyio.CapacityLimiter(1)
+        self._writes = Worker("voice-context-sqlite-writer")
+        self._reads = Worker("voice-context-sqlite-reader")
         self.closed = False
         self.operations = 0
         self.errors = 0
@@ -60,7 +62,7 @@ class Connections:
     async def run(self, where: str, op: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``op`` on the writer; raises ``StoreError`` (its ``sqlite3`` error translated)."""
         self.check_open()
-        return await anyio.to_thread.run_sync(self.call, where, op, limiter=self._limiter)
+        return await self._writes.run(partial(self.call, where, op))
 
     async def run_read(self, where: str, op: Callable[[sqlite3.Connection], T]) -> T:
         """A read on a reply's path: on the read-only connection, beside the writes. Until the
@@ -68,7 +70,7 @@ class Connections:
         self.check_open()
         if self.writer is None:
             return await self.run(where, op)
-        return await anyio.to_thread.run_sync(self.call, where, op, True, limiter=self._read_limiter)
+        return await self._reads.run(partial(self.call, where, op, True))
 
     def check_open(self) -> None:
         if self.closed:
@@ -134,7 +136,9 @@ class Connections:
                 reader.close()
 
         with anyio.move_on_after(CLOSE_TIMEOUT, shield=True) as scope:
-            await anyio.to_thread.run_sync(close_reader, limiter=self._read_limiter)
-            await anyio.to_thread.run_sync(close_writer, limiter=self._limiter)
+            await self._reads.run(close_reader)
+            await self._writes.run(close_writer)
+        self._reads.stop()
+        self._writes.stop()
         if scope.cancelled_caught:
             log.warning("voice_context_store_close_timed_out", path=str(self.path), seconds=CLOSE_TIMEOUT)
