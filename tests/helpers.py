@@ -1,10 +1,11 @@
 """Small builders shared by the tests: turns, notes, event stories told to a session, a clock the
-test moves, timeouts."""
+test moves, timeouts, a recall search read the long way."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import anyio
 
@@ -27,6 +28,7 @@ from voice_context.core.session import (
 )
 from voice_context.core.turns import Note, Role, Turn
 from voice_context.core.window import FillBudget
+from voice_context.store.base import ChooseTerms, PickPassages, RecallSearch, Store
 
 #: Every guard against a hang is a multiple of this; slow machines raise the scale.
 TIMEOUT_SCALE = float(os.environ.get("VOICE_CONTEXT_TEST_TIMEOUT_SCALE", "1"))
@@ -127,3 +129,16 @@ async def wait_until(predicate: Callable[[], bool], *, within: float = TIMEOUT) 
     with anyio.fail_after(within):
         while not predicate():  # noqa: ASYNC110 - polls plain attributes, not an event
             await anyio.sleep(0.001)
+
+
+Picked = TypeVar("Picked")
+
+
+async def read_twice(
+    store: Store, name: str, terms: Sequence[str], choose: ChooseTerms, pick: PickPassages[Picked]
+) -> RecallSearch[Picked]:
+    """What ``store.recall_search`` should return, read the long way: the postings, then the
+    passages ``pick`` asks for, in two reads (as a search read them before it was one read)."""
+    stats, df, postings = await store.recall_postings(name, terms, choose)
+    picked, keys = pick(stats, df, postings)
+    return RecallSearch(stats, df, postings, picked, await store.recall_passages(name, keys))

@@ -8,6 +8,8 @@ store can tell (a retried write, a reopened store, hash tags) run on those.
 
 from __future__ import annotations
 
+import functools
+import random
 import sqlite3
 import tempfile
 import uuid
@@ -18,16 +20,17 @@ from typing import Any
 import anyio
 import pytest
 import pytest_asyncio
+from helpers import read_twice
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from voice_context.core.landmarks import Landmark
-from voice_context.core.recalled import IndexedDoc
+from voice_context.core.recalled import IndexedDoc, Posting, RecallStats
 from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import ConfigError, SessionNotStored, StoreError
-from voice_context.recall.index import index_terms, indexed, note_passage, turn_passage
+from voice_context.recall.index import choose_terms, index_terms, indexed, note_passage, turn_passage
 from voice_context.store import (
     Created,
     FoldCommit,
@@ -37,6 +40,7 @@ from voice_context.store import (
     StoredSession,
     open_store,
 )
+from voice_context.store.base import PickPassages
 from voice_context.store.common import TurnConflict
 from voice_context.store.group import GroupCommit
 from voice_context.store.redis import RedisStore
@@ -533,6 +537,46 @@ async def test_only_the_postings_of_the_words_chosen_by_their_counts_are_read(st
     assert list(postings) == ["2"], "the common word's postings were never read"
 
 
+RECALL_WORDS = "locker code gym map raid healer coffee lisbon porto train ticket window seat".split()
+
+
+@pytest.mark.asyncio
+async def test_a_search_reads_in_one_go_what_the_postings_and_the_passages_read_in_two(store: Store) -> None:
+    rng = random.Random(34)
+    texts = [" ".join(rng.choices(RECALL_WORDS, k=rng.randint(1, 8))) for _ in range(40)]
+    await a_session_with_turns(store, "room-1", 40)
+    await store.index_turns("room-1", 0, [doc(i, text) for i, text in enumerate(texts)])
+    for i in range(3):
+        await store.index_note("room-1", indexed(note_passage(Note(f"{RECALL_WORDS[i]} on screen", T0 + i))))
+    vocabulary = [*sorted({term for text in texts for term in index_terms(text)}), "absent"]
+
+    def rarest(words: Sequence[str], df: Callable[[str], int], docs: int) -> list[str]:
+        return sorted(words, key=lambda t: (df(t), t))[:2]
+
+    def every(step: int) -> PickPassages[tuple[int, list[str]]]:
+        """Every ``step``-th doc a word read holds, and the turn after each (some not stored)."""
+
+        def pick(
+            stats: RecallStats, df: dict[str, int], postings: dict[str, list[Posting]]
+        ) -> tuple[tuple[int, list[str]], list[int]]:
+            keys = sorted({key for held in postings.values() for key, _, _ in held})[::step]
+            return (stats.docs, sorted(df)), [*keys, *(key + 1 for key in keys if key >= 0), 99, -9]
+
+        return pick
+
+    shown = 0
+    for _ in range(200):
+        terms = rng.sample(vocabulary, rng.randint(0, 6))
+        choose = rng.choice([rarest, functools.partial(choose_terms, common=rng.choice([0.05, 0.3, 1.0]))])
+        pick = every(rng.randint(1, 3))
+
+        found = await store.recall_search("room-1", terms, choose, pick)
+
+        assert found == await read_twice(store, "room-1", terms, choose, pick)
+        shown += bool(found.passages)
+    assert shown > 100  # most searches read passages (135 of the 200)
+
+
 @pytest.mark.asyncio
 async def test_vectors_are_kept_by_doc_key(store: Store) -> None:
     await a_session_with_turns(store, "room-1", 2)
@@ -564,6 +608,8 @@ async def test_the_recall_index_of_a_session_never_stored_is_an_unknown_session(
         await store.index_turns("nobody", 0, [doc(0)])
     with pytest.raises(SessionNotStored):
         await store.recall_postings("nobody", ["line"])
+    with pytest.raises(SessionNotStored):
+        await store.recall_search("nobody", ["line"], choose_terms, lambda *read: (None, [0]))
 
 
 # -- durable stores only ------------------------------------------------------------

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from voice_context.core.landmarks import Landmark
 from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStats
@@ -88,6 +88,26 @@ class StoredSession(NamedTuple):
 
 ChooseTerms = Callable[[Sequence[str], Callable[[str], int], int], list[str]]
 """Picks the words a search reads the postings of, from their doc counts and the doc total."""
+
+Picked = TypeVar("Picked")
+
+PickPassages = Callable[[RecallStats, dict[str, int], dict[str, list[Posting]]], tuple[Picked, Sequence[int]]]
+"""Ranks what a search read of the index (its stats, the words' doc counts, the postings read)
+and says which passages to read: its ranking, whatever it is, and their keys."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecallSearch(Generic[Picked]):
+    """What one read of a session's recall index found for a search (see
+    :meth:`Store.recall_search`): the index's stats, how many docs hold each of the query's
+    words (those it holds), the postings of the words chosen, what ``pick`` made of them, and
+    the passages it asked for (those the store holds)."""
+
+    stats: RecallStats
+    df: dict[str, int]
+    postings: dict[str, list[Posting]]
+    picked: Picked
+    passages: dict[int, Passage]
 
 
 @runtime_checkable
@@ -199,6 +219,18 @@ class Store(Protocol):
 
     async def recall_passages(self, name: str, keys: Sequence[int]) -> dict[int, Passage]:
         """The passages with these keys (turns by transcript index, notes by negative key)."""
+        ...
+
+    async def recall_search(
+        self, name: str, terms: Sequence[str], choose: ChooseTerms, pick: PickPassages[Picked]
+    ) -> RecallSearch[Picked]:
+        """The read side of a search: the index's stats and the doc counts of ``terms``, the
+        postings of the words ``choose`` picks (as :meth:`recall_postings`), what
+        ``pick(stats, df, postings)`` makes of them, and the passages of the keys it returns (as
+        :meth:`recall_passages`). SQLite and the memory store read it all at once, from one
+        snapshot, so a write that lands meanwhile is in all of it or in none; Redis reads it in
+        two round trips. ``pick`` runs inside the read (for SQLite in the reader's worker thread,
+        holding the reader): it should be quick, and touch nothing the event loop changes."""
         ...
 
     async def save_vectors(self, name: str, vectors: dict[int, bytes]) -> None:

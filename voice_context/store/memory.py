@@ -12,7 +12,16 @@ from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStat
 from voice_context.core.tiers import TierSummary, should_replace
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, TurnConflict
-from voice_context.store.base import ChooseTerms, Created, FoldCommit, SessionRecord, StoredSession
+from voice_context.store.base import (
+    ChooseTerms,
+    Created,
+    FoldCommit,
+    Picked,
+    PickPassages,
+    RecallSearch,
+    SessionRecord,
+    StoredSession,
+)
 
 
 @dataclass
@@ -177,22 +186,18 @@ class MemoryStore:
     async def recall_postings(
         self, name: str, terms: Sequence[str], choose: ChooseTerms | None = None
     ) -> tuple[RecallStats, dict[str, int], dict[str, list[Posting]]]:
-        entry = self._entry(name)
-        df = {t: len(entry.postings[t]) for t in terms if t in entry.postings}
-        read = choose(list(df), lambda t: df.get(t, 0), entry.recall.docs) if choose else list(df)
-        return entry.recall, df, {t: list(entry.postings[t]) for t in read if t in entry.postings}
+        return _postings(self._entry(name), terms, choose)
 
     async def recall_passages(self, name: str, keys: Sequence[int]) -> dict[int, Passage]:
+        return _passages(self._entry(name), keys)
+
+    async def recall_search(
+        self, name: str, terms: Sequence[str], choose: ChooseTerms, pick: PickPassages[Picked]
+    ) -> RecallSearch[Picked]:
         entry = self._entry(name)
-        out: dict[int, Passage] = {}
-        for key in keys:
-            if key < 0:
-                if key in entry.notes:
-                    out[key] = entry.notes[key]
-            elif key < len(entry.turns):
-                turn = entry.turns[key]
-                out[key] = Passage("turn", key, turn.at, turn.speaker, turn.text, turn.role)
-        return out
+        stats, df, postings = _postings(entry, terms, choose)
+        picked, keys = pick(stats, df, postings)
+        return RecallSearch(stats, df, postings, picked, _passages(entry, keys))
 
     async def save_vectors(self, name: str, vectors: dict[int, bytes]) -> None:
         self._entry(name).vectors.update(vectors)
@@ -227,3 +232,23 @@ class MemoryStore:
 
     async def aclose(self) -> None:
         return None
+
+
+def _postings(
+    entry: _Entry, terms: Sequence[str], choose: ChooseTerms | None
+) -> tuple[RecallStats, dict[str, int], dict[str, list[Posting]]]:
+    df = {t: len(entry.postings[t]) for t in terms if t in entry.postings}
+    read = choose(list(df), lambda t: df.get(t, 0), entry.recall.docs) if choose else list(df)
+    return entry.recall, df, {t: list(entry.postings[t]) for t in read if t in entry.postings}
+
+
+def _passages(entry: _Entry, keys: Sequence[int]) -> dict[int, Passage]:
+    out: dict[int, Passage] = {}
+    for key in keys:
+        if key < 0:
+            if key in entry.notes:
+                out[key] = entry.notes[key]
+        elif key < len(entry.turns):
+            turn = entry.turns[key]
+            out[key] = Passage("turn", key, turn.at, turn.speaker, turn.text, turn.role)
+    return out

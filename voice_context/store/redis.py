@@ -87,7 +87,16 @@ from voice_context.core.recalled import MAX_TERM_DOCS, IndexedDoc, Passage, Post
 from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored, StoreError, TurnConflict
-from voice_context.store.base import ChooseTerms, Created, FoldCommit, SessionRecord, StoredSession
+from voice_context.store.base import (
+    ChooseTerms,
+    Created,
+    FoldCommit,
+    Picked,
+    PickPassages,
+    RecallSearch,
+    SessionRecord,
+    StoredSession,
+)
 from voice_context.store.common import (
     decode_config,
     decode_landmark,
@@ -706,6 +715,17 @@ class RedisStore:
                 at, speaker, text = orjson.loads(raw)
                 out[key] = Passage("note", None, float(at), str(speaker), str(text))
         return out
+
+    async def recall_search(
+        self, name: str, terms: Sequence[str], choose: ChooseTerms, pick: PickPassages[Picked]
+    ) -> RecallSearch[Picked]:
+        """Not one snapshot here: the postings and then the passages, read as
+        :meth:`recall_postings` and :meth:`recall_passages` read them (up to three round trips).
+        A write may land between them; the index and the turns only grow, so a key the postings
+        name keeps its passage (unless the session is deleted meanwhile)."""
+        stats, df, postings = await self.recall_postings(name, terms, choose)
+        picked, keys = pick(stats, df, postings)
+        return RecallSearch(stats, df, postings, picked, await self.recall_passages(name, keys))
 
     async def save_vectors(self, name: str, vectors: dict[int, bytes]) -> None:
         if not vectors:

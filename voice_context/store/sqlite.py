@@ -3,7 +3,7 @@
 Access model: one ``sqlite3`` connection per store for everything that
 writes, used by one operation at a time in a worker thread
 (``anyio.to_thread.run_sync`` behind a capacity limiter of one). The reads on
-a reply's path (recall's postings and passages, the turns before the cursor)
+a reply's path (a recall search, the turns before the cursor)
 have a second, read-only connection and a worker of their own: in WAL mode a
 reader sees the last commit without waiting for the writer, so a context is
 never queued behind a group's fsync. Each store method is a single function that runs a whole
@@ -80,7 +80,16 @@ from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStat
 from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import SessionNotStored
-from voice_context.store.base import ChooseTerms, Created, FoldCommit, SessionRecord, StoredSession
+from voice_context.store.base import (
+    ChooseTerms,
+    Created,
+    FoldCommit,
+    Picked,
+    PickPassages,
+    RecallSearch,
+    SessionRecord,
+    StoredSession,
+)
 from voice_context.store.common import (
     decode_config,
     decode_landmark,
@@ -107,6 +116,8 @@ from voice_context.store.sqlite_rows import (
     forget,
     reading,
     recall_state,
+    select_passages,
+    select_postings,
     select_turns,
     total_turns,
     writing,
@@ -406,67 +417,29 @@ class SQLiteStore:
     async def recall_postings(
         self, name: str, terms: Sequence[str], choose: ChooseTerms | None = None
     ) -> tuple[RecallStats, dict[str, int], dict[str, list[Posting]]]:
-        wanted = list(dict.fromkeys(terms))
-
         def op(conn: sqlite3.Connection) -> tuple[RecallStats, dict[str, int], dict[str, list[Posting]]]:
             with reading(conn):
-                row = conn.execute(
-                    "SELECT sid, docs, length, turns, notes FROM recall_state WHERE session = ?", (name,)
-                ).fetchone()
-                if row is None:
-                    if total_turns(conn, name) < 0:
-                        raise SessionNotStored(name)
-                    return RecallStats(), {}, {}
-                sid, stats = row[0], RecallStats(*row[1:])
-                df: dict[str, int] = {}
-                if wanted:
-                    marks = ",".join("?" * len(wanted))
-                    df = dict(
-                        conn.execute(
-                            f"SELECT term, df FROM recall_df WHERE sid = ? AND term IN ({marks})",
-                            (sid, *wanted),
-                        ).fetchall()
-                    )
-                read = choose(list(df), lambda t: df.get(t, 0), stats.docs) if choose else list(df)
-                out: dict[str, list[Posting]] = {}
-                if read:
-                    marks = ",".join("?" * len(read))
-                    for term, key, tf, length in conn.execute(
-                        f"SELECT term, key, tf, length FROM recall_terms WHERE sid = ? AND term IN ({marks})",
-                        (sid, *read),
-                    ):
-                        out.setdefault(term, []).append((key, tf, length))
-                return stats, df, out
+                return select_postings(conn, name, terms, choose)
 
         return await self.db.run_read("recall_postings", op)
 
     async def recall_passages(self, name: str, keys: Sequence[int]) -> dict[int, Passage]:
-        turn_keys = sorted({k for k in keys if k >= 0})
-        note_keys = sorted({k for k in keys if k < 0})
-
         def op(conn: sqlite3.Connection) -> dict[int, Passage]:
-            out: dict[int, Passage] = {}
             with reading(conn):
-                if turn_keys:
-                    marks = ",".join("?" * len(turn_keys))
-                    for idx, speaker, role, text, at in conn.execute(
-                        "SELECT idx, speaker, role, text, at FROM turns"
-                        f" WHERE session = ? AND idx IN ({marks})",
-                        (name, *turn_keys),
-                    ):
-                        out[idx] = Passage("turn", idx, at, speaker, text, role)
-                if note_keys:
-                    marks = ",".join("?" * len(note_keys))
-                    for key, at, speaker, text in conn.execute(
-                        "SELECT n.key, n.at, n.speaker, n.text FROM recall_notes n"
-                        " JOIN recall_state s ON s.sid = n.sid"
-                        f" WHERE s.session = ? AND n.key IN ({marks})",
-                        (name, *note_keys),
-                    ):
-                        out[key] = Passage("note", None, at, speaker, text)
-            return out
+                return select_passages(conn, name, keys)
 
         return await self.db.run_read("recall_passages", op)
+
+    async def recall_search(
+        self, name: str, terms: Sequence[str], choose: ChooseTerms, pick: PickPassages[Picked]
+    ) -> RecallSearch[Picked]:
+        def op(conn: sqlite3.Connection) -> RecallSearch[Picked]:
+            with reading(conn):  # one transaction: the passages are of the postings' snapshot
+                stats, df, postings = select_postings(conn, name, terms, choose)
+                picked, keys = pick(stats, df, postings)
+                return RecallSearch(stats, df, postings, picked, select_passages(conn, name, keys))
+
+        return await self.db.run_read("recall_search", op)
 
     async def save_vectors(self, name: str, vectors: dict[int, bytes]) -> None:
         def op(conn: sqlite3.Connection) -> None:

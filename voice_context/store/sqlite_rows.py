@@ -7,8 +7,10 @@ import contextlib
 import sqlite3
 from collections.abc import Iterator, Sequence
 
-from voice_context.core.recalled import RecallStats
+from voice_context.core.recalled import Passage, Posting, RecallStats
 from voice_context.core.turns import Turn
+from voice_context.errors import SessionNotStored
+from voice_context.store.base import ChooseTerms
 from voice_context.store.common import make_turn
 
 
@@ -86,6 +88,64 @@ def add_postings(conn: sqlite3.Connection, rows: Sequence[tuple[int, str, int, i
         " ON CONFLICT (sid, term) DO UPDATE SET df = df + 1",
         [(sid, term) for sid, term, _, _, _ in rows],
     )
+
+
+def select_postings(
+    conn: sqlite3.Connection, name: str, terms: Sequence[str], choose: ChooseTerms | None
+) -> tuple[RecallStats, dict[str, int], dict[str, list[Posting]]]:
+    """The session's recall stats, the doc counts of ``terms``, and the postings of those
+    ``choose`` picks (see :meth:`~voice_context.store.base.Store.recall_postings`)."""
+    row = conn.execute(
+        "SELECT sid, docs, length, turns, notes FROM recall_state WHERE session = ?", (name,)
+    ).fetchone()
+    if row is None:
+        if total_turns(conn, name) < 0:
+            raise SessionNotStored(name)
+        return RecallStats(), {}, {}
+    sid, stats = row[0], RecallStats(*row[1:])
+    wanted = list(dict.fromkeys(terms))
+    df: dict[str, int] = {}
+    if wanted:
+        marks = ",".join("?" * len(wanted))
+        df = dict(
+            conn.execute(
+                f"SELECT term, df FROM recall_df WHERE sid = ? AND term IN ({marks})", (sid, *wanted)
+            ).fetchall()
+        )
+    read = choose(list(df), lambda t: df.get(t, 0), stats.docs) if choose else list(df)
+    out: dict[str, list[Posting]] = {}
+    if read:
+        marks = ",".join("?" * len(read))
+        for term, key, tf, length in conn.execute(
+            f"SELECT term, key, tf, length FROM recall_terms WHERE sid = ? AND term IN ({marks})",
+            (sid, *read),
+        ):
+            out.setdefault(term, []).append((key, tf, length))
+    return stats, df, out
+
+
+def select_passages(conn: sqlite3.Connection, name: str, keys: Sequence[int]) -> dict[int, Passage]:
+    """The passages of the session with these keys (turns by index, notes by negative key)."""
+    turn_keys = sorted({k for k in keys if k >= 0})
+    note_keys = sorted({k for k in keys if k < 0})
+    out: dict[int, Passage] = {}
+    if turn_keys:
+        marks = ",".join("?" * len(turn_keys))
+        for idx, speaker, role, text, at in conn.execute(
+            f"SELECT idx, speaker, role, text, at FROM turns WHERE session = ? AND idx IN ({marks})",
+            (name, *turn_keys),
+        ):
+            out[idx] = Passage("turn", idx, at, speaker, text, role)
+    if note_keys:
+        marks = ",".join("?" * len(note_keys))
+        for key, at, speaker, text in conn.execute(
+            "SELECT n.key, n.at, n.speaker, n.text FROM recall_notes n"
+            " JOIN recall_state s ON s.sid = n.sid"
+            f" WHERE s.session = ? AND n.key IN ({marks})",
+            (name, *note_keys),
+        ):
+            out[key] = Passage("note", None, at, speaker, text)
+    return out
 
 
 def select_turns(conn: sqlite3.Connection, name: str, start: int, end: int) -> list[Turn]:
