@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import re
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import anyio
 import hypothesis
 import pytest
 import Stemmer
+from helpers import read_twice
 from hypothesis import given
 from hypothesis import strategies as st
 from serving import running, settings, wire
@@ -35,11 +37,17 @@ from voice_context.recall.index import (
     annotate_dates,
     default_query,
     index_terms,
+    indexed,
     nearest,
+    note_passage,
     recall_candidates,
     turn_key,
+    turn_passage,
     with_neighbours,
 )
+from voice_context.recall.stored import search_store
+from voice_context.store import MemoryStore, SessionRecord, Store
+from voice_context.store.base import ChooseTerms
 from voice_context.store.redis import RedisStore
 from voice_context.store.sqlite import SQLiteStore
 from voice_context.summarizers.deterministic import DeterministicSummarizer, spoken_numbers
@@ -607,3 +615,86 @@ def test_equal_vectors_rank_the_newer_first_whatever_order_they_were_embedded_in
     for keys in ([3, 17, 9], [17, 9, 3], [9, 3, 17]):
         vectors = {key: same for key in keys}
         assert nearest(vectors, query, lambda _: True, 3) == [17, 9, 3]
+
+
+# -- a search is one read of the store ------------------------------------------------------
+
+
+class ReadTwice:
+    """A store whose recall searches read the postings, then the passages, in two reads (as a
+    search read them before it was one read; see :func:`helpers.read_twice`)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def recall_search(self, name: str, terms: Sequence[str], choose: ChooseTerms, pick: Any) -> Any:
+        return await read_twice(self.store, name, terms, choose, pick)
+
+
+HISTORY_WORDS = (
+    "locker code gym raid healer coffee lisbon porto train ticket window seat sister wedding dog "
+    "vet paint guitar lesson marathon knee doctor recipe lasagna garden tomato camping lake"
+).split()
+HISTORY_DATES = ("yesterday", "last week", "in May", "on 3 May 2023", "last Friday", "this month")
+
+
+def said_at_random(rng: random.Random, n: int) -> list[Turn]:
+    """``n`` turns of common and rare words (a few dated, a few asking), an hour apart."""
+    weights = [1 / (rank + 1) for rank in range(len(HISTORY_WORDS))]
+    out = []
+    for i in range(n):
+        words = rng.choices(HISTORY_WORDS, weights, k=rng.randint(2, 12))
+        if rng.random() < 0.15:
+            words.append(rng.choice(HISTORY_DATES))
+        text = " ".join(words) + ("?" if rng.random() < 0.2 else ".")
+        who, role = ("Caroline", "assistant") if i % 2 == 0 else ("Melanie", "user")
+        out.append(Turn(who, role, text, T0 + 3600 * i))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+@pytest.mark.asyncio
+async def test_a_search_in_one_read_finds_what_it_found_in_two(kind: str, tmp_path: Path) -> None:
+    import numpy as np
+
+    rng = random.Random(34)
+    store = MemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "sessions.db")
+    lengths = {"one": 40, "two": 150, "three": 90}
+    vectors: dict[str, dict[int, Any]] = {}
+    for name, n in lengths.items():
+        await store.create(SessionRecord(name))
+        said = said_at_random(rng, n)
+        for i, turn in enumerate(said):
+            await store.append_turn(name, i, turn)
+        await store.index_turns(name, 0, [indexed(turn_passage(i, turn)) for i, turn in enumerate(said)])
+        for k in range(5):
+            note = Note(f"{rng.choice(HISTORY_WORDS)} on screen", T0 + 7200 * k, speaker="Melanie")
+            await store.index_note(name, indexed(note_passage(note)))
+        units = np.random.default_rng(len(vectors)).normal(size=(n + 5, 8)).astype(np.float32)
+        units /= np.linalg.norm(units, axis=1, keepdims=True)
+        vectors[name] = dict(zip([*range(n), *range(-1, -6, -1)], units, strict=True))
+
+    found_any = 0
+    for _ in range(300):
+        name = rng.choice(list(lengths))
+        query = " ".join(rng.sample(HISTORY_WORDS, rng.randint(1, 5)))
+        if rng.random() < 0.3:
+            query += " " + rng.choice(HISTORY_DATES)
+        vector = None
+        if rng.random() < 0.3:
+            vector = vectors[name][rng.randrange(lengths[name])]
+        asked: dict[str, Any] = dict(
+            before=rng.randint(0, lengths[name]),
+            limit=rng.randint(1, 28),
+            query_vector=vector,
+            vectors=vectors[name],
+            now=T0 + 3600 * lengths[name],
+            common=rng.choice([1.0, DEFAULT_QUERY_COMMON]),
+        )
+
+        found = await search_store(store, name, query, **asked)
+
+        assert found == await search_store(ReadTwice(store), name, query, **asked), query
+        found_any += bool(found[1])
+    assert found_any > 200
+    await store.aclose()

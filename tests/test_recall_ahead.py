@@ -26,13 +26,13 @@ pytestmark = pytest.mark.asyncio
 
 
 class CountingStore(SQLiteStore):
-    """The real SQLite store, counting the recall searches it serves (one postings read each)."""
+    """The real SQLite store, counting the recall searches it serves (one read each)."""
 
     searches = 0
 
-    async def recall_postings(self, name: str, terms: Sequence[str], choose: Any = None) -> Any:
+    async def recall_search(self, name: str, terms: Sequence[str], choose: Any, pick: Any) -> Any:
         self.searches += 1
-        return await super().recall_postings(name, terms, choose)
+        return await super().recall_search(name, terms, choose, pick)
 
 
 def history() -> list[Turn]:
@@ -204,10 +204,10 @@ class HeldIndex(CountingStore):
         self.reading = 0
         self.read = anyio.Event()
 
-    async def recall_postings(self, name: str, terms: Sequence[str], choose: Any = None) -> Any:
+    async def recall_search(self, name: str, terms: Sequence[str], choose: Any, pick: Any) -> Any:
         self.reading += 1
         try:
-            return await super().recall_postings(name, terms, choose)
+            return await super().recall_search(name, terms, choose, pick)
         finally:
             self.reading -= 1
             self.read.set()

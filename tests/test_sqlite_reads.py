@@ -1,14 +1,17 @@
 """The SQLite store's reads on a reply's path (recall's postings and passages, the turns before
 the cursor) run on a read-only connection of their own: a context is never queued behind a
 group's commit. And what a context read before an await still holds after it: a fold that
-lands meanwhile never leaves a hole in the verbatim run."""
+lands meanwhile never leaves a hole in the verbatim run; a search's passages are of the
+snapshot its postings were read from."""
 
 from __future__ import annotations
 
 import re
+import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import anyio
 import anyio.to_thread
@@ -17,12 +20,17 @@ from helpers import TIMEOUT, turns, wait_until
 
 from voice_context.core.turns import Turn
 from voice_context.manager import CompactionEvent, SessionManager
+from voice_context.recall.index import indexed, turn_passage
+from voice_context.recall.stored import search_store
+from voice_context.store import SessionRecord
 from voice_context.store.sqlite import SQLiteStore
 from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 from voice_context.summarizers.fakes import ScriptedSummarizer
 
 pytestmark = pytest.mark.asyncio
+
+T = TypeVar("T")
 
 
 class HeldCommit:
@@ -146,4 +154,65 @@ async def test_a_fold_landing_while_a_context_reads_the_older_turns_leaves_no_ho
         shown = verbatim_indices(ctx.instructions)
         assert shown == list(range(ctx.first_turn, 18))  # one run, ending at the newest turn
         assert ctx.turns_shown == len(shown)
+    await store.aclose()
+
+
+# -- a search reads one snapshot ---------------------------------------------------------------
+
+
+class WriteAfterARead(SQLiteStore):
+    """The real SQLite store. Given a write (``after_read``), it runs that write once the next
+    read on the reader has ended, before the reader's caller is answered: where a write lands
+    that comes between two reads of one caller."""
+
+    after_read: Callable[[], Awaitable[None]] | None = None
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        read = self.db.run_read
+
+        async def read_then_write(where: str, op: Callable[[sqlite3.Connection], T]) -> T:
+            answer = await read(where, op)
+            if self.after_read is not None:
+                write, self.after_read = self.after_read, None
+                await write()
+            return answer
+
+        self.db.run_read = read_then_write  # type: ignore[method-assign]
+
+
+GYM = [
+    Turn("Ana", "user", "My gym locker code is 4417, write that down.", 0.0),
+    Turn("Bot", "assistant", "Noted: 4417.", 1.0),
+    Turn("Ana", "user", "Thanks, see you tomorrow.", 2.0),
+]
+BEGUN_AGAIN = [
+    Turn("Cy", "user", "Shall we meet at six by the station?", 10.0),
+    Turn("Bot", "assistant", "Six works, see you there.", 11.0),
+    Turn("Cy", "user", "Great.", 12.0),
+]
+
+
+async def test_a_search_shows_the_passages_of_the_postings_it_read(tmp_path: Path) -> None:
+    store = WriteAfterARead(tmp_path / "sessions.db")
+    await store.create(SessionRecord("gym"))
+    for i, said in enumerate(GYM):
+        await store.append_turn("gym", i, said)
+    await store.index_turns("gym", 0, [indexed(turn_passage(i, said)) for i, said in enumerate(GYM)])
+
+    async def begun_again() -> None:
+        """The session forgotten, and another begun under its name, without an index yet."""
+        await store.delete("gym")
+        await store.create(SessionRecord("gym"))
+        for i, said in enumerate(BEGUN_AGAIN):
+            await store.append_turn("gym", i, said)
+
+    store.after_read = begun_again  # lands as soon as the search has read from the store once
+    stats, found = await search_store(store, "gym", "What was my locker code?", before=2, limit=4)
+
+    assert store.after_read is None and await store.read_turns("gym", 0, 1) == BEGUN_AGAIN[:1]
+    assert stats.turns == 3
+    # the postings the search ranked were of the gym talk: so are the passages it shows
+    assert [recalled.turn for recalled in found] == [0, 1]
+    assert "Ana: My gym locker code is 4417" in found[0].line and "Bot: Noted: 4417." in found[1].line
     await store.aclose()

@@ -2,12 +2,13 @@
 
 The store keeps every session's postings beside its turns (see
 :class:`voice_context.store.base.Store`), so a process serving hundreds of
-sessions holds none of their history. A search asks the store for the
-postings of the query's words, ranks with the same BM25 and fusion as the
-in-process :class:`~voice_context.recall.index.RecallIndex`, then asks for the
-few passages it shows: short reads, whatever the session's length (the store
-counts each word's docs, and the postings of words too common to search by are
-never read).
+sessions holds none of their history. A search is one read of the store
+(:meth:`~voice_context.store.base.Store.recall_search`): the postings of the
+query's words, ranked inside the read with the same BM25 and fusion as the
+in-process :class:`~voice_context.recall.index.RecallIndex`, then the few
+passages it shows, all of one snapshot; short, whatever the session's length
+(the store counts each word's docs, and the postings of words too common to
+search by are never read). The passages are rendered after the read.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from voice_context.core.recalled import Recalled, RecallStats
+from voice_context.core.recalled import Posting, Recalled, RecallStats
 from voice_context.recall.dates import query_date_terms
 from voice_context.recall.index import (
     LENDERS_PER_HIT,
@@ -61,26 +62,37 @@ async def search_store(
     if not words and not dates and query_vector is None:
         return None, []
     choose = functools.partial(choose_terms, common=common)
-    stats, df, postings = await store.recall_postings(name, [*words, *dates], choose)
-    terms = choose([*words, *dates], lambda t: df.get(t, 0), stats.docs)
 
     def keep(key: int) -> bool:
         return key < 0 or key < before
 
-    scored = bm25(terms, postings, stats.docs, stats.length)
-    below = max(before, 0)  # notes' keys are < 0
-    lexical = {
-        key: score
-        for key, score in with_neighbours(scored, turn_key, turn_key, spread=LENDERS_PER_HIT * limit).items()
-        if key < below
-    }
+    # on the event loop, before the read: the session's vectors change there
     close = nearest(vectors, query_vector, keep, limit * 2) if query_vector is not None and vectors else []
-    top = fuse(lexical, close, limit=limit, min_share=min_share)
+    below = max(before, 0)  # notes' keys are < 0
+    spread = LENDERS_PER_HIT * limit
+
+    def pick(
+        stats: RecallStats, df: dict[str, int], postings: dict[str, list[Posting]]
+    ) -> tuple[tuple[list[str], list[tuple[int, float]]], list[int]]:
+        """The words searched by and the best ``limit`` doc keys with their scores; then the keys
+        of the passages to read: each turn with the one after it (a hit that asks a question is
+        shown with its answer)."""
+        terms = choose([*words, *dates], lambda t: df.get(t, 0), stats.docs)
+        scored = bm25(terms, postings, stats.docs, stats.length)
+        lexical = {
+            key: score
+            for key, score in with_neighbours(scored, turn_key, turn_key, spread=spread).items()
+            if key < below
+        }
+        top = fuse(lexical, close, limit=limit, min_share=min_share)
+        keys = [key for key, _ in top]
+        return (terms, top), [*keys, *(key + 1 for key in keys if key >= 0)]
+
+    found = await store.recall_search(name, [*words, *dates], choose, pick)
+    stats, df, passages = found.stats, found.df, found.passages
+    terms, top = found.picked
     if not top:
         return stats, []
-    # each turn with the one after it: a hit that asks a question is shown with its answer
-    keys = [key for key, _ in top]
-    passages = await store.recall_passages(name, [*keys, *(key + 1 for key in keys if key >= 0)])
     weight: Callable[[str], float] = lambda t: idf(stats.docs, df.get(t, 0))  # noqa: E731
     hits = [(passages[key], score) for key, score in top if key in passages]
     return stats, render_hits(
