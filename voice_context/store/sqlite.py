@@ -1,10 +1,10 @@
 """The embedded store: one SQLite file in WAL mode, the default.
 
 Access model: one ``sqlite3`` connection per store for everything that
-writes, used by one operation at a time in a worker thread
-(``anyio.to_thread.run_sync`` behind a capacity limiter of one). The reads on
-a reply's path (a recall search, the turns before the cursor)
-have a second, read-only connection and a worker of their own: in WAL mode a
+writes, used by one operation at a time in a thread of its own that takes the
+next operation as soon as the last returns (see :mod:`voice_context.store.worker`).
+The reads on a reply's path (a recall search, the turns before the cursor)
+have a second, read-only connection and a thread of their own: in WAL mode a
 reader sees the last commit without waiting for the writer, so a context is
 never queued behind a group's fsync. Each store method is a single function that runs a whole
 transaction in the thread, from ``BEGIN`` to ``COMMIT``; no transaction ever
