@@ -82,11 +82,10 @@ class MemoryStore:
         if index != stored:
             raise TurnConflict(name, index, stored, differs=index < stored)
         entry.turns.append(turn)
-        if doc is None or entry.recall.turns != index:
+        if doc is None:
             return None
-        self._index(entry, index, doc)
-        entry.recall = replace(entry.recall, turns=index + 1)
-        return entry.recall
+        stats = await self.index_turns(name, index, [doc])  # (skipped when the index is behind)
+        return stats if stats.turns == index + 1 else None
 
     async def save_notes(self, name: str, live: Sequence[Note], pending: Sequence[Note]) -> None:
         entry = self._entry(name)
