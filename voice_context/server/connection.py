@@ -85,15 +85,15 @@ class Connection:
     working_chars: int = 0
     max_working: int = REQUESTS_IN_PROGRESS
     max_working_chars: int = 1 << 20
-    #: sessions with requests waiting and no worker on them; the workers, and those waiting for work
+    #: sessions with requests waiting and no worker on them; the workers, and a wake-up for each
+    #: idle one (a session ready wakes one of them, not all)
     ready: deque[str] = field(default_factory=deque)
     workers: int = 0
-    idle_workers: int = 0
+    idle: deque[anyio.Event] = field(default_factory=deque)
     #: no reply can reach the client any more: what is left unstarted is dropped
     lost: bool = False
     _recv_scope: anyio.CancelScope | None = None
     _drained: anyio.Event = field(default_factory=anyio.Event)
-    _wake: anyio.Event = field(default_factory=anyio.Event)
     _idle: anyio.Event = field(default_factory=anyio.Event)
     _reading_done: bool = False
 
@@ -245,7 +245,8 @@ class Connection:
                 close = await self._read_frames(dispatcher, stopping, work)
             finally:
                 self._reading_done = True  # idle workers leave; busy ones finish their sessions first
-                self._wake.set()
+                while self.idle:
+                    self.idle.popleft().set()
         return close
 
     async def _read_frames(
@@ -294,9 +295,9 @@ class Connection:
             return
         self.queues[message.session] = deque([(message, sent, len(frame))])
         self.ready.append(message.session)
-        self._wake.set()
-        # idle workers may not have run since they were woken: one for each session ready
-        if self.idle_workers < len(self.ready) and self.workers < WORKERS:
+        if self.idle:  # one idle worker for each session ready
+            self.idle.popleft().set()
+        elif self.workers < WORKERS:
             self.workers += 1  # workers live as long as the connection: no task per request
             work.start_soon(self._worker, dispatcher)
 
@@ -306,12 +307,13 @@ class Connection:
             while not self.ready:
                 if self._reading_done:
                     return
-                self.idle_workers += 1
+                wake = anyio.Event()
+                self.idle.append(wake)
                 try:
-                    self._wake = anyio.Event() if self._wake.is_set() else self._wake
-                    await self._wake.wait()
+                    await wake.wait()
                 finally:
-                    self.idle_workers -= 1
+                    if not wake.is_set():  # cancelled while idle
+                        self.idle.remove(wake)
             name = self.ready.popleft()
             queue = self.queues[name]
             try:
