@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from collections import Counter, deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -225,6 +225,9 @@ LINE_CHARS = 600
 CACHE_CHARS = 1_000_000
 #: A line's last sentence is worth this much more, so windows grow coarser before they go.
 LAST_SENTENCE = 2.0
+#: Far more than the relative rounding error of a sentence's score (a sum of a few hundred terms
+#: at most, each within an ulp): a score that grew may be computed this much lower than before.
+_ROUNDING = 1e-9
 
 
 def _number_run(case: Callable[[str], str]) -> re.Pattern[str]:
@@ -1000,38 +1003,53 @@ class DeterministicSummarizer:
         it is re-scored whenever one of those goes; a line's last sentence counts
         double, so that windows grow coarser before they disappear.
         """
-        text = _render(lines)
+        rendered = [_render_line(line) for line in lines]
+        text = "\n".join(rendered)
         if len(text) <= limit:
             return text
         entries = [(line, sentence) for line in lines for sentence in line.sentences]
-        counts: Counter[str] = Counter()
-        holders: dict[str, list[int]] = {}
+        holders: defaultdict[str, list[int]] = defaultdict(list)
         for k, (_, sentence) in enumerate(entries):
             for word, _ in sentence.weights:
-                counts[word] += 1
-                holders.setdefault(word, []).append(k)
+                holders[word].append(k)
+        # a sentence's words are distinct: a word's count is the number of sentences that hold it
+        counts = {word: len(held) for word, held in holders.items()}
+        weights = [sentence.weights for _, sentence in entries]
+        costs = [len(sentence.text) + COST_PAD for _, sentence in entries]
         newest = len(lines) - 1
         discount = {id(line): 1.0 / (1.0 + (newest - li) / self.half_life) for li, line in enumerate(lines)}
+        discounts = [discount[id(line)] for line, _ in entries]
         position = {id(sentence): k for k, (_, sentence) in enumerate(entries)}
         alive = [True] * len(entries)
-        version = [0] * len(entries)
+        stale = [False] * len(entries)
 
         def score(k: int) -> float:
-            line, sentence = entries[k]
-            value = sum(w / counts[word] for word, w in sentence.weights)
-            last = LAST_SENTENCE if len(line.sentences) == 1 else 1.0
-            return value * last * discount[id(line)] / (len(sentence.text) + COST_PAD)
+            value = sum([w / counts[word] for word, w in weights[k]])
+            last = LAST_SENTENCE if len(entries[k][0].sentences) == 1 else 1.0
+            return value * last * discounts[k] / costs[k]
 
-        heap = [(score(k), k, 0) for k in range(len(entries))]
+        # A sentence's score only grows (its words' counts fall, a line's last sentence counts
+        # double): one whose words lost a holder is re-scored only when it comes up (``stale``).
+        heap = [(score(k), k) for k in range(len(entries))]
         heapq.heapify(heap)
         shown = list(lines)
-        for line in shown:
-            line.length = len(_render_line(line))
-        total = sum(line.length for line in shown) + max(0, len(shown) - 1)
+        for line, line_text in zip(shown, rendered, strict=True):
+            line.length = len(line_text)
+        total = len(text)
         remaining = len(entries)
         while heap and total > limit and remaining > 1:
-            _, k, seen = heapq.heappop(heap)
-            if not alive[k] or seen != version[k]:
+            lowest, k = heapq.heappop(heap)
+            if stale[k]:
+                stale[k] = False
+                heapq.heappush(heap, (score(k), k))
+                continue
+            # rounding alone may put a stale score a hair above its new one: refresh those close by
+            while heap and stale[heap[0][1]] and heap[0][0] <= lowest * (1.0 + _ROUNDING):
+                _, other = heapq.heappop(heap)
+                stale[other] = False
+                heapq.heappush(heap, (score(other), other))
+            if heap and heap[0] < (lowest, k):
+                heapq.heappush(heap, (lowest, k))
                 continue
             alive[k] = False
             remaining -= 1
@@ -1044,15 +1062,12 @@ class DeterministicSummarizer:
             else:
                 shown.remove(line)
                 total -= line.length + (1 if shown else 0)
-            touched = {other for word, _ in sentence.weights for other in holders[word]}
-            for word, _ in sentence.weights:
+            for word, _ in weights[k]:
                 counts[word] -= 1
+                for other in holders[word]:
+                    stale[other] = alive[other]
             if len(line.sentences) == 1:
-                touched.add(position[id(line.sentences[0])])
-            for other in touched:
-                if alive[other]:
-                    version[other] += 1
-                    heapq.heappush(heap, (score(other), other, version[other]))
+                stale[position[id(line.sentences[0])]] = True
         text = _render(shown)
         if len(text) > limit:
             text = clip(text.replace("\n", " "), limit)
