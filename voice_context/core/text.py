@@ -52,7 +52,7 @@ def normalize(text: str) -> str:
 
 def sentences(text: str) -> list[str]:
     """Split prose into sentences (keeps each sentence's closing punctuation)."""
-    return [part.strip() for part in _SENTENCE_END.split(text.strip()) if part.strip()]
+    return [sentence for part in _SENTENCE_END.split(text.strip()) if (sentence := part.strip())]
 
 
 def _pieces(text: str) -> list[tuple[str, str]]:
