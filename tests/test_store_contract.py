@@ -45,7 +45,6 @@ from voice_context.store.common import TurnConflict
 from voice_context.store.group import GroupCommit
 from voice_context.store.redis import RedisStore
 from voice_context.store.sqlite import SCHEMA_VERSION, SQLiteStore
-from voice_context.store.sqlite_rows import DF_KEY
 from voice_context.testing.redis_server import RedisClusterServers, RedisServer
 
 T0 = 1714572187.0
@@ -808,7 +807,7 @@ async def test_a_file_from_before_the_recall_index_gains_it_and_keeps_its_sessio
     await a_session_with_turns(store, "room-1", 3)
     await store.aclose()
     with sqlite3.connect(tmp_path / "vc.db") as conn:  # what version 3 wrote
-        for table in ("recall_terms", "recall_notes", "recall_vectors", "recall_state"):
+        for table in ("recall_terms", "recall_df", "recall_notes", "recall_vectors", "recall_state"):
             conn.execute(f"DROP TABLE {table}")
         conn.execute("UPDATE schema_version SET version = 3")
 
@@ -819,35 +818,6 @@ async def test_a_file_from_before_the_recall_index_gains_it_and_keeps_its_sessio
 
     assert record is not None and record.total_turns == 3
     assert stats.turns == 3
-
-
-@pytest.mark.asyncio
-async def test_a_file_with_a_doc_count_table_keeps_its_counts_among_the_postings(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "vc.db")
-    await a_session_with_turns(store, "room-1", 4)
-    await store.index_turns("room-1", 0, [doc(i, f"flight to lisbon number {i}") for i in range(4)])
-    words = ["flight", "lisbon", "number", "4", "absent"]
-    before = await store.recall_postings("room-1", words)
-    await store.aclose()
-    with sqlite3.connect(tmp_path / "vc.db") as conn:  # what version 5 wrote: the counts in a table
-        conn.execute(
-            "CREATE TABLE recall_df (sid INTEGER NOT NULL, term TEXT NOT NULL, df INTEGER NOT NULL,"
-            " PRIMARY KEY (sid, term)) WITHOUT ROWID"
-        )
-        conn.execute(f"INSERT INTO recall_df SELECT sid, term, tf FROM recall_terms WHERE key = {DF_KEY}")
-        conn.execute(f"DELETE FROM recall_terms WHERE key = {DF_KEY}")
-        conn.execute("UPDATE schema_version SET version = 5")
-
-    upgraded = SQLiteStore(tmp_path / "vc.db")
-    after = await upgraded.recall_postings("room-1", words)
-    stats = await upgraded.index_turns("room-1", 4, [])
-    await upgraded.aclose()
-
-    assert after == before and before[1]["flight"] == 4 and "absent" not in before[1]
-    assert stats.turns == 4
-    with sqlite3.connect(tmp_path / "vc.db") as conn:
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
-        assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'recall_df'").fetchall() == []
 
 
 @pytest.mark.asyncio

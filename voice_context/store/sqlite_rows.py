@@ -13,10 +13,6 @@ from voice_context.errors import SessionNotStored
 from voice_context.store.base import ChooseTerms
 from voice_context.store.common import make_turn
 
-DF_KEY = 2**63 - 1
-"""The key of a word's doc count among its postings in ``recall_terms`` (the count in ``tf``):
-after every doc key, so that the count sits on the page the word's newest postings go to."""
-
 
 @contextlib.contextmanager
 def writing(conn: sqlite3.Connection) -> Iterator[None]:
@@ -71,7 +67,7 @@ def forget(conn: sqlite3.Connection, name: str) -> None:
     conn.execute("DELETE FROM sessions WHERE name = ?", (name,))
     row = conn.execute("SELECT sid FROM recall_state WHERE session = ?", (name,)).fetchone()
     if row is not None:
-        for table in ("recall_terms", "recall_notes", "recall_vectors", "recall_state"):
+        for table in ("recall_terms", "recall_df", "recall_notes", "recall_vectors", "recall_state"):
             conn.execute(f"DELETE FROM {table} WHERE sid = ?", (row[0],))
 
 
@@ -91,8 +87,8 @@ def add_postings(conn: sqlite3.Connection, rows: Sequence[tuple[int, str, int, i
     """Postings (sid, term, key, tf, length) into the index, each word's doc count with them."""
     conn.executemany("INSERT INTO recall_terms (sid, term, key, tf, length) VALUES (?, ?, ?, ?, ?)", rows)
     conn.executemany(
-        f"INSERT INTO recall_terms (sid, term, key, tf, length) VALUES (?, ?, {DF_KEY}, 1, 0)"
-        " ON CONFLICT (sid, term, key) DO UPDATE SET tf = tf + 1",
+        "INSERT INTO recall_df (sid, term, df) VALUES (?, ?, 1)"
+        " ON CONFLICT (sid, term) DO UPDATE SET df = df + 1",
         [(sid, term) for sid, term, _, _, _ in rows],
     )
 
@@ -116,8 +112,7 @@ def select_postings(
         marks = ",".join("?" * len(wanted))
         df = dict(
             conn.execute(
-                f"SELECT term, tf FROM recall_terms WHERE sid = ? AND term IN ({marks}) AND key = {DF_KEY}",
-                (sid, *wanted),
+                f"SELECT term, df FROM recall_df WHERE sid = ? AND term IN ({marks})", (sid, *wanted)
             ).fetchall()
         )
     read = choose(list(df), lambda t: df.get(t, 0), stats.docs) if choose else list(df)
@@ -125,8 +120,7 @@ def select_postings(
     if read:
         marks = ",".join("?" * len(read))
         for term, key, tf, length in conn.execute(
-            f"SELECT term, key, tf, length FROM recall_terms"
-            f" WHERE sid = ? AND term IN ({marks}) AND key < {DF_KEY}",
+            f"SELECT term, key, tf, length FROM recall_terms WHERE sid = ? AND term IN ({marks})",
             (sid, *read),
         ):
             out.setdefault(term, []).append((key, tf, length))

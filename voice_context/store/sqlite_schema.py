@@ -6,9 +6,9 @@ from __future__ import annotations
 import sqlite3
 
 from voice_context.errors import StoreError
-from voice_context.store.sqlite_rows import DF_KEY, writing
+from voice_context.store.sqlite_rows import writing
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 5
 
 _LANDMARKS = """
     CREATE TABLE IF NOT EXISTS landmarks (
@@ -120,23 +120,10 @@ _RECALL_SCHEMA = (
     """,
 )
 
-# version 6: each word's doc count is a row of ``recall_terms`` (key ``DF_KEY``) beside its
-# postings, not a table of its own: a turn's write updates the pages its postings go to
-_DF_INTO_TERMS = (
-    f"INSERT INTO recall_terms (sid, term, key, tf, length) SELECT sid, term, {DF_KEY}, df, 0 FROM recall_df",
-    "DROP TABLE recall_df",
-)
-
 #: What each older schema version needs to become the next: 2 landmarks, 3 tool turns, 4 recall,
-#: 5 tiers, 6 doc counts among the postings.
+#: 5 tiers.
 _MIGRATIONS.update(
-    {
-        1: (_LANDMARKS,),
-        2: ("ALTER TABLE turns ADD COLUMN tool TEXT",),
-        3: _RECALL_SCHEMA,
-        4: (_TIERS,),
-        5: _DF_INTO_TERMS,
-    }
+    {1: (_LANDMARKS,), 2: ("ALTER TABLE turns ADD COLUMN tool TEXT",), 3: _RECALL_SCHEMA, 4: (_TIERS,)}
 )
 
 
@@ -152,7 +139,7 @@ def migrate(conn: sqlite3.Connection) -> None:
             conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             version = schema_version(conn)
             if version is None:
-                for statement in (*_SCHEMA, *_RECALL_SCHEMA, *_DF_INTO_TERMS):  # (as version 4, then 6)
+                for statement in (*_SCHEMA, *_RECALL_SCHEMA):
                     conn.execute(statement)
                 conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
                 version = SCHEMA_VERSION
