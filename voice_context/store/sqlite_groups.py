@@ -106,21 +106,24 @@ class GroupWriter:
                     # else: a retry of a write that landed, nothing to do
                 else:
                     item.error = TurnConflict(op.name, op.index, total)
-            conn.executemany(
-                "INSERT INTO turns (session, idx, speaker, role, text, at, id, tool)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                inserts,
-            )
-            for op in indexed:  # in order: a session's turns of one group are indexed in turn
-                op.stats = index_with_turn(conn, op)
-            moved = {name for name, _ in written}
-            conn.executemany(
-                "UPDATE sessions SET total_turns = ?, updated_at = ? WHERE name = ?",
-                [(totals[name], now, name) for name in moved],
-            )
-            conn.executemany(
-                "UPDATE sessions SET live_notes = ?, pending_notes = ?, updated_at = ? WHERE name = ?", notes
-            )
+            if inserts:
+                conn.executemany(
+                    "INSERT INTO turns (session, idx, speaker, role, text, at, id, tool)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    inserts,
+                )
+                for op in indexed:  # in order: a session's turns of one group are indexed in turn
+                    op.stats = index_with_turn(conn, op)
+                moved = {name for name, _ in written}
+                conn.executemany(
+                    "UPDATE sessions SET total_turns = ?, updated_at = ? WHERE name = ?",
+                    [(totals[name], now, name) for name in moved],
+                )
+            if notes:
+                conn.executemany(
+                    "UPDATE sessions SET live_notes = ?, pending_notes = ?, updated_at = ? WHERE name = ?",
+                    notes,
+                )
             if self.before_commit is not None:
                 self.before_commit([item.op.where for item in batch if item.error is None])
 

@@ -73,10 +73,13 @@ def forget(conn: sqlite3.Connection, name: str) -> None:
 
 def recall_state(conn: sqlite3.Connection, name: str) -> tuple[int, RecallStats]:
     """The session's recall index number and stats, created empty when it has none (in a write)."""
-    conn.execute("INSERT OR IGNORE INTO recall_state (session) VALUES (?)", (name,))
     row = conn.execute(
         "SELECT sid, docs, length, turns, notes FROM recall_state WHERE session = ?", (name,)
     ).fetchone()
+    if row is None:
+        sid = conn.execute("INSERT INTO recall_state (session) VALUES (?)", (name,)).lastrowid
+        assert sid is not None  # (sid is the table's rowid)
+        return sid, RecallStats()
     return int(row[0]), RecallStats(*row[1:])
 
 
