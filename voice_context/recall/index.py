@@ -40,7 +40,6 @@ from voice_context.core.times import stamp
 from voice_context.core.turns import Note, Turn
 from voice_context.recall.dates import DATE_TERMS, MAX_DATE_TERMS, date_terms, is_date_term, query_date_terms
 from voice_context.summarizers.deterministic import (
-    LOWER_TOKEN,
     NUMBER_TOKENS,
     RELATIVE_DATE,
     may_hold_relative_date,
@@ -106,6 +105,42 @@ _STOP = frozenset(
 
 _STEMMER = Stemmer.Stemmer("english")
 _HYPHENATED = re.compile(r"[a-z]+(?:-[a-z]+)+")
+_TOKEN_BYTES = bytes(c if 0x61 <= c <= 0x7A or 0x30 <= c <= 0x39 else 0x20 for c in range(256))
+"""Every byte but ``[a-z0-9]`` as a space: :func:`_tokens` splits on it."""
+WORD_TERMS = 50_000
+"""How many words :func:`_word_term` remembers the term of (each of at most :data:`WORD_TERM_CHARS`
+chars): a conversation's vocabulary is a few thousand words, and every text indexed or searched
+is made of them."""
+WORD_TERM_CHARS = 40
+_WORD_TERMS: dict[str, str] = {}
+"""Word -> its term, ``""`` for a word dropped (a stopword, a letter alone). Read without a lock:
+a ``dict``'s ``get``, item assignment and ``clear`` are each atomic under the GIL, and a term is
+a function of its word alone, so a thread that reads a word another is adding, or finds it gone
+after a ``clear``, computes the same term."""
+
+
+def _tokens(lowered: str) -> list[str]:
+    """What the deterministic summarizer's ``LOWER_TOKEN.findall(lowered)`` finds, about twice as
+    fast: a run of ``[a-z0-9]`` is a token, anything else (a char past ASCII too: ``encode``
+    makes it one ``?``) separates them."""
+    return lowered.encode("ascii", "replace").translate(_TOKEN_BYTES).decode("ascii").split()
+
+
+def _stemmed(word: str) -> str:
+    """A word as the index holds it: Snowball-stemmed, a number without its leading zeros."""
+    stem: str = _STEMMER.stemWord(word)
+    return stem.lstrip("0") or "0" if stem.isdigit() else stem
+
+
+def _word_term(word: str) -> str:
+    """:func:`_stemmed`, or ``""`` for a word recall does not match on (remembered: see
+    :data:`_WORD_TERMS`)."""
+    term = "" if word in _STOP or (len(word) < 2 and not word.isdigit()) else _stemmed(word)
+    if len(word) <= WORD_TERM_CHARS:
+        if len(_WORD_TERMS) >= WORD_TERMS:
+            _WORD_TERMS.clear()
+        _WORD_TERMS[word] = term
+    return term
 
 
 def index_terms(text: str) -> list[str]:
@@ -115,18 +150,25 @@ def index_terms(text: str) -> list[str]:
     # every step but the tokenizing and the stemmer is skipped when its text cannot apply:
     # this runs for every turn stored and every sentence a search shows
     lowered = text.lower()
-    found: list[str] = LOWER_TOKEN.findall(lowered)
+    found = _tokens(lowered)
     tokens: list[str] | None = found
     if not NUMBER_TOKENS.isdisjoint(found):  # a number said as words starts with one of these
         lowered, tokens = spoken_numbers_lower(lowered), None
     if "'" in lowered or "’" in lowered:
         lowered, tokens = _APOSTROPHE.sub("", _POSSESSIVE.sub("", lowered)), None
     if tokens is None:
-        tokens = LOWER_TOKEN.findall(lowered)
-    words = [w for w in tokens if w not in _STOP and (len(w) > 1 or w.isdigit())]
+        tokens = _tokens(lowered)
+    get = _WORD_TERMS.get
+    terms: list[str] = []
+    for word in tokens:
+        term = get(word)
+        if term is None:
+            term = _word_term(word)
+        if term:
+            terms.append(term)
     if "-" in lowered:  # "de-stress" is also "destress"
-        words.extend(h.replace("-", "") for h in _HYPHENATED.findall(lowered))
-    return [w.lstrip("0") or "0" if w.isdigit() else w for w in _STEMMER.stemWords(words)]
+        terms.extend(_stemmed(h.replace("-", "")) for h in _HYPHENATED.findall(lowered))
+    return terms
 
 
 def annotate_dates(text: str, at: float) -> str:
