@@ -668,6 +668,12 @@ def summary_passages(summary: str) -> list[str]:
     return [line for line in normalize(summary).split("\n") if line.strip()]
 
 
+SCANNED_LINES = 64
+"""A :class:`SummaryIndex` of at most this many lines is searched line by line (a rolling summary,
+rebuilt at each fold, has a few dozen at most); one of more (the lines of many rolled summaries)
+by the lines each word is in."""
+
+
 @dataclass(frozen=True, slots=True)
 class SummaryIndex:
     """The words of a summary's lines, indexed once per summary (it changes only when a fold
@@ -675,22 +681,33 @@ class SummaryIndex:
 
     summary: str
     lines: tuple[str, ...]
-    words: dict[str, tuple[int, ...]]
+    terms: tuple[frozenset[str], ...]
+    """The words of each line."""
+    words: dict[str, tuple[int, ...]] | None
+    """The lines each word is in (``None`` for :data:`SCANNED_LINES` lines or fewer)."""
 
     @classmethod
     def of(cls, summary: str) -> SummaryIndex:
         lines = tuple(summary_passages(summary))
+        terms = tuple(map(_line_terms, lines))
+        if len(lines) <= SCANNED_LINES:
+            return cls(summary, lines, terms, None)
         words: dict[str, list[int]] = {}
-        for k, line in enumerate(lines):
-            for term in _line_terms(line):
+        for k, held in enumerate(terms):
+            for term in held:
                 words.setdefault(term, []).append(k)
-        return cls(summary, lines, {t: tuple(ks) for t, ks in words.items()})
+        return cls(summary, lines, terms, {t: tuple(ks) for t, ks in words.items()})
 
     def search(self, query: str, *, limit: int = 4) -> list[Recalled]:
         """Lines that share words with ``query``, best first (overlap weighted by length)."""
-        hits: Counter[int] = Counter()
-        for term in set(index_terms(query)):
-            hits.update(self.words.get(term, ()))
+        wanted = set(index_terms(query))
+        hits: dict[int, int]  # line -> how many of the query's words it holds
+        if self.words is None:
+            hits = {k: n for k, held in enumerate(self.terms) if (n := len(wanted & held))}
+        else:
+            hits = Counter()
+            for term in wanted:
+                hits.update(self.words.get(term, ()))
         scored = sorted(
             ((n / math.sqrt(1 + len(self.lines[k]) / 200), k) for k, n in hits.items()),
             key=lambda item: (-item[0], -item[1]),
