@@ -28,11 +28,12 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Literal
 
 import Stemmer
 
-from voice_context.core.cache import char_bounded_cache
+from voice_context.core.cache import CharBoundedCache, char_bounded_cache
 from voice_context.core.recalled import MAX_TERM_DOCS, IndexedDoc, Passage, Posting, Recalled
 from voice_context.core.session import Session
 from voice_context.core.text import ELLIPSIS, clip, normalize, sentences
@@ -86,6 +87,8 @@ LINE_TERMS_CACHE_CHARS = 4_000_000
 and leaves the others as they were, so a summary's index is rebuilt from these)."""
 ANNOTATED_CACHE_CHARS = 2_000_000
 """How many chars of shown turns with a relative date keep their annotated form."""
+HINT_CACHE_CHARS = 2_000_000
+"""How many chars of shown turns keep whether they may say a relative date."""
 _POSSESSIVE = re.compile(r"['’]s\b")
 _APOSTROPHE = re.compile(r"['’]")
 _STOP = frozenset(
@@ -174,12 +177,15 @@ def index_terms(text: str) -> list[str]:
 def annotate_dates(text: str, at: float) -> str:
     """Relative dates kept as said, with the day they mean in brackets:
     "yesterday" said on 8 May 2023 reads "yesterday [7 May 2023]"."""
-    if not may_hold_relative_date(text):  # ("this week", "past month" among them)
+    if not _may_hold_relative_date(text):  # ("this week", "past month" among them)
         return text
     return _annotated(f"{at!r}{_AT}{text}")  # the same turns are shown again and again
 
 
 _AT = "\x00"
+_may_hold_relative_date = CharBoundedCache(may_hold_relative_date, HINT_CACHE_CHARS)
+"""The same turns are shown again and again: whether one may say a relative date is remembered
+(a search of its lowercased copy takes several times a lookup)."""
 
 
 @char_bounded_cache(ANNOTATED_CACHE_CHARS)
@@ -469,14 +475,16 @@ def best_span(
         return text, "turn"
     # the shortest run of consecutive sentences holding SENTENCE_SHARE of the match
     best: tuple[int, int] | None = None
+    best_size = 0
+    starts = [0, *accumulate(len(p) + 1 for p in parts)]  # a run's size: starts[j + 1] - starts[i]
     for i in range(len(parts)):
         mass = 0.0
         for j in range(i, len(parts)):
             mass += weights[j]
             if mass >= SENTENCE_SHARE * total:
-                size = sum(len(p) + 1 for p in parts[i : j + 1])
-                if best is None or size < sum(len(p) + 1 for p in parts[best[0] : best[1] + 1]):
-                    best = (i, j)
+                size = starts[j + 1] - starts[i]
+                if best is None or size < best_size:
+                    best, best_size = (i, j), size
                 break
     if best is None:
         return text, "turn"
