@@ -102,7 +102,10 @@ def keep_newest_sentences(text: str, limit: int) -> str:
     return clip_start(normalize(text), limit)
 
 
-_LINE_SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|(?<=[.!?…][\"')\]])\s+")
+# The end of a sentence in a normalized line: its closing punctuation (and a closing quote or
+# bracket), then the single space before the next. Found by its punctuation, many times faster
+# than by a look behind each blank of the line.
+_LINE_SENTENCE_END = re.compile(r"[.!?…][\"')\]]? ")
 # A line's head, "[8 May 2023, 13:56] ": it says when the line happened, so it stays with the line.
 _LINE_HEAD = re.compile(r"^\[[^\]\n]{1,40}\]\s+")
 # A sentence's speaker label, "Caroline: ": the sentences after it are hers until the next label.
@@ -119,8 +122,20 @@ def _summary_lines(text: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
         head = _LINE_HEAD.match(paragraph)
         prefix = head.group(0) if head else ""
         body = paragraph[len(prefix) :]
-        out.append((prefix, tuple(part for part in _LINE_SENTENCE_END.split(body) if part)))
+        out.append((prefix, _line_sentences(body)))
     return tuple(out)
+
+
+def _line_sentences(body: str) -> tuple[str, ...]:
+    """The sentences of a normalized line (its blanks are single spaces): split at each blank after
+    a sentence's closing punctuation, or after the punctuation and a quote or bracket closing it."""
+    parts: list[str] = []
+    start = 0
+    for end in _LINE_SENTENCE_END.finditer(body):
+        parts.append(body[start : end.end() - 1])
+        start = end.end()
+    parts.append(body[start:])
+    return tuple(part for part in parts if part)
 
 
 @lru_cache(maxsize=16384)
@@ -162,7 +177,7 @@ def _drop_one(sentences: list[str], infos: list[float]) -> tuple[int, int]:
         saved -= len(label.group(0))
     if 0 < k < len(sentences):  # "Ann: A. Bob: B. Ann: C." without B: "Ann: A. C."
         again = _LABEL.match(sentences[k])
-        before = next((m.group(0) for m in map(_LABEL.match, reversed(sentences[:k])) if m), None)
+        before = again and next((m.group(0) for m in map(_LABEL.match, reversed(sentences[:k])) if m), None)
         if again and again.group(0) == before:
             sentences[k] = sentences[k][again.end() :]
             saved += again.end()
