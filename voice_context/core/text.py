@@ -159,9 +159,16 @@ def information(sentence: str) -> float:
     return total / (len(body) + INFO_PAD)
 
 
-def _drop_one(sentences: list[str], infos: list[float]) -> tuple[int, int]:
+def _label(sentence: str) -> str:
+    """A sentence's speaker label (``"Caroline: "``), ``""`` for none."""
+    found = _LABEL.match(sentence)
+    return found.group(0) if found else ""
+
+
+def _drop_one(sentences: list[str], infos: list[float], labels: list[str]) -> tuple[int, int]:
     """Drop the sentence of a line that tells least (the latest on a tie); returns the chars saved
-    and where it was.
+    and where it was. ``infos`` and ``labels`` are each sentence's :func:`information` and
+    :func:`_label`, kept in step.
 
     A label the dropped sentence carried passes to the next sentence if it has
     none, so that no sentence changes speaker; a label that now repeats the one
@@ -170,17 +177,19 @@ def _drop_one(sentences: list[str], infos: list[float]) -> tuple[int, int]:
     k = len(infos) - 1 - infos[::-1].index(min(infos))  # the last of the least
     dropped = sentences.pop(k)
     del infos[k]
+    label = labels.pop(k)
     saved = len(dropped) + 1
-    label = _LABEL.match(dropped)
-    if label and k < len(sentences) and not _LABEL.match(sentences[k]):
-        sentences[k] = label.group(0) + sentences[k]
-        saved -= len(label.group(0))
-    if 0 < k < len(sentences):  # "Ann: A. Bob: B. Ann: C." without B: "Ann: A. C."
-        again = _LABEL.match(sentences[k])
-        before = again and next((m.group(0) for m in map(_LABEL.match, reversed(sentences[:k])) if m), None)
-        if again and again.group(0) == before:
-            sentences[k] = sentences[k][again.end() :]
-            saved += again.end()
+    if label and k < len(sentences) and not labels[k]:
+        sentences[k] = label + sentences[k]
+        labels[k] = label  # (the label a sentence begins with ends at its first ": ")
+        saved -= len(label)
+    if 0 < k < len(sentences) and labels[k]:  # "Ann: A. Bob: B. Ann: C." without B: "Ann: A. C."
+        again = labels[k]
+        before = next((labels[j] for j in range(k - 1, -1, -1) if labels[j]), None)
+        if again == before:
+            sentences[k] = sentences[k][len(again) :]
+            labels[k] = _label(sentences[k])
+            saved += len(again)
     return saved, k
 
 
@@ -346,6 +355,7 @@ class _Condensing:
     latest: list[int]  # the minute of day the last line joined began
     lines: list[list[str]]
     infos: list[list[float]]
+    labels: list[list[str]]
     lengths: list[int]
     after: list[int]  # the next line still shown (n: none)
     alive: list[bool]
@@ -368,6 +378,7 @@ class _Condensing:
             latest=[day[1] if day else 0 for day in days],
             lines=lines,
             infos=[[information(sentence) for sentence in line] for line in lines],
+            labels=[list(map(_label, line)) for line in lines],
             lengths=lengths,
             after=list(range(1, n + 1)),
             alive=[True] * n,
@@ -398,7 +409,7 @@ class _Condensing:
     def drop_from(self, i: int) -> None:
         """Line ``i`` loses the sentence that tells least (:func:`_drop_one`)."""
         line = self.lines[i]
-        saved, k = _drop_one(line, self.infos[i])
+        saved, k = _drop_one(line, self.infos[i], self.labels[i])
         self.total -= saved
         self.lengths[i] -= saved
         self.steps.append((_DROP, i, k, line[k] if k < len(line) else None))
@@ -416,6 +427,7 @@ class _Condensing:
         j = self.after[i]
         self.lines[i] += self.lines[j]
         self.infos[i] += self.infos[j]
+        self.labels[i] += self.labels[j]
         self.lengths[i] += 1 + self.lengths[j] - len(self.heads[j])
         self.total -= len(self.heads[j])
         self.latest[i] = self.latest[j]
