@@ -170,8 +170,15 @@ def index_terms(text: str) -> list[str]:
         if term:
             terms.append(term)
     if "-" in lowered:  # "de-stress" is also "destress"
-        terms.extend(_stemmed(h.replace("-", "")) for h in _HYPHENATED.findall(lowered))
+        terms.extend(_stemmed(h.replace("-", "")) for h in _hyphenated(lowered))
     return terms
+
+
+def _hyphenated(lowered: str) -> list[str]:
+    """``_HYPHENATED.findall(lowered)``, searched for only in the chunks between blanks that hold a
+    hyphen (a match never spans a blank): over a whole text, the regex tries every letter of every
+    word, several times slower."""
+    return [found for chunk in lowered.split() if "-" in chunk for found in _HYPHENATED.findall(chunk)]
 
 
 def annotate_dates(text: str, at: float) -> str:
