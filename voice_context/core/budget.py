@@ -699,6 +699,7 @@ class _Transcript:
     unit_start: Sequence[int]  # the first turn of the unit each turn belongs to
     answered: frozenset[str | None]
     called: frozenset[str | None]
+    shown: list[tuple[str, int] | None]  # each turn's :meth:`rendered`, once it was asked for
 
     @classmethod
     def of(cls, older: Sequence[Turn], view: ContextView, format: Format) -> _Transcript:
@@ -724,6 +725,7 @@ class _Transcript:
             if has_tools
             else frozenset(),
             called=frozenset(t.tool_call_id for t in turns if t.is_tool_call) if has_tools else frozenset(),
+            shown=[None] * n,
         )
 
     def _spoke_before(self, i: int) -> bool:
@@ -734,7 +736,14 @@ class _Transcript:
         )
 
     def rendered(self, i: int) -> tuple[str, int]:
-        """Turn ``i`` as its line or message content, and how much of it may not be cut."""
+        """Turn ``i`` as its line or message content, and how much of it may not be cut (rendered
+        once: the floor, the window and the older turns each ask for the same turns)."""
+        shown = self.shown[i]
+        if shown is None:
+            shown = self.shown[i] = self._render(i)
+        return shown
+
+    def _render(self, i: int) -> tuple[str, int]:
         turn = self.turns[i]
         config = self.config
         if not self.has_tools:

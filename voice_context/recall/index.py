@@ -476,7 +476,7 @@ def best_span(
     if len(parts_words) < 2:
         return text, "turn"
     parts = [p for p, _ in parts_words]
-    weights = [sum(weight(t) for t in words & wanted) for _, words in parts_words]
+    weights = [sum(map(weight, words & wanted)) for _, words in parts_words]
     total = sum(weights)
     if total <= 0:
         return text, "turn"
