@@ -7,8 +7,9 @@ import re
 import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
-from voice_context.core.cache import CharBoundedCache
+from voice_context.core.cache import CharBoundedCache, char_bounded_cache
 
 _SENTENCE_END = re.compile(r"(?<=[.!?…])[\"')\]]*\s+")
 ELLIPSIS = "…"
@@ -115,15 +116,38 @@ INFO_PAD = 20
 """Each sentence costs this many chars more than its length when a line chooses which to drop."""
 
 
-def _summary_lines(text: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """A summary's lines as (head, sentences)."""
-    out: list[tuple[str, tuple[str, ...]]] = []
-    for paragraph in normalize(text).split("\n"):
-        head = _LINE_HEAD.match(paragraph)
-        prefix = head.group(0) if head else ""
-        body = paragraph[len(prefix) :]
-        out.append((prefix, _line_sentences(body)))
-    return tuple(out)
+class _Line(NamedTuple):
+    """One line of a summary, parsed: its head, its sentences, and what each tells
+    (:func:`information`) and who says it (:func:`_label`)."""
+
+    head: str
+    sentences: tuple[str, ...]
+    infos: tuple[float, ...]
+    labels: tuple[str, ...]
+
+
+LINES_CACHE_CHARS = 4_000_000
+"""How many chars of summary lines :func:`_summary_lines` keeps parsed: a fold changes a summary's
+newest lines, and a cut of it keeps the lines it left whole, so most lines of a summary to condense
+were parsed before (250 sessions' summaries take about 2.5 million chars)."""
+
+
+@char_bounded_cache(LINES_CACHE_CHARS)
+def _parsed_line(line: str) -> _Line | None:
+    """A line of a summary as it is written (not normalized), parsed; ``None`` for a blank one."""
+    paragraph = " ".join(line.split())
+    if not paragraph:
+        return None
+    head = _LINE_HEAD.match(paragraph)
+    prefix = head.group(0) if head else ""
+    sentences = _line_sentences(paragraph[len(prefix) :])
+    return _Line(prefix, sentences, tuple(map(information, sentences)), tuple(map(_label, sentences)))
+
+
+def _summary_lines(text: str) -> tuple[_Line, ...]:
+    """The lines of ``normalize(text)``, parsed (each line is normalized alone)."""
+    parsed = tuple(line for line in map(_parsed_line, text.splitlines()) if line is not None)
+    return parsed or (_Line("", (), (), ()),)  # (an empty text: one empty line)
 
 
 def _line_sentences(body: str) -> tuple[str, ...]:
@@ -284,7 +308,7 @@ class _Plan:
         self.half_life = half_life
         self.parsed = _summary_lines(text)
         # one paragraph: keep_newest_sentences
-        self.paragraph = len(self.parsed) == 1 and not self.parsed[0][0]
+        self.paragraph = len(self.parsed) == 1 and not self.parsed[0].head
         self._shrinking = None if self.paragraph else _Condensing.of(self.parsed, half_life)
         self.steps: list[_Op] = [] if self._shrinking is None else self._shrinking.steps
         self.totals = [len(text) if self._shrinking is None else self._shrinking.total]
@@ -315,8 +339,8 @@ class _Plan:
         while self.totals[-1] > limit and self._step():
             pass
         taken = next((k for k, total in enumerate(self.totals) if total <= limit), len(self.steps))
-        heads = [head for head, _ in self.parsed]
-        lines = [list(line) for _, line in self.parsed]
+        heads = [line.head for line in self.parsed]
+        lines = [list(line.sentences) for line in self.parsed]
         n = len(lines)
         after = list(range(1, n + 1))
         first = 0
@@ -366,19 +390,19 @@ class _Condensing:
     steps: list[_Op] = field(default_factory=list)  # what was done, for :class:`_Plan`
 
     @classmethod
-    def of(cls, parsed: tuple[tuple[str, tuple[str, ...]], ...], half_life: float) -> _Condensing:
+    def of(cls, parsed: tuple[_Line, ...], half_life: float) -> _Condensing:
         n = len(parsed)
-        heads = [head for head, _ in parsed]
+        heads = [line.head for line in parsed]
         days = [_date_of(head) for head in heads]
-        lines = [list(line) for _, line in parsed]
+        lines = [list(line.sentences) for line in parsed]
         lengths = [len(heads[i]) + len(" ".join(lines[i])) for i in range(n)]
         state = cls(
             heads=heads,
             days=days,
             latest=[day[1] if day else 0 for day in days],
             lines=lines,
-            infos=[[information(sentence) for sentence in line] for line in lines],
-            labels=[list(map(_label, line)) for line in lines],
+            infos=[list(line.infos) for line in parsed],
+            labels=[list(line.labels) for line in parsed],
             lengths=lengths,
             after=list(range(1, n + 1)),
             alive=[True] * n,
