@@ -272,7 +272,7 @@ class _Fill:
     def cost(self, section: str, text: str) -> Size:
         chars, tokens = self.item(section, text)
         if not self.items[section]:
-            opened = any(self.items[name] for name in _SECTIONS)
+            opened = any(self.items.values())  # (its keys are the sections)
             head_chars, head_tokens = self._header(section, opened)
             chars, tokens = chars + head_chars, tokens + head_tokens
         return chars, tokens
@@ -301,7 +301,7 @@ class _Fill:
         item_tokens = self.item_tokens[section].pop(position)
         freed_chars, freed_tokens = len(self.layout.prefix[section]) + len(text), item_tokens
         if not self.items[section]:
-            still_open = any(self.items[name] for name in _SECTIONS)
+            still_open = any(self.items.values())  # (its keys are the sections)
             head_chars, head_tokens = self._header(section, still_open)
             freed_chars, freed_tokens = freed_chars + head_chars, freed_tokens + head_tokens
         self.total -= freed_chars

@@ -385,6 +385,7 @@ class _Condensing:
     alive: list[bool]
     total: int
     half_life: float
+    n: int  # how many lines it began with
     heap: list[tuple[float, int]] = field(default_factory=list)
     first: int = 0  # lines before this one are gone
     steps: list[_Op] = field(default_factory=list)  # what was done, for :class:`_Plan`
@@ -408,15 +409,12 @@ class _Condensing:
             alive=[True] * n,
             total=sum(lengths) + n - 1,
             half_life=half_life,
+            n=n,
         )
         # a max-heap of (age-weighted length, line) over the lines that still have two sentences or more
         state.heap = [state.weight(i) for i in range(n) if len(lines[i]) > 1]
         heapq.heapify(state.heap)
         return state
-
-    @property
-    def n(self) -> int:
-        return len(self.heads)
 
     def weight(self, i: int) -> tuple[float, int]:
         return (-self.lengths[i] * (1 + (self.n - 1 - i) / self.half_life), i)
