@@ -181,6 +181,17 @@ def _hyphenated(lowered: str) -> list[str]:
     return [found for chunk in lowered.split() if "-" in chunk for found in _HYPHENATED.findall(chunk)]
 
 
+QUERY_WORDS_CACHE_CHARS = 200_000
+"""How many chars of queries keep their words (see :func:`query_words`)."""
+
+
+@char_bounded_cache(QUERY_WORDS_CACHE_CHARS)
+def query_words(query: str) -> frozenset[str]:
+    """The words of :func:`index_terms` of a query, each once (remembered: a context searches the
+    store's index and then its summary's for the same query)."""
+    return frozenset(index_terms(query))
+
+
 def annotate_dates(text: str, at: float) -> str:
     """Relative dates kept as said, with the day they mean in brackets:
     "yesterday" said on 8 May 2023 reads "yesterday [7 May 2023]"."""
@@ -715,7 +726,7 @@ class SummaryIndex:
 
     def search(self, query: str, *, limit: int = 4) -> list[Recalled]:
         """Lines that share words with ``query``, best first (overlap weighted by length)."""
-        wanted = set(index_terms(query))
+        wanted = query_words(query)
         hits: dict[int, int]  # line -> how many of the query's words it holds
         if self.words is None:
             hits = {k: n for k, held in enumerate(self.terms) if (n := len(wanted & held))}
