@@ -9,6 +9,7 @@ megabytes for the whole process. This cache counts the characters of its keys
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -32,10 +33,18 @@ class CharBoundedCache(Generic[V]):
 
     def __call__(self, text: str) -> V:
         held = self._held
-        with self._lock:
-            if text in held:
+        # a hit takes no lock: the lookup and the move to the end are each one call of the C
+        # OrderedDict that runs whole under the GIL (a str key's hash and equality run no Python
+        # code), and neither changes what is held or its count; a key another thread dropped
+        # between the two is not moved back
+        try:
+            value = held[text]
+        except KeyError:
+            pass
+        else:
+            with contextlib.suppress(KeyError):
                 held.move_to_end(text)
-                return held[text]
+            return value
         value = self.fn(text)  # outside the lock: two threads may both compute a value, never corrupt
         if len(text) <= self.max_chars:
             with self._lock:
