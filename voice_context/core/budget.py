@@ -282,6 +282,14 @@ class _Fill:
         as ``section`` if it held nothing else."""
         chars, tokens = self._header(section, False)
         count = 0
+        if self.counter is None:  # sizes in chars only: an item is its prefix and its text
+            prefix = len(self.layout.prefix[section])
+            for text, counts in lines:
+                chars += prefix + len(text)
+                if chars > room[0] or tokens > room[1]:
+                    break
+                count += counts
+            return count
         for text, counts in lines:
             item = self.item(section, text)
             chars, tokens = chars + item[0], tokens + item[1]
