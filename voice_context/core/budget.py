@@ -272,7 +272,7 @@ class _Fill:
     def cost(self, section: str, text: str) -> Size:
         chars, tokens = self.item(section, text)
         if not self.items[section]:
-            opened = any(self.items[name] for name in _SECTIONS)
+            opened = any(self.items.values())  # (its keys are the sections)
             head_chars, head_tokens = self._header(section, opened)
             chars, tokens = chars + head_chars, tokens + head_tokens
         return chars, tokens
@@ -282,6 +282,14 @@ class _Fill:
         as ``section`` if it held nothing else."""
         chars, tokens = self._header(section, False)
         count = 0
+        if self.counter is None:  # sizes in chars only: an item is its prefix and its text
+            prefix = len(self.layout.prefix[section])
+            for text, counts in lines:
+                chars += prefix + len(text)
+                if chars > room[0] or tokens > room[1]:
+                    break
+                count += counts
+            return count
         for text, counts in lines:
             item = self.item(section, text)
             chars, tokens = chars + item[0], tokens + item[1]
@@ -301,7 +309,7 @@ class _Fill:
         item_tokens = self.item_tokens[section].pop(position)
         freed_chars, freed_tokens = len(self.layout.prefix[section]) + len(text), item_tokens
         if not self.items[section]:
-            still_open = any(self.items[name] for name in _SECTIONS)
+            still_open = any(self.items.values())  # (its keys are the sections)
             head_chars, head_tokens = self._header(section, still_open)
             freed_chars, freed_tokens = freed_chars + head_chars, freed_tokens + head_tokens
         self.total -= freed_chars
@@ -699,6 +707,7 @@ class _Transcript:
     unit_start: Sequence[int]  # the first turn of the unit each turn belongs to
     answered: frozenset[str | None]
     called: frozenset[str | None]
+    shown: list[tuple[str, int] | None]  # each turn's :meth:`rendered`, once it was asked for
 
     @classmethod
     def of(cls, older: Sequence[Turn], view: ContextView, format: Format) -> _Transcript:
@@ -724,6 +733,7 @@ class _Transcript:
             if has_tools
             else frozenset(),
             called=frozenset(t.tool_call_id for t in turns if t.is_tool_call) if has_tools else frozenset(),
+            shown=[None] * n,
         )
 
     def _spoke_before(self, i: int) -> bool:
@@ -734,7 +744,14 @@ class _Transcript:
         )
 
     def rendered(self, i: int) -> tuple[str, int]:
-        """Turn ``i`` as its line or message content, and how much of it may not be cut."""
+        """Turn ``i`` as its line or message content, and how much of it may not be cut (rendered
+        once: the floor, the window and the older turns each ask for the same turns)."""
+        shown = self.shown[i]
+        if shown is None:
+            shown = self.shown[i] = self._render(i)
+        return shown
+
+    def _render(self, i: int) -> tuple[str, int]:
         turn = self.turns[i]
         config = self.config
         if not self.has_tools:

@@ -32,8 +32,11 @@ class CharBoundedCache(Generic[V]):
 
     def __call__(self, text: str) -> V:
         held = self._held
-        # A hit takes no lock: each of these calls is atomic under the GIL (the keys are str), and
-        # the lock is contended between the fold threads and the event loop's thread.
+        # a hit takes no lock (the lock is contended between the fold threads and the event
+        # loop's): the lookup and the move to the end are each one call of the C OrderedDict
+        # that runs whole under the GIL (a str key's hash and equality run no Python code), and
+        # neither changes what is held or its count; a key another thread dropped between the
+        # two is not moved back
         try:
             value = held[text]
         except KeyError:

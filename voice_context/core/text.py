@@ -7,8 +7,9 @@ import re
 import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
-from voice_context.core.cache import CharBoundedCache
+from voice_context.core.cache import CharBoundedCache, char_bounded_cache
 
 _SENTENCE_END = re.compile(r"(?<=[.!?…])[\"')\]]*\s+")
 ELLIPSIS = "…"
@@ -102,7 +103,10 @@ def keep_newest_sentences(text: str, limit: int) -> str:
     return clip_start(normalize(text), limit)
 
 
-_LINE_SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|(?<=[.!?…][\"')\]])\s+")
+# The end of a sentence in a normalized line: its closing punctuation (and a closing quote or
+# bracket), then the single space before the next. Found by its punctuation, many times faster
+# than by a look behind each blank of the line.
+_LINE_SENTENCE_END = re.compile(r"[.!?…][\"')\]]? ")
 # A line's head, "[8 May 2023, 13:56] ": it says when the line happened, so it stays with the line.
 _LINE_HEAD = re.compile(r"^\[[^\]\n]{1,40}\]\s+")
 # A sentence's speaker label, "Caroline: ": the sentences after it are hers until the next label.
@@ -112,15 +116,50 @@ INFO_PAD = 20
 """Each sentence costs this many chars more than its length when a line chooses which to drop."""
 
 
-def _summary_lines(text: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """A summary's lines as (head, sentences)."""
-    out: list[tuple[str, tuple[str, ...]]] = []
-    for paragraph in normalize(text).split("\n"):
-        head = _LINE_HEAD.match(paragraph)
-        prefix = head.group(0) if head else ""
-        body = paragraph[len(prefix) :]
-        out.append((prefix, tuple(part for part in _LINE_SENTENCE_END.split(body) if part)))
-    return tuple(out)
+class _Line(NamedTuple):
+    """One line of a summary, parsed: its head, its sentences, and what each tells
+    (:func:`information`) and who says it (:func:`_label`)."""
+
+    head: str
+    sentences: tuple[str, ...]
+    infos: tuple[float, ...]
+    labels: tuple[str, ...]
+
+
+LINES_CACHE_CHARS = 4_000_000
+"""How many chars of summary lines :func:`_summary_lines` keeps parsed: a fold changes a summary's
+newest lines, and a cut of it keeps the lines it left whole, so most lines of a summary to condense
+were parsed before (250 sessions' summaries take about 2.5 million chars)."""
+
+
+@char_bounded_cache(LINES_CACHE_CHARS)
+def _parsed_line(line: str) -> _Line | None:
+    """A line of a summary as it is written (not normalized), parsed; ``None`` for a blank one."""
+    paragraph = " ".join(line.split())
+    if not paragraph:
+        return None
+    head = _LINE_HEAD.match(paragraph)
+    prefix = head.group(0) if head else ""
+    sentences = _line_sentences(paragraph[len(prefix) :])
+    return _Line(prefix, sentences, tuple(map(information, sentences)), tuple(map(_label, sentences)))
+
+
+def _summary_lines(text: str) -> tuple[_Line, ...]:
+    """The lines of ``normalize(text)``, parsed (each line is normalized alone)."""
+    parsed = tuple(line for line in map(_parsed_line, text.splitlines()) if line is not None)
+    return parsed or (_Line("", (), (), ()),)  # (an empty text: one empty line)
+
+
+def _line_sentences(body: str) -> tuple[str, ...]:
+    """The sentences of a normalized line (its blanks are single spaces): split at each blank after
+    a sentence's closing punctuation, or after the punctuation and a quote or bracket closing it."""
+    parts: list[str] = []
+    start = 0
+    for end in _LINE_SENTENCE_END.finditer(body):
+        parts.append(body[start : end.end() - 1])
+        start = end.end()
+    parts.append(body[start:])
+    return tuple(part for part in parts if part)
 
 
 @lru_cache(maxsize=16384)
@@ -144,9 +183,16 @@ def information(sentence: str) -> float:
     return total / (len(body) + INFO_PAD)
 
 
-def _drop_one(sentences: list[str], infos: list[float]) -> tuple[int, int]:
+def _label(sentence: str) -> str:
+    """A sentence's speaker label (``"Caroline: "``), ``""`` for none."""
+    found = _LABEL.match(sentence)
+    return found.group(0) if found else ""
+
+
+def _drop_one(sentences: list[str], infos: list[float], labels: list[str]) -> tuple[int, int]:
     """Drop the sentence of a line that tells least (the latest on a tie); returns the chars saved
-    and where it was.
+    and where it was. ``infos`` and ``labels`` are each sentence's :func:`information` and
+    :func:`_label`, kept in step.
 
     A label the dropped sentence carried passes to the next sentence if it has
     none, so that no sentence changes speaker; a label that now repeats the one
@@ -155,17 +201,19 @@ def _drop_one(sentences: list[str], infos: list[float]) -> tuple[int, int]:
     k = len(infos) - 1 - infos[::-1].index(min(infos))  # the last of the least
     dropped = sentences.pop(k)
     del infos[k]
+    label = labels.pop(k)
     saved = len(dropped) + 1
-    label = _LABEL.match(dropped)
-    if label and k < len(sentences) and not _LABEL.match(sentences[k]):
-        sentences[k] = label.group(0) + sentences[k]
-        saved -= len(label.group(0))
-    if 0 < k < len(sentences):  # "Ann: A. Bob: B. Ann: C." without B: "Ann: A. C."
-        again = _LABEL.match(sentences[k])
-        before = next((m.group(0) for m in map(_LABEL.match, reversed(sentences[:k])) if m), None)
-        if again and again.group(0) == before:
-            sentences[k] = sentences[k][again.end() :]
-            saved += again.end()
+    if label and k < len(sentences) and not labels[k]:
+        sentences[k] = label + sentences[k]
+        labels[k] = label  # (the label a sentence begins with ends at its first ": ")
+        saved -= len(label)
+    if 0 < k < len(sentences) and labels[k]:  # "Ann: A. Bob: B. Ann: C." without B: "Ann: A. C."
+        again = labels[k]
+        before = next((labels[j] for j in range(k - 1, -1, -1) if labels[j]), None)
+        if again == before:
+            sentences[k] = sentences[k][len(again) :]
+            labels[k] = _label(sentences[k])
+            saved += len(again)
     return saved, k
 
 
@@ -260,7 +308,7 @@ class _Plan:
         self.half_life = half_life
         self.parsed = _summary_lines(text)
         # one paragraph: keep_newest_sentences
-        self.paragraph = len(self.parsed) == 1 and not self.parsed[0][0]
+        self.paragraph = len(self.parsed) == 1 and not self.parsed[0].head
         self._shrinking = None if self.paragraph else _Condensing.of(self.parsed, half_life)
         self.steps: list[_Op] = [] if self._shrinking is None else self._shrinking.steps
         self.totals = [len(text) if self._shrinking is None else self._shrinking.total]
@@ -291,8 +339,8 @@ class _Plan:
         while self.totals[-1] > limit and self._step():
             pass
         taken = next((k for k, total in enumerate(self.totals) if total <= limit), len(self.steps))
-        heads = [head for head, _ in self.parsed]
-        lines = [list(line) for _, line in self.parsed]
+        heads = [line.head for line in self.parsed]
+        lines = [list(line.sentences) for line in self.parsed]
         n = len(lines)
         after = list(range(1, n + 1))
         first = 0
@@ -331,42 +379,42 @@ class _Condensing:
     latest: list[int]  # the minute of day the last line joined began
     lines: list[list[str]]
     infos: list[list[float]]
+    labels: list[list[str]]
     lengths: list[int]
     after: list[int]  # the next line still shown (n: none)
     alive: list[bool]
     total: int
     half_life: float
+    n: int  # how many lines it began with
     heap: list[tuple[float, int]] = field(default_factory=list)
     first: int = 0  # lines before this one are gone
     steps: list[_Op] = field(default_factory=list)  # what was done, for :class:`_Plan`
 
     @classmethod
-    def of(cls, parsed: tuple[tuple[str, tuple[str, ...]], ...], half_life: float) -> _Condensing:
+    def of(cls, parsed: tuple[_Line, ...], half_life: float) -> _Condensing:
         n = len(parsed)
-        heads = [head for head, _ in parsed]
+        heads = [line.head for line in parsed]
         days = [_date_of(head) for head in heads]
-        lines = [list(line) for _, line in parsed]
+        lines = [list(line.sentences) for line in parsed]
         lengths = [len(heads[i]) + len(" ".join(lines[i])) for i in range(n)]
         state = cls(
             heads=heads,
             days=days,
             latest=[day[1] if day else 0 for day in days],
             lines=lines,
-            infos=[[information(sentence) for sentence in line] for line in lines],
+            infos=[list(line.infos) for line in parsed],
+            labels=[list(line.labels) for line in parsed],
             lengths=lengths,
             after=list(range(1, n + 1)),
             alive=[True] * n,
             total=sum(lengths) + n - 1,
             half_life=half_life,
+            n=n,
         )
         # a max-heap of (age-weighted length, line) over the lines that still have two sentences or more
         state.heap = [state.weight(i) for i in range(n) if len(lines[i]) > 1]
         heapq.heapify(state.heap)
         return state
-
-    @property
-    def n(self) -> int:
-        return len(self.heads)
 
     def weight(self, i: int) -> tuple[float, int]:
         return (-self.lengths[i] * (1 + (self.n - 1 - i) / self.half_life), i)
@@ -383,7 +431,7 @@ class _Condensing:
     def drop_from(self, i: int) -> None:
         """Line ``i`` loses the sentence that tells least (:func:`_drop_one`)."""
         line = self.lines[i]
-        saved, k = _drop_one(line, self.infos[i])
+        saved, k = _drop_one(line, self.infos[i], self.labels[i])
         self.total -= saved
         self.lengths[i] -= saved
         self.steps.append((_DROP, i, k, line[k] if k < len(line) else None))
@@ -401,6 +449,7 @@ class _Condensing:
         j = self.after[i]
         self.lines[i] += self.lines[j]
         self.infos[i] += self.infos[j]
+        self.labels[i] += self.labels[j]
         self.lengths[i] += 1 + self.lengths[j] - len(self.heads[j])
         self.total -= len(self.heads[j])
         self.latest[i] = self.latest[j]

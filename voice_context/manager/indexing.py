@@ -63,6 +63,8 @@ class Indexing:
         behind the indexing was when it was asked for. The turn just stored takes about
         a millisecond; a burst of appends, longer."""
         recall = live.recall
+        if not (recall.running and self.lag(live)):
+            return  # (most contexts: the turn stored with its doc) no cancel scope to open
         with anyio.move_on_after(INDEX_WAIT):
             while recall.running and self.lag(live):
                 await recall.done.wait()

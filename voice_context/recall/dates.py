@@ -95,16 +95,45 @@ def _latest(today: date | None, month: int, day: int | None) -> tuple[int, int, 
     return year, month, day
 
 
+_MONTH_HEADS = tuple(name[:3].capitalize() for name in _MONTHS)
+"""How every month word :data:`_DATE` matches begins (its month words are matched as written)."""
+_RELATIVE_PARTS = ("day", "week", "month", "tonight")
+"""What every match of :data:`_RELATIVE` holds one of, in any case ("yesterday", "last Friday",
+"this weekend", "past month", "tonight")."""
+
+
+def _may_name_a_date(query: str) -> bool:
+    """False when :data:`_DATE` cannot match ``query`` (most queries: then it is not run): it
+    names no month as written, and holds no start of an ISO date (``19..-`` or ``20..-``)."""
+    if "-" in query and ("19" in query or "20" in query):
+        return True
+    return any(head in query for head in _MONTH_HEADS)
+
+
+def _may_name_a_relative_date(query: str) -> bool:
+    """False when :data:`_RELATIVE` cannot match ``query``: an ASCII query without any of
+    :data:`_RELATIVE_PARTS` in any case (past ASCII, what its case-blind match takes for them is
+    left to it)."""
+    if not query.isascii():
+        return True
+    lowered = query.lower()
+    return any(part in lowered for part in _RELATIVE_PARTS)
+
+
 def query_date_terms(query: str, now: float | None = None) -> list[str]:
     """The date words of the times ``query`` names (see the module docstring), in order, once each."""
     today = utc(now).date() if now is not None else None
     out: list[str] = []
+    named = _may_name_a_date(query)
+    relative = today is not None and _may_name_a_relative_date(query)
+    if not named and not relative:
+        return out
 
     def add(term: str) -> None:
         if term not in out:
             out.append(term)
 
-    for m in _DATE.finditer(query):
+    for m in _DATE.finditer(query) if named else ():
         if m.group("iso"):
             with contextlib.suppress(ValueError):
                 add(day_term(date.fromisoformat(m.group("iso"))))
@@ -128,7 +157,7 @@ def query_date_terms(query: str, now: float | None = None) -> list[str]:
             add(day_term(date(year, month, day)))
         except ValueError:
             add(month_term(year, month))
-    if today is None:
+    if today is None or not relative:
         return out
     for m in _RELATIVE.finditer(query):
         word = m.group("word").lower()

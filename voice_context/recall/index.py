@@ -28,11 +28,12 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Literal
 
 import Stemmer
 
-from voice_context.core.cache import char_bounded_cache
+from voice_context.core.cache import CharBoundedCache, char_bounded_cache
 from voice_context.core.recalled import MAX_TERM_DOCS, IndexedDoc, Passage, Posting, Recalled
 from voice_context.core.session import Session
 from voice_context.core.text import ELLIPSIS, clip, normalize, sentences
@@ -40,7 +41,6 @@ from voice_context.core.times import stamp
 from voice_context.core.turns import Note, Turn
 from voice_context.recall.dates import DATE_TERMS, MAX_DATE_TERMS, date_terms, is_date_term, query_date_terms
 from voice_context.summarizers.deterministic import (
-    LOWER_TOKEN,
     NUMBER_TOKENS,
     RELATIVE_DATE,
     may_hold_relative_date,
@@ -87,6 +87,8 @@ LINE_TERMS_CACHE_CHARS = 4_000_000
 and leaves the others as they were, so a summary's index is rebuilt from these)."""
 ANNOTATED_CACHE_CHARS = 2_000_000
 """How many chars of shown turns with a relative date keep their annotated form."""
+HINT_CACHE_CHARS = 2_000_000
+"""How many chars of shown turns keep whether they may say a relative date."""
 _POSSESSIVE = re.compile(r"['’]s\b")
 _APOSTROPHE = re.compile(r"['’]")
 _STOP = frozenset(
@@ -106,6 +108,42 @@ _STOP = frozenset(
 
 _STEMMER = Stemmer.Stemmer("english")
 _HYPHENATED = re.compile(r"[a-z]+(?:-[a-z]+)+")
+_TOKEN_BYTES = bytes(c if 0x61 <= c <= 0x7A or 0x30 <= c <= 0x39 else 0x20 for c in range(256))
+"""Every byte but ``[a-z0-9]`` as a space: :func:`_tokens` splits on it."""
+WORD_TERMS = 50_000
+"""How many words :func:`_word_term` remembers the term of (each of at most :data:`WORD_TERM_CHARS`
+chars): a conversation's vocabulary is a few thousand words, and every text indexed or searched
+is made of them."""
+WORD_TERM_CHARS = 40
+_WORD_TERMS: dict[str, str] = {}
+"""Word -> its term, ``""`` for a word dropped (a stopword, a letter alone). Read without a lock:
+a ``dict``'s ``get``, item assignment and ``clear`` are each atomic under the GIL, and a term is
+a function of its word alone, so a thread that reads a word another is adding, or finds it gone
+after a ``clear``, computes the same term."""
+
+
+def _tokens(lowered: str) -> list[str]:
+    """What the deterministic summarizer's ``LOWER_TOKEN.findall(lowered)`` finds, about twice as
+    fast: a run of ``[a-z0-9]`` is a token, anything else (a char past ASCII too: ``encode``
+    makes it one ``?``) separates them."""
+    return lowered.encode("ascii", "replace").translate(_TOKEN_BYTES).decode("ascii").split()
+
+
+def _stemmed(word: str) -> str:
+    """A word as the index holds it: Snowball-stemmed, a number without its leading zeros."""
+    stem: str = _STEMMER.stemWord(word)
+    return stem.lstrip("0") or "0" if stem.isdigit() else stem
+
+
+def _word_term(word: str) -> str:
+    """:func:`_stemmed`, or ``""`` for a word recall does not match on (remembered: see
+    :data:`_WORD_TERMS`)."""
+    term = "" if word in _STOP or (len(word) < 2 and not word.isdigit()) else _stemmed(word)
+    if len(word) <= WORD_TERM_CHARS:
+        if len(_WORD_TERMS) >= WORD_TERMS:
+            _WORD_TERMS.clear()
+        _WORD_TERMS[word] = term
+    return term
 
 
 def index_terms(text: str) -> list[str]:
@@ -115,29 +153,57 @@ def index_terms(text: str) -> list[str]:
     # every step but the tokenizing and the stemmer is skipped when its text cannot apply:
     # this runs for every turn stored and every sentence a search shows
     lowered = text.lower()
-    found: list[str] = LOWER_TOKEN.findall(lowered)
+    found = _tokens(lowered)
     tokens: list[str] | None = found
     if not NUMBER_TOKENS.isdisjoint(found):  # a number said as words starts with one of these
         lowered, tokens = spoken_numbers_lower(lowered), None
     if "'" in lowered or "’" in lowered:
         lowered, tokens = _APOSTROPHE.sub("", _POSSESSIVE.sub("", lowered)), None
     if tokens is None:
-        tokens = LOWER_TOKEN.findall(lowered)
-    words = [w for w in tokens if w not in _STOP and (len(w) > 1 or w.isdigit())]
+        tokens = _tokens(lowered)
+    get = _WORD_TERMS.get
+    terms: list[str] = []
+    for word in tokens:
+        term = get(word)
+        if term is None:
+            term = _word_term(word)
+        if term:
+            terms.append(term)
     if "-" in lowered:  # "de-stress" is also "destress"
-        words.extend(h.replace("-", "") for h in _HYPHENATED.findall(lowered))
-    return [w.lstrip("0") or "0" if w.isdigit() else w for w in _STEMMER.stemWords(words)]
+        terms.extend(_stemmed(h.replace("-", "")) for h in _hyphenated(lowered))
+    return terms
+
+
+def _hyphenated(lowered: str) -> list[str]:
+    """``_HYPHENATED.findall(lowered)``, searched for only in the chunks between blanks that hold a
+    hyphen (a match never spans a blank): over a whole text, the regex tries every letter of every
+    word, several times slower."""
+    return [found for chunk in lowered.split() if "-" in chunk for found in _HYPHENATED.findall(chunk)]
+
+
+QUERY_WORDS_CACHE_CHARS = 200_000
+"""How many chars of queries keep their words (see :func:`query_words`)."""
+
+
+@char_bounded_cache(QUERY_WORDS_CACHE_CHARS)
+def query_words(query: str) -> frozenset[str]:
+    """The words of :func:`index_terms` of a query, each once (remembered: a context searches the
+    store's index and then its summary's for the same query)."""
+    return frozenset(index_terms(query))
 
 
 def annotate_dates(text: str, at: float) -> str:
     """Relative dates kept as said, with the day they mean in brackets:
     "yesterday" said on 8 May 2023 reads "yesterday [7 May 2023]"."""
-    if not may_hold_relative_date(text):  # ("this week", "past month" among them)
+    if not _may_hold_relative_date(text):  # ("this week", "past month" among them)
         return text
     return _annotated(f"{at!r}{_AT}{text}")  # the same turns are shown again and again
 
 
 _AT = "\x00"
+_may_hold_relative_date = CharBoundedCache(may_hold_relative_date, HINT_CACHE_CHARS)
+"""The same turns are shown again and again: whether one may say a relative date is remembered
+(a search of its lowercased copy takes several times a lookup)."""
 
 
 @char_bounded_cache(ANNOTATED_CACHE_CHARS)
@@ -421,20 +487,22 @@ def best_span(
     if len(parts_words) < 2:
         return text, "turn"
     parts = [p for p, _ in parts_words]
-    weights = [sum(weight(t) for t in words & wanted) for _, words in parts_words]
+    weights = [sum(map(weight, words & wanted)) for _, words in parts_words]
     total = sum(weights)
     if total <= 0:
         return text, "turn"
     # the shortest run of consecutive sentences holding SENTENCE_SHARE of the match
     best: tuple[int, int] | None = None
+    best_size = 0
+    starts = [0, *accumulate(len(p) + 1 for p in parts)]  # a run's size: starts[j + 1] - starts[i]
     for i in range(len(parts)):
         mass = 0.0
         for j in range(i, len(parts)):
             mass += weights[j]
             if mass >= SENTENCE_SHARE * total:
-                size = sum(len(p) + 1 for p in parts[i : j + 1])
-                if best is None or size < sum(len(p) + 1 for p in parts[best[0] : best[1] + 1]):
-                    best = (i, j)
+                size = starts[j + 1] - starts[i]
+                if best is None or size < best_size:
+                    best, best_size = (i, j), size
                 break
     if best is None:
         return text, "turn"
@@ -626,6 +694,12 @@ def summary_passages(summary: str) -> list[str]:
     return [line for line in normalize(summary).split("\n") if line.strip()]
 
 
+SCANNED_LINES = 64
+"""A :class:`SummaryIndex` of at most this many lines is searched line by line (a rolling summary,
+rebuilt at each fold, has a few dozen at most); one of more (the lines of many rolled summaries)
+by the lines each word is in."""
+
+
 @dataclass(frozen=True, slots=True)
 class SummaryIndex:
     """The words of a summary's lines, indexed once per summary (it changes only when a fold
@@ -633,22 +707,33 @@ class SummaryIndex:
 
     summary: str
     lines: tuple[str, ...]
-    words: dict[str, tuple[int, ...]]
+    terms: tuple[frozenset[str], ...]
+    """The words of each line."""
+    words: dict[str, tuple[int, ...]] | None
+    """The lines each word is in (``None`` for :data:`SCANNED_LINES` lines or fewer)."""
 
     @classmethod
     def of(cls, summary: str) -> SummaryIndex:
         lines = tuple(summary_passages(summary))
+        terms = tuple(map(_line_terms, lines))
+        if len(lines) <= SCANNED_LINES:
+            return cls(summary, lines, terms, None)
         words: dict[str, list[int]] = {}
-        for k, line in enumerate(lines):
-            for term in _line_terms(line):
+        for k, held in enumerate(terms):
+            for term in held:
                 words.setdefault(term, []).append(k)
-        return cls(summary, lines, {t: tuple(ks) for t, ks in words.items()})
+        return cls(summary, lines, terms, {t: tuple(ks) for t, ks in words.items()})
 
     def search(self, query: str, *, limit: int = 4) -> list[Recalled]:
         """Lines that share words with ``query``, best first (overlap weighted by length)."""
-        hits: Counter[int] = Counter()
-        for term in set(index_terms(query)):
-            hits.update(self.words.get(term, ()))
+        wanted = query_words(query)
+        hits: dict[int, int]  # line -> how many of the query's words it holds
+        if self.words is None:
+            hits = {k: n for k, held in enumerate(self.terms) if (n := len(wanted & held))}
+        else:
+            hits = Counter()
+            for term in wanted:
+                hits.update(self.words.get(term, ()))
         scored = sorted(
             ((n / math.sqrt(1 + len(self.lines[k]) / 200), k) for k, n in hits.items()),
             key=lambda item: (-item[0], -item[1]),

@@ -25,8 +25,8 @@ from voice_context.recall.index import (
     choose_terms,
     fuse,
     idf,
-    index_terms,
     nearest,
+    query_words,
     render_hits,
     turn_key,
     with_neighbours,
@@ -57,7 +57,7 @@ async def search_store(
     the vector ranking; ``now`` is when the query is asked (see :func:`query_terms`);
     words held by more than ``common`` of the docs are not searched by (see :func:`choose_terms`).
     """
-    words = sorted(set(index_terms(query)))
+    words = sorted(query_words(query))
     dates = query_date_terms(query, now)
     if not words and not dates and query_vector is None:
         return None, []
