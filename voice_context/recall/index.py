@@ -43,6 +43,7 @@ from voice_context.recall.dates import DATE_TERMS, MAX_DATE_TERMS, date_terms, i
 from voice_context.summarizers.deterministic import (
     NUMBER_TOKENS,
     RELATIVE_DATE,
+    lower_tokens,
     may_hold_relative_date,
     resolve_dates,
     spoken_numbers_lower,
@@ -108,8 +109,6 @@ _STOP = frozenset(
 
 _STEMMER = Stemmer.Stemmer("english")
 _HYPHENATED = re.compile(r"[a-z]+(?:-[a-z]+)+")
-_TOKEN_BYTES = bytes(c if 0x61 <= c <= 0x7A or 0x30 <= c <= 0x39 else 0x20 for c in range(256))
-"""Every byte but ``[a-z0-9]`` as a space: :func:`_tokens` splits on it."""
 WORD_TERMS = 50_000
 """How many words :func:`_word_term` remembers the term of (each of at most :data:`WORD_TERM_CHARS`
 chars): a conversation's vocabulary is a few thousand words, and every text indexed or searched
@@ -120,13 +119,6 @@ _WORD_TERMS: dict[str, str] = {}
 a ``dict``'s ``get``, item assignment and ``clear`` are each atomic under the GIL, and a term is
 a function of its word alone, so a thread that reads a word another is adding, or finds it gone
 after a ``clear``, computes the same term."""
-
-
-def _tokens(lowered: str) -> list[str]:
-    """What the deterministic summarizer's ``LOWER_TOKEN.findall(lowered)`` finds, about twice as
-    fast: a run of ``[a-z0-9]`` is a token, anything else (a char past ASCII too: ``encode``
-    makes it one ``?``) separates them."""
-    return lowered.encode("ascii", "replace").translate(_TOKEN_BYTES).decode("ascii").split()
 
 
 def _stemmed(word: str) -> str:
@@ -153,14 +145,14 @@ def index_terms(text: str) -> list[str]:
     # every step but the tokenizing and the stemmer is skipped when its text cannot apply:
     # this runs for every turn stored and every sentence a search shows
     lowered = text.lower()
-    found = _tokens(lowered)
+    found = lower_tokens(lowered)
     tokens: list[str] | None = found
     if not NUMBER_TOKENS.isdisjoint(found):  # a number said as words starts with one of these
         lowered, tokens = spoken_numbers_lower(lowered), None
     if "'" in lowered or "’" in lowered:
         lowered, tokens = _APOSTROPHE.sub("", _POSSESSIVE.sub("", lowered)), None
     if tokens is None:
-        tokens = _tokens(lowered)
+        tokens = lower_tokens(lowered)
     get = _WORD_TERMS.get
     terms: list[str] = []
     for word in tokens:

@@ -243,8 +243,15 @@ _NUMBER_RUN = _number_run(lambda word: re.sub(r"[a-z]", lambda m: f"[{m[0]}{m[0]
 _NUMBER_RUN_LOWER = _number_run(lambda word: word)
 NUMBER_TOKENS = frozenset([*_NUMBER_WORDS, "hundred", "thousand", "point"])
 """The words a number said as words is made of (lowercase)."""
-LOWER_TOKEN = re.compile(r"[a-z0-9]+")
-"""A lowercased text's words, as recall's index and the number check split them."""
+_TOKEN_BYTES = bytes(c if 0x61 <= c <= 0x7A or 0x30 <= c <= 0x39 else 0x20 for c in range(256))
+"""Every byte but ``[a-z0-9]`` as a space: :func:`lower_tokens` splits on it."""
+
+
+def lower_tokens(lowered: str) -> list[str]:
+    """A lowercased text's words, as recall's index and the number check split them: each run of
+    ``[a-z0-9]`` (``re.findall(r"[a-z0-9]+", lowered)``, about twice as fast); anything else,
+    a char past ASCII too (``encode`` makes it one ``?``), separates them."""
+    return lowered.encode("ascii", "replace").translate(_TOKEN_BYTES).decode("ascii").split()
 
 
 # -- words and their value ----------------------------------------------------------------
@@ -536,7 +543,7 @@ def _digits(match: re.Match[str]) -> str:
 
 def spoken_numbers(text: str) -> str:
     """Numbers said as words written as digits: "twenty five" -> "25", "twelve point five" -> "12.5"."""
-    if NUMBER_TOKENS.isdisjoint(LOWER_TOKEN.findall(text.lower())):  # (most texts say no number)
+    if NUMBER_TOKENS.isdisjoint(lower_tokens(text.lower())):  # (most texts say no number)
         return text
     return _NUMBER_RUN.sub(_digits, text)
 
