@@ -118,7 +118,9 @@ class Live:
 
     session: Session
     owner: str | None
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    #: taken without a trip through the event loop when free (the common case: one connection
+    #: answers a session's requests one at a time), as every turn takes it
+    lock: anyio.Lock = field(default_factory=lambda: anyio.Lock(fast_acquire=True))
     scope: anyio.CancelScope | None = None
     listeners: list[Listener] = field(default_factory=list)
     recall: RecallState = field(default_factory=RecallState)

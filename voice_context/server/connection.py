@@ -10,12 +10,14 @@ not yet answered, answered by at most ``WORKERS`` tasks that live as long as the
 sessions a connection opened go into the same outbox, never blocking the manager: when a
 connection's outbox is full, the event is dropped and counted.
 
-A frame that cannot be handed to the connection within ``send_timeout`` (a client that reads
-nothing, or a peer gone without a word, has filled the socket's buffers) ends the connection
-at once: the transport is aborted, without a closing handshake that would wait on the same
-full buffers. Once a reply cannot be delivered (that, or the connection closed), the requests
-not yet started are dropped, the ones in progress finish, and the connection's sessions are
-let go (by the :class:`Dispatcher`).
+A reply goes to the connection at once when nothing is queued ahead of it and the socket's
+buffer has room for it (the common case: no task switch); otherwise it waits in the outbox, whose
+frames a send loop hands over in order. A frame that cannot be handed to the connection within
+``send_timeout`` (a client that reads nothing, or a peer gone without a word, has filled the
+socket's buffers) ends the connection at once: the transport is aborted, without a closing
+handshake that would wait on the same full buffers. Once a reply cannot be delivered (that,
+or the connection closed), the requests not yet started are dropped, the ones in progress
+finish, and the connection's sessions are let go (by the :class:`Dispatcher`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ REQUESTS_IN_PROGRESS = 256
 WORKERS = 64
 #: Seconds a closing handshake, or the release of a session at the end, may take.
 SHUTDOWN_GRACE = 5.0
+#: The most a websocket frame's header adds to its payload (a server's frames are not masked).
+FRAME_HEADER_BYTES = 10
 
 Close = tuple[int, str]
 
@@ -92,7 +96,12 @@ class Connection:
     idle: deque[anyio.Event] = field(default_factory=deque)
     #: no reply can reach the client any more: what is left unstarted is dropped
     lost: bool = False
+    #: frames in the outbox, and whether the send loop is handing one to the connection: while
+    #: either is so, a reply queues behind them
+    _backlog: int = 0
+    _handing: bool = False
     _recv_scope: anyio.CancelScope | None = None
+    _waiting: bool = False  # the read loop waits for room or for the next frame
     _drained: anyio.Event = field(default_factory=anyio.Event)
     _idle: anyio.Event = field(default_factory=anyio.Event)
     _reading_done: bool = False
@@ -101,6 +110,7 @@ class Connection:
         self.outbox: MemoryObjectSendStream[str]
         self.inbox: MemoryObjectReceiveStream[str]
         self.outbox, self.inbox = anyio.create_memory_object_stream[str](OUTBOX_FRAMES)
+        self._low_water, self._high_water = self.ws.transport.get_write_buffer_limits()
 
     def __repr__(self) -> str:
         return (
@@ -124,6 +134,7 @@ class Connection:
                 raise anyio.WouldBlock
             self.outbox.send_nowait(frame)
             self.queued += len(frame)
+            self._backlog += 1
         except anyio.WouldBlock:
             self.metrics.pushes_dropped.inc()
             log.warning("voice_context_push_dropped", connection=self.id, session=event.session)
@@ -131,11 +142,35 @@ class Connection:
             pass
 
     async def reply(self, frame: str) -> None:
+        """Send a reply, before any event it causes: at once when nothing is queued ahead of it
+        and the connection can take it without waiting; otherwise through the outbox."""
+        if self._takes_at_once(frame):
+            try:
+                await self.ws.send(frame)  # no checkpoint: the transport takes it whole, see above
+            except ConnectionClosed:  # the reader sees it too
+                self._lose()
+            return
         self.queued += len(frame)
+        self._backlog += 1
         try:
             self.outbox.send_nowait(frame)  # no checkpoint: queued before any event it caused
         except anyio.WouldBlock:
-            await self.outbox.send(frame)
+            try:
+                await self.outbox.send(frame)
+            except BaseException:
+                self._backlog -= 1
+                raise
+
+    def _takes_at_once(self, frame: str) -> bool:
+        """Whether ``frame`` can go to the connection now, in order, without a wait: nothing is
+        queued or being handed over ahead of it, and the transport's buffer is at or under its
+        low-water mark (so not paused) and stays under its high-water mark with the frame in it,
+        so the send returns without waiting for the client (no ``send_timeout`` to watch)."""
+        if self._backlog or self._handing or self.lost:
+            return False
+        buffered = self.ws.transport.get_write_buffer_size()
+        size = len(frame) if frame.isascii() else 4 * len(frame)
+        return buffered <= self._low_water and buffered + size + FRAME_HEADER_BYTES <= self._high_water
 
     def _sent(self, frame: str) -> None:
         self.queued -= len(frame)
@@ -179,7 +214,7 @@ class Connection:
 
     def stop_reading(self) -> None:
         """Read no more requests (a shutdown): those read are answered, then the connection closes."""
-        if self._recv_scope is not None:
+        if self._recv_scope is not None and self._waiting:
             self._recv_scope.cancel()
 
     # -- the loops ------------------------------------------------------------------------
@@ -214,12 +249,15 @@ class Connection:
         async with self.inbox:
             task_status.started()
             async for frame in self.inbox:
+                self._backlog -= 1
                 if not self.lost:
+                    self._handing = True
                     with anyio.move_on_after(timeout) as waited:
                         try:
                             await self.ws.send(frame)
                         except ConnectionClosed:  # the reader sees it too
                             self._lose()
+                    self._handing = False
                     if waited.cancelled_caught:
                         self._cut_off()
                 self._sent(frame)
@@ -252,24 +290,29 @@ class Connection:
     async def _read_frames(
         self, dispatcher: Dispatcher, stopping: Callable[[], bool], work: TaskGroup
     ) -> Close | None:
-        while not stopping():
-            with anyio.CancelScope() as scope:
-                self._recv_scope = scope
-                try:
-                    await self._room_to_reply()
-                    await self._room_to_work()
-                    frame = await self.ws.recv()
-                except ConnectionClosed:
-                    return None
-                finally:
-                    self._recv_scope = None
-            if scope.cancelled_caught:
-                break
-            if not isinstance(frame, str):
-                log.info("voice_context_binary_frame", size=len(frame))
-                self.metrics.errors.labels(code="binary_frame").inc()
-                return CloseCode.UNSUPPORTED_DATA, "binary frames are not accepted: send JSON text"
-            await self._route(dispatcher, frame, work)
+        # one scope for the whole loop (a scope per frame costs more than a small request does):
+        # `stop_reading` cancels it only while the loop waits for room or for the next frame, never
+        # while a frame read is routed (the loop then sees `stopping()` and ends)
+        with anyio.CancelScope() as scope:
+            self._recv_scope = scope
+            try:
+                while not stopping():
+                    self._waiting = True
+                    try:
+                        await self._room_to_reply()
+                        await self._room_to_work()
+                        frame = await self.ws.recv()
+                    except ConnectionClosed:
+                        return None
+                    finally:
+                        self._waiting = False
+                    if not isinstance(frame, str):
+                        log.info("voice_context_binary_frame", size=len(frame))
+                        self.metrics.errors.labels(code="binary_frame").inc()
+                        return CloseCode.UNSUPPORTED_DATA, "binary frames are not accepted: send JSON text"
+                    await self._route(dispatcher, frame, work)
+            finally:
+                self._recv_scope = None
         return CloseCode.GOING_AWAY, "server shutting down"
 
     async def _route(self, dispatcher: Dispatcher, frame: str, work: TaskGroup) -> None:

@@ -57,7 +57,7 @@ class SessionLimits:
     turn is found, and a token spent, in the same step as the append)."""
 
     bucket: TokenBucket
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    lock: anyio.Lock = field(default_factory=lambda: anyio.Lock(fast_acquire=True))  # (see Live.lock)
 
 
 @dataclass(eq=False)
