@@ -507,15 +507,14 @@ async def test_a_turn_stored_with_its_doc_is_indexed_in_its_own_write_only_when_
 
 @pytest.mark.asyncio
 async def test_a_note_saved_with_its_doc_is_indexed_in_the_same_write_where_the_store_can(
-    backend: Backend,
+    store: Store,
 ) -> None:
-    store = backend.open()
     await a_session_with_turns(store, "room-1", 2)
     await store.index_turns("room-1", 0, [doc(0), doc(1)])
 
     plain = await store.save_notes("room-1", [note(1)], [])  # no doc: not indexed
     first = await store.save_notes("room-1", [note(1), note(2)], [], indexed(note_passage(note(2))))
-    if backend.kind.startswith("redis"):  # it indexes in scripts of its own, as the manager then does
+    if isinstance(store, RedisStore):  # it indexes in scripts of its own, as the manager then does
         assert first is None
         first = await store.index_note("room-1", indexed(note_passage(note(2))))
     second = await store.index_note("room-1", indexed(note_passage(note(3))))  # the next key

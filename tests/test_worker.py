@@ -130,15 +130,27 @@ async def test_the_results_of_calls_run_while_the_loop_is_busy_wake_it_once() ->
     worker.stop()
 
 
+class Held:
+    """A call that tells the test it is running, waits for the test to let it go, then ends as
+    ``end`` does."""
+
+    def __init__(self, end: Callable[[], object]) -> None:
+        self.running, self.release = threading.Event(), threading.Event()
+        self.end = end
+
+    def __call__(self) -> object:
+        self.running.set()
+        self.release.wait(TIMEOUT)
+        return self.end()
+
+
+def refuse() -> object:
+    raise ValueError("refused after all")
+
+
 async def test_a_call_cancelled_while_running_that_fails_tells_its_caller_the_error() -> None:
     worker = Worker("test-worker")
-    running, release = threading.Event(), threading.Event()
-
-    def failing() -> str:
-        running.set()
-        release.wait(TIMEOUT)
-        raise ValueError("refused after all")
-
+    failing = Held(refuse)
     told: list[object] = []
 
     async def call_failing() -> None:
@@ -150,9 +162,9 @@ async def test_a_call_cancelled_while_running_that_fails_tells_its_caller_the_er
     with anyio.fail_after(TIMEOUT):
         async with anyio.create_task_group() as tg:
             tg.start_soon(call_failing)
-            await anyio.to_thread.run_sync(running.wait, TIMEOUT)
+            await anyio.to_thread.run_sync(failing.running.wait, TIMEOUT)
             tg.cancel_scope.cancel()
-            release.set()
+            failing.release.set()
     worker.stop()
 
     assert told == ["refused after all"]
@@ -160,12 +172,7 @@ async def test_a_call_cancelled_while_running_that_fails_tells_its_caller_the_er
 
 async def test_a_call_whose_loop_closed_before_it_ended_is_dropped_and_the_thread_runs_on() -> None:
     worker = Worker("test-worker")
-    running, release = threading.Event(), threading.Event()
-
-    def slow() -> str:
-        running.set()
-        release.wait(TIMEOUT)
-        return "nobody hears this"
+    slow = Held(lambda: "nobody hears this")
 
     def elsewhere() -> None:
         """Another thread's loop: the call's caller is given up there, and the loop closed."""
@@ -173,7 +180,7 @@ async def test_a_call_whose_loop_closed_before_it_ended_is_dropped_and_the_threa
         async def main() -> None:
             task = asyncio.ensure_future(worker.run(slow))
             await asyncio.sleep(0)
-            assert running.wait(TIMEOUT)
+            assert slow.running.wait(TIMEOUT)
             task.cancel()  # it runs: its caller waits for it, shielded...
             await asyncio.sleep(0)
             task.cancel()  # ...unless cancelled again outside any cancel scope
@@ -188,7 +195,7 @@ async def test_a_call_whose_loop_closed_before_it_ended_is_dropped_and_the_threa
 
     with anyio.fail_after(TIMEOUT):
         await anyio.to_thread.run_sync(elsewhere)
-        release.set()
+        slow.release.set()
         assert await worker.run(lambda: "next") == "next"
     worker.stop()
     assert not worker._ran, "nothing is kept for the closed loop"
