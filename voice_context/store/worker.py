@@ -84,13 +84,17 @@ class Worker:
                 raise
         # it started: it ends first, and its caller gets what it did, even when cancelled
         # meanwhile (a cancel scope cancels the caller again at its next checkpoint)
-        if not call.settled:  # (the cancellation cancelled the future: a new one to wait for)
-            call.future = call.loop.create_future()
+        future = call.future
+        if future.cancelled():  # (by the cancellation)
+            if call.settled:  # the call's outcome came after it, and is the call's alone
+                if call.error is not None:
+                    raise call.error
+                return cast(T, call.result)
+            call.future = future = call.loop.create_future()  # for the settling to fill in
+        if not future.done():
             with anyio.CancelScope(shield=True):
-                await asyncio.wait([call.future])
-        if call.error is not None:
-            raise call.error
-        return cast(T, call.result)
+                await asyncio.wait([future])
+        return future.result()  # (its error retrieved, when it failed)
 
     def stop(self) -> None:
         """Let the thread end once the calls given so far have run."""
