@@ -665,13 +665,13 @@ class SlowNoteStore(MemoryStore):
         self.release = anyio.Event()
         self.fail_next = False
 
-    async def save_notes(self, name: str, live: Any, pending: Any) -> None:
+    async def save_notes(self, name: str, live: Any, pending: Any, doc: Any = None) -> Any:
         if self.fail_next:
             self.fail_next = False
             self.writing.set()
             await self.release.wait()
             raise StoreError("disk full", retryable=True)
-        await super().save_notes(name, live, pending)
+        return await super().save_notes(name, live, pending, doc)
 
 
 @pytest.mark.asyncio

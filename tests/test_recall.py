@@ -345,6 +345,69 @@ async def test_on_sqlite_a_turn_is_in_the_index_when_it_is_acknowledged_without_
     assert 3 in [p.turn for p in ctx.recalled]
 
 
+@pytest.mark.asyncio
+async def test_on_sqlite_a_note_is_in_the_index_when_it_is_acknowledged_in_the_notes_own_commit(
+    tmp_path: Path,
+) -> None:
+    """A note's postings go in the transaction that stores it: one commit, no index write of
+    its own, and nothing waits for the index once the note is acknowledged."""
+    store = SQLiteStore(tmp_path / "sessions.db")
+    async with SessionManager(DeterministicSummarizer(), store=store) as manager:
+        await manager.open("room", SMALL)
+        await speak(manager, "room", chatter(12))
+        await manager.wait_indexed("room")
+        groups, index_writes = store.group.groups, store.derived.groups
+        for k in range(3):
+            await manager.append_note(
+                "room", Note(f"a seating chart for table {k}", T0 + 60 * k, "Mel", "screen")
+            )
+            assert manager.indexing_lag("room") == 0
+            stats, _, _ = await store.recall_postings("room", ())
+            assert (stats.turns, stats.notes) == (12, k + 1)
+        assert (store.group.groups, store.derived.groups) == (groups + 3, index_writes)
+        passages = await store.recall_passages("room", [-1, -2, -3])
+    await store.aclose()
+    assert [passages[-k].text.endswith(f"a seating chart for table {k - 1}") for k in (1, 2, 3)] == [True] * 3
+
+
+class NotesAsideFirst(MemoryStore):
+    """Indexes the first note in a write of its own (as Redis does), held until the test lets it
+    go; the notes after it in their own writes, when given their docs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.docs: list[object] = []
+        self.held, self.release = anyio.Event(), anyio.Event()
+
+    async def save_notes(self, name: str, live: Any, pending: Any, doc: Any = None) -> Any:
+        self.docs.append(doc)
+        return await super().save_notes(name, live, pending, None if len(self.docs) == 1 else doc)
+
+    async def index_note(self, name: str, doc: Any) -> Any:
+        if not self.held.is_set():
+            self.held.set()
+            await self.release.wait()
+        return await super().index_note(name, doc)
+
+
+@pytest.mark.asyncio
+async def test_a_note_after_one_still_waiting_for_the_index_is_indexed_behind_it_in_the_order_seen() -> None:
+    store = NotesAsideFirst()
+    with anyio.fail_after(10):
+        async with SessionManager(DeterministicSummarizer(), store=store) as manager:
+            await manager.open("room", SMALL)
+            await manager.append_note("room", Note("the first slide", T0, "Mel"))
+            await store.held.wait()  # the background indexing has it, and waits
+            await manager.append_note("room", Note("the second slide", T0 + 1, "Mel"))
+            assert manager.indexing_lag("room") == 2
+            store.release.set()
+            assert await manager.wait_indexed("room") == 0
+            passages = await store.recall_passages("room", [-1, -2])
+    assert store.docs[0] is not None, "offered to the store with its doc"
+    assert store.docs[1] is None, "the second waits behind the first: its key follows"
+    assert passages[-1].text.endswith("the first slide") and passages[-2].text.endswith("the second slide")
+
+
 SMALL_TALK = "The new map is pretty fun to play on."  # each of its words is said in a fifth of the turns
 
 

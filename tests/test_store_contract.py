@@ -506,6 +506,61 @@ async def test_a_turn_stored_with_its_doc_is_indexed_in_its_own_write_only_when_
 
 
 @pytest.mark.asyncio
+async def test_a_note_saved_with_its_doc_is_indexed_in_the_same_write_where_the_store_can(
+    store: Store,
+) -> None:
+    await a_session_with_turns(store, "room-1", 2)
+    await store.index_turns("room-1", 0, [doc(0), doc(1)])
+
+    plain = await store.save_notes("room-1", [note(1)], [])  # no doc: not indexed
+    first = await store.save_notes("room-1", [note(1), note(2)], [], indexed(note_passage(note(2))))
+    if isinstance(store, RedisStore):  # it indexes in scripts of its own, as the manager then does
+        assert first is None
+        first = await store.index_note("room-1", indexed(note_passage(note(2))))
+    second = await store.index_note("room-1", indexed(note_passage(note(3))))  # the next key
+    with pytest.raises(SessionNotStored):
+        await store.save_notes("ghost", [note(4)], [], indexed(note_passage(note(4))))
+
+    stats, _, postings = await store.recall_postings("room-1", ["screen"])
+    passages = await store.recall_passages("room-1", [-1, -2, -3])
+    record = await store.load("room-1")
+    assert plain is None
+    assert first is not None and (first.notes, first.docs) == (1, 3)
+    assert stats == second and (second.notes, second.docs, second.turns) == (2, 4, 2)
+    assert sorted(key for key, _, _ in postings["screen"]) == [-2, -1]
+    assert "screen 2" in passages[-1].text and "screen 3" in passages[-2].text and -3 not in passages
+    assert record is not None and record.live_notes == (note(1), note(2))
+
+
+@pytest.mark.asyncio
+async def test_on_sqlite_a_note_and_its_postings_are_one_commit_all_or_nothing(tmp_path: Path) -> None:
+    failing = [False]
+
+    def commit(writes: Sequence[Sequence[object]]) -> None:
+        if failing[0]:
+            raise sqlite3.OperationalError("disk I/O error")
+
+    store = SQLiteStore(tmp_path / "vc.db", before_commit=commit)
+    await a_session_with_turns(store, "room-1", 1)
+    groups, index_writes = store.group.groups, store.derived.groups
+    stats = await store.save_notes("room-1", [note(1)], [], indexed(note_passage(note(1))))
+    failing[0] = True
+    with pytest.raises(StoreError):
+        await store.save_notes("room-1", [note(1), note(2)], [], indexed(note_passage(note(2))))
+    failing[0] = False
+    after, _, postings = await store.recall_postings("room-1", ["screen", "2"])
+    record = await store.load("room-1")
+    await store.aclose()
+
+    assert stats is not None and stats.notes == 1
+    assert (store.group.groups, store.derived.groups) == (groups + 2, index_writes), (
+        "no index write of its own"
+    )
+    assert after == stats and "2" not in postings, "the failed commit indexed nothing"
+    assert record is not None and record.live_notes == (note(1),)
+
+
+@pytest.mark.asyncio
 async def test_notes_join_the_index_under_negative_keys_and_come_back_as_passages(store: Store) -> None:
     await a_session_with_turns(store, "room-1", 2)
     await store.index_turns("room-1", 0, [doc(0), doc(1)])

@@ -10,7 +10,7 @@ import anyio.to_thread
 import structlog
 
 from voice_context.core.recalled import IndexedDoc, RecallStats
-from voice_context.core.turns import Turn
+from voice_context.core.turns import Note, Turn
 from voice_context.manager.live import Live, RecallState
 from voice_context.manager.registry import Registry
 from voice_context.recall.index import indexed, note_passage, turn_passage
@@ -84,6 +84,24 @@ class Indexing:
         if self.registry.embedder is not None:
             recall.unembedded.extend(range(recall.indexed, stats.turns))
         recall.indexed = stats.turns
+
+    @staticmethod
+    def note_doc(live: Live, note: Note) -> IndexedDoc | None:
+        """The recall doc of the note about to be stored, for the store to index in the note's
+        own write, when no note waits for the index before it (``None`` else: the background
+        indexing takes the notes in the order they came)."""
+        return None if live.recall.notes else indexed(note_passage(note))
+
+    def stored_with_note(self, live: Live, note: Note, stats: RecallStats | None) -> None:
+        """The note is stored; ``stats``: the index after the store indexed it in the same
+        write, ``None`` when it did not (then it waits for the background indexing)."""
+        recall = live.recall
+        if stats is None:
+            recall.notes.append(note)
+            return
+        recall.noted = stats.notes
+        if self.registry.embedder is not None:
+            recall.unembedded.append(-stats.notes)
 
     def maybe_index(self, live: Live) -> None:
         """Index what waits for it (turns, notes; their vectors), in the background."""

@@ -189,9 +189,11 @@ class SessionManager(Registry):
             session = live.session
             [persist] = session.receive(NoteReceived(note))
             assert isinstance(persist, PersistNotes)
-            await self.store.save_notes(name, persist.live, persist.pending)  # a failure changes nothing
+            doc = Indexing.note_doc(live, note)
+            # a failure changes nothing (nor is the note indexed)
+            stats = await self.store.save_notes(name, persist.live, persist.pending, doc)
             session.receive(NotesStored(persist.staged))
-            live.recall.notes.append(note)
+            self._indexing.stored_with_note(live, note, stats)
             self._indexing.maybe_index(live)
             return persist.changed
 

@@ -142,8 +142,18 @@ class Store(Protocol):
         """
         ...
 
-    async def save_notes(self, name: str, live: Sequence[Note], pending: Sequence[Note]) -> None:
-        """Replace the session's live and pending notes."""
+    async def save_notes(
+        self, name: str, live: Sequence[Note], pending: Sequence[Note], doc: IndexedDoc | None = None
+    ) -> RecallStats | None:
+        """Replace the session's live and pending notes.
+
+        With ``doc`` (the recall doc of the note just added), a store may add it to the session's
+        recall index in the same write, under the next note key (as :meth:`index_note` does): then
+        it returns the index's stats after the write. ``None``: the note is not indexed (no
+        ``doc``, or a store that indexes in writes of their own), and :meth:`index_note` indexes
+        it later. Notes take their keys in the order they are indexed: the caller gives a doc only
+        when none of the session's notes waits for the index before this one.
+        """
         ...
 
     async def save_config(self, name: str, config: dict[str, Any]) -> None:

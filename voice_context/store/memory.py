@@ -87,9 +87,12 @@ class MemoryStore:
         stats = await self.index_turns(name, index, [doc])  # (skipped when the index is behind)
         return stats if stats.turns == index + 1 else None
 
-    async def save_notes(self, name: str, live: Sequence[Note], pending: Sequence[Note]) -> None:
+    async def save_notes(
+        self, name: str, live: Sequence[Note], pending: Sequence[Note], doc: IndexedDoc | None = None
+    ) -> RecallStats | None:
         entry = self._entry(name)
         entry.record = replace(entry.record, live_notes=tuple(live), pending_notes=tuple(pending))
+        return None if doc is None else await self.index_note(name, doc)
 
     async def save_config(self, name: str, config: dict[str, Any]) -> None:
         entry = self._entry(name)

@@ -538,11 +538,15 @@ class RedisStore:
         await self.group.submit(_Write(_APPEND_KEPT, name, keys, args, index))
         return None
 
-    async def save_notes(self, name: str, live: Sequence[Note], pending: Sequence[Note]) -> None:
+    async def save_notes(
+        self, name: str, live: Sequence[Note], pending: Sequence[Note], doc: IndexedDoc | None = None
+    ) -> RecallStats | None:
+        """Stores the notes; a new note's recall doc is indexed by a script of its own later (``None``)."""
         k = self.keys(name)
         keys = (k.meta, k.notes, k.turns, *k.rest)
         args = (encode_notes(live), encode_notes(pending), self._ttl)
         await self.group.submit(_Write(_SAVE_NOTES_KEPT, name, keys, args, None))
+        return None
 
     async def save_config(self, name: str, config: dict[str, Any]) -> None:
         k = self.keys(name)

@@ -26,9 +26,9 @@ together by the next worker call, in one transaction and one fsync (see
 transaction has committed. Each write is checked on its own first, so a turn
 at the wrong index fails alone, not its group. A turn given with its recall doc
 is indexed in that same transaction when the session's index holds every turn
-before it (the live case: no index write of its own, no indexing lag after the
-acknowledgement). The other recall index writes (``index_turns`` catching up,
-``index_note``) are grouped the same way, in transactions
+before it, and a note given with its doc always is (the live case: no index write
+of its own, no indexing lag after the acknowledgement). The other recall index
+writes (``index_turns`` catching up, ``index_note``) are grouped the same way, in transactions
 of their own that need no fsync (what they hold can be derived again from the
 turns), and they give way to the turns': an index group waits while turns are
 queued or being written, up to ``DERIVED_YIELD`` (0.2 s), so a burst of
@@ -238,8 +238,12 @@ class SQLiteStore:
         await self.group.submit(op)
         return op.stats
 
-    async def save_notes(self, name: str, live: Sequence[Note], pending: Sequence[Note]) -> None:
-        await self.group.submit(SaveNotes(name, encode_notes(live), encode_notes(pending)))
+    async def save_notes(
+        self, name: str, live: Sequence[Note], pending: Sequence[Note], doc: IndexedDoc | None = None
+    ) -> RecallStats | None:
+        op = SaveNotes(name, encode_notes(live), encode_notes(pending), doc)
+        await self.group.submit(op)
+        return op.stats
 
     async def save_config(self, name: str, config: dict[str, Any]) -> None:
         encoded = encode_config(config)

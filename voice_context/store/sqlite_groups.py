@@ -66,7 +66,7 @@ class GroupWriter:
                 elif isinstance(op, IndexTurns):
                     op.stats = index_turns(conn, op, total)
                 else:
-                    op.stats = index_note(conn, op)
+                    op.stats = index_note(conn, op.name, op.doc)
 
     def _commit_group(self, conn: sqlite3.Connection, batch: list[Pending[Write]]) -> None:
         """Runs in the worker thread: one transaction, one fsync, for the whole group.
@@ -75,8 +75,8 @@ class GroupWriter:
         in order (a turn at the wrong index, or for a session deleted meanwhile,
         gets its own error and writes nothing), then the turns that pass are
         inserted and the counts and notes updated, a statement each for the whole
-        group. An error of SQLite's own fails the group (the caller gives every
-        write of it that error).
+        group, and the recall docs given with them indexed. An error of SQLite's
+        own fails the group (the caller gives every write of it that error).
         """
         self.db.operations += len(batch) - 1  # ``_call`` counted one
         now = self.clock()
@@ -86,6 +86,7 @@ class GroupWriter:
             written: dict[tuple[str, int], tuple[str, str, str, float, str | None, str | None]] = {}
             notes: list[tuple[str, str, float, str]] = []
             indexed: list[AppendTurn] = []
+            noted: list[SaveNotes] = []
             for item in batch:
                 op = item.op
                 total = totals.get(op.name)
@@ -93,6 +94,8 @@ class GroupWriter:
                     item.error = SessionNotStored(op.name)
                 elif isinstance(op, SaveNotes):
                     notes.append((op.live, op.pending, now, op.name))
+                    if op.doc is not None:
+                        noted.append(op)
                 elif op.index == total:
                     inserts.append((op.name, op.index, *op.fields))
                     written[(op.name, op.index)] = op.fields
@@ -124,6 +127,9 @@ class GroupWriter:
                     "UPDATE sessions SET live_notes = ?, pending_notes = ?, updated_at = ? WHERE name = ?",
                     notes,
                 )
+                for saved in noted:  # in order: the notes of one session take their keys in turn
+                    assert saved.doc is not None
+                    saved.stats = index_note(conn, saved.name, saved.doc)
             if self.before_commit is not None:
                 self.before_commit([item.op.where for item in batch if item.error is None])
 
@@ -153,11 +159,15 @@ class AppendTurn:
         return [self.name, self.index]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SaveNotes:
     name: str
     live: str
     pending: str
+    doc: IndexedDoc | None = None
+    """The new note's recall doc, indexed in the notes' own transaction."""
+    stats: RecallStats | None = None
+    """The session's index once the note is in it (set by the group that wrote both)."""
 
     @property
     def where(self) -> list[object]:
@@ -218,11 +228,10 @@ def index_with_turn(conn: sqlite3.Connection, op: AppendTurn) -> RecallStats | N
     return stats if stats.turns == op.index + 1 else None
 
 
-def index_note(conn: sqlite3.Connection, op: IndexNote) -> RecallStats:
+def index_note(conn: sqlite3.Connection, name: str, doc: IndexedDoc) -> RecallStats:
     """Index a screen note under the next note key (in a write)."""
-    sid, stats = recall_state(conn, op.name)
+    sid, stats = recall_state(conn, name)
     key = -(stats.notes + 1)
-    doc = op.doc
     p = doc.passage
     conn.execute(
         "INSERT INTO recall_notes (sid, key, at, speaker, text) VALUES (?, ?, ?, ?, ?)",

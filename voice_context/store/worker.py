@@ -15,16 +15,24 @@ with anyio's worker threads: a caller cancelled meanwhile waits for it, shielded
 so no transaction is ever left open or unreported by a cancelled caller (an anyio
 cancel scope cancels it again at its next checkpoint). A call whose caller was
 cancelled before the thread took it never runs.
+
+The loop is woken once for many results: the thread keeps the calls it has run in a list
+for their loop and wakes the loop (``call_soon_threadsafe``, a write to its self-pipe) only
+when the list was empty, that is when no wake-up is pending already; the loop then settles
+every call in the list in one callback. On a busy loop, the results of a burst of calls
+cost one wake-up. A caller awaits its call's future itself (no ``asyncio.shield``, no task
+of its own): a cancellation cancels that future, and when the call had started, the caller
+waits for a new one, shielded, that the loop's settling fills in. A loop closed before its
+results arrive is tolerated: they are dropped (nobody waits for them).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import anyio
 
@@ -32,7 +40,7 @@ T = TypeVar("T")
 
 
 class _Call(Generic[T]):
-    __slots__ = ("dropped", "fn", "future", "loop", "started")
+    __slots__ = ("dropped", "error", "fn", "future", "loop", "result", "settled", "started")
 
     def __init__(self, fn: Callable[[], T], loop: asyncio.AbstractEventLoop) -> None:
         self.fn = fn
@@ -40,15 +48,10 @@ class _Call(Generic[T]):
         self.future: asyncio.Future[T] = loop.create_future()
         self.started = False
         self.dropped = False
-
-
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
+        #: what the call did (set in the thread), told to its caller once ``settled`` (in the loop)
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.settled = False
 
 
 class Worker:
@@ -57,7 +60,10 @@ class Worker:
     def __init__(self, name: str) -> None:
         self.name = name
         self._calls: queue.SimpleQueue[_Call[Any] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()  # a call is either started or dropped, never both
+        # a call is either started or dropped, never both; and the lists of ``_ran``
+        self._lock = threading.Lock()
+        #: the calls run and not yet settled, by their loop: a loop listed here has a wake-up pending
+        self._ran: dict[asyncio.AbstractEventLoop, list[_Call[Any]]] = {}
         self._thread: threading.Thread | None = None
 
     def __repr__(self) -> str:
@@ -70,17 +76,25 @@ class Worker:
         self._start()
         self._calls.put(call)
         try:
-            return await asyncio.shield(call.future)
+            return await call.future
         except BaseException:
             with self._lock:
                 call.dropped = not call.started
             if call.dropped:
                 raise
-        # cancelled while it runs: it ends first, and its caller gets what it did (a cancel
-        # scope cancels the caller again at its next checkpoint)
-        with anyio.CancelScope(shield=True):
-            await asyncio.wait([call.future])
-        return call.future.result()
+        # it started: it ends first, and its caller gets what it did, even when cancelled
+        # meanwhile (a cancel scope cancels the caller again at its next checkpoint)
+        future = call.future
+        if future.cancelled():  # (by the cancellation)
+            if call.settled:  # the call's outcome came after it, and is the call's alone
+                if call.error is not None:
+                    raise call.error
+                return cast(T, call.result)
+            call.future = future = call.loop.create_future()  # for the settling to fill in
+        if not future.done():
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait([future])
+        return future.result()  # (its error retrieved, when it failed)
 
     def stop(self) -> None:
         """Let the thread end once the calls given so far have run."""
@@ -94,20 +108,45 @@ class Worker:
             self._thread.start()
 
     def _main(self) -> None:
+        lock, ran = self._lock, self._ran
         while (call := self._calls.get()) is not None:
-            with self._lock:
+            with lock:
                 if call.dropped:
                     continue
                 call.started = True
-            result: Any = None
-            error: BaseException | None = None
             try:
-                result = call.fn()
+                call.result = call.fn()
             except BaseException as exc:  # the caller gets it, whatever it is
-                error = exc
-            with contextlib.suppress(RuntimeError):  # (the loop is closed: nobody waits for it)
-                call.loop.call_soon_threadsafe(_settle, call.future, result, error)
-            del call, result, error
+                call.error = exc
+            loop = call.loop
+            with lock:
+                waiting = ran.get(loop)
+                if waiting is None:
+                    ran[loop] = [call]
+                else:  # a wake-up is pending: the loop settles this call with the others
+                    waiting.append(call)
+            del call
+            if waiting is None:
+                try:
+                    loop.call_soon_threadsafe(self._settle, loop)
+                except RuntimeError:  # the loop is closed: nobody waits for its calls
+                    with lock:
+                        ran.pop(loop, None)
+            del loop, waiting
+
+    def _settle(self, loop: asyncio.AbstractEventLoop) -> None:
+        """In the loop: tell the callers of every call run since the loop was woken."""
+        with self._lock:
+            calls = self._ran.pop(loop, ())
+        for call in calls:
+            call.settled = True
+            future = call.future
+            if future.done():  # (cancelled: its caller reads the call's result)
+                continue
+            if call.error is not None:
+                future.set_exception(call.error)
+            else:
+                future.set_result(call.result)
 
 
 __all__ = ["Worker"]
