@@ -511,7 +511,7 @@ def _fenced_summary(header: str, summary: str) -> str:
 
 
 def _bulleted(header: str, items: Sequence[str]) -> str:
-    return header + "".join(f"\n- {item}" for item in items)
+    return "\n- ".join((header, *items))
 
 
 def _render_instructions(items: dict[str, list[str]]) -> str:
@@ -529,7 +529,7 @@ def _render_instructions(items: dict[str, list[str]]) -> str:
     if items["notes"]:
         sections.append(_bulleted(NOTES_HEADER, items["notes"][::-1]))
     if items["turns"]:
-        sections.append(RECENT_HEADER + "".join("\n" + line for line in reversed(items["turns"])))
+        sections.append("\n".join((RECENT_HEADER, *reversed(items["turns"]))))
     return "\n\n".join(sections)
 
 
