@@ -710,6 +710,8 @@ def summary_passages(summary: str) -> list[str]:
     return [line for line in normalize(summary).split("\n") if line.strip()]
 
 
+SUMMARY_LINE_CHARS = 600
+"""A summary line recall offers is clipped to this many chars."""
 SCANNED_LINES = 64
 """A :class:`SummaryIndex` of at most this many lines is searched line by line (a rolling summary,
 rebuilt at each fold, has a few dozen at most); one of more (the lines of many rolled summaries)
@@ -727,18 +729,24 @@ class SummaryIndex:
     """The words of each line."""
     words: dict[str, tuple[int, ...]] | None
     """The lines each word is in (``None`` for :data:`SCANNED_LINES` lines or fewer)."""
+    shown: tuple[str, ...]
+    """Each line as recall offers it (clipped to :data:`SUMMARY_LINE_CHARS`)."""
+    spread: tuple[float, ...]
+    """What each line's overlap with a query is divided by: the longer the line, the more."""
 
     @classmethod
     def of(cls, summary: str) -> SummaryIndex:
         lines = tuple(summary_passages(summary))
         terms = tuple(map(_line_terms, lines))
+        shown = tuple(clip(line, SUMMARY_LINE_CHARS) for line in lines)
+        spread = tuple(math.sqrt(1 + len(line) / 200) for line in lines)
         if len(lines) <= SCANNED_LINES:
-            return cls(summary, lines, terms, None)
+            return cls(summary, lines, terms, None, shown, spread)
         words: dict[str, list[int]] = {}
         for k, held in enumerate(terms):
             for term in held:
                 words.setdefault(term, []).append(k)
-        return cls(summary, lines, terms, {t: tuple(ks) for t, ks in words.items()})
+        return cls(summary, lines, terms, {t: tuple(ks) for t, ks in words.items()}, shown, spread)
 
     def search(self, query: str, *, limit: int = 4) -> list[Recalled]:
         """Lines that share words with ``query``, best first (overlap weighted by length)."""
@@ -750,11 +758,9 @@ class SummaryIndex:
             hits = Counter()
             for term in wanted:
                 hits.update(self.words.get(term, ()))
-        scored = sorted(
-            ((n / math.sqrt(1 + len(self.lines[k]) / 200), k) for k, n in hits.items()),
-            key=lambda item: (-item[0], -item[1]),
-        )
-        return [Recalled("summary", None, clip(self.lines[k], 600), score) for score, k in scored[:limit]]
+        spread = self.spread
+        scored = sorted(((n / spread[k], k) for k, n in hits.items()), key=lambda item: (-item[0], -item[1]))
+        return [Recalled("summary", None, self.shown[k], score) for score, k in scored[:limit]]
 
 
 @char_bounded_cache(LINE_TERMS_CACHE_CHARS)
