@@ -500,7 +500,7 @@ def best_span(
     parts = doc.parts
     if len(parts) < 2:
         return text, "turn", doc.dated
-    weights = [sum(map(weight, words & wanted)) for words in doc.words]
+    weights = [sum(map(weight, held)) if (held := words & wanted) else 0 for words in doc.words]
     total = sum(weights)
     if total <= 0:
         return text, "turn", doc.dated
