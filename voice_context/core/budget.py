@@ -270,12 +270,16 @@ class _Fill:
         return len(prefix) + len(text), self._count(prefix) + self._count(shown)
 
     def cost(self, section: str, text: str) -> Size:
-        chars, tokens = self.item(section, text)
-        if not self.items[section]:
-            opened = any(self.items.values())  # (its keys are the sections)
-            head_chars, head_tokens = self._header(section, opened)
-            chars, tokens = chars + head_chars, tokens + head_tokens
-        return chars, tokens
+        return self.opening(section, self.item(section, text))
+
+    def opening(self, section: str, item: Size) -> Size:
+        """What adding an item of size ``item`` to ``section`` costs: the item, and the section's
+        header (with the join before it) while it is empty."""
+        if self.items[section]:
+            return item
+        opened = any(self.items.values())  # (its keys are the sections)
+        head_chars, head_tokens = self._header(section, opened)
+        return item[0] + head_chars, item[1] + head_tokens
 
     def holds(self, section: str, lines: Iterable[tuple[str, bool]], room: Size) -> int:
         """How many of ``lines`` that count (``(text, counts)``, in order) ``room`` would hold
@@ -507,7 +511,7 @@ def _fenced_summary(header: str, summary: str) -> str:
 
 
 def _bulleted(header: str, items: Sequence[str]) -> str:
-    return header + "".join(f"\n- {item}" for item in items)
+    return "\n- ".join((header, *items))
 
 
 def _render_instructions(items: dict[str, list[str]]) -> str:
@@ -525,7 +529,7 @@ def _render_instructions(items: dict[str, list[str]]) -> str:
     if items["notes"]:
         sections.append(_bulleted(NOTES_HEADER, items["notes"][::-1]))
     if items["turns"]:
-        sections.append(RECENT_HEADER + "".join("\n" + line for line in reversed(items["turns"])))
+        sections.append("\n".join((RECENT_HEADER, *reversed(items["turns"]))))
     return "\n\n".join(sections)
 
 
@@ -956,20 +960,23 @@ class _Assembly:
         section's header is paid from the budget, not from ``limit``: a small share still
         holds a passage)."""
         spent: Size = (0, 0)
-        offered, chosen = self.offered, self.chosen
-        for passage in list(offered):
-            if len(chosen) >= self.view.config.recall_limit:
+        fill, offered, chosen = self.fill, self.offered, self.chosen
+        most, verbatim = self.view.config.recall_limit, self.verbatim_from()
+        left: list[Recalled] = []  # what is still offered after this step, in order
+        for k, passage in enumerate(offered):
+            if len(chosen) >= most:
+                left.extend(offered[k:])
                 break
-            if passage.turn is not None and passage.turn >= self.verbatim_from():
-                offered.remove(passage)
+            if passage.turn is not None and passage.turn >= verbatim:
+                continue  # shown verbatim anyway
+            line = passage.line
+            cost = fill.item("recall", line)
+            if _over(spent, cost, limit) or not fill.add("recall", line, fill.opening("recall", cost)):
+                left.append(passage)
                 continue
-            cost = self.fill.item("recall", passage.line)
-            if _over(spent, cost, limit):
-                continue
-            if self.fill.add("recall", passage.line):
-                spent = (spent[0] + cost[0], spent[1] + cost[1])
-                chosen.append(passage)
-                offered.remove(passage)
+            spent = (spent[0] + cost[0], spent[1] + cost[1])
+            chosen.append(passage)
+        self.offered = left
         return spent
 
     def add_recall_share(self, fraction: float) -> Size:

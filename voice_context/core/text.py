@@ -209,7 +209,7 @@ def _drop_one(sentences: list[str], infos: list[float], labels: list[str]) -> tu
         saved -= len(label)
     if 0 < k < len(sentences) and labels[k]:  # "Ann: A. Bob: B. Ann: C." without B: "Ann: A. C."
         again = labels[k]
-        before = next((labels[j] for j in range(k - 1, -1, -1) if labels[j]), None)
+        before = next(filter(None, reversed(labels[:k])), None)  # the label nearest before it
         if again == before:
             sentences[k] = sentences[k][len(again) :]
             labels[k] = _label(sentences[k])

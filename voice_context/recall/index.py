@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import Stemmer
 
@@ -372,14 +372,33 @@ def nearest(
     return [ids[int(k)] for k in np.argsort(-sims, kind="stable")[:limit]]
 
 
+class Sentences(NamedTuple):
+    """A doc as :func:`best_span` weighs it and :func:`render` shows it: its sentences, the words
+    of each (none for a doc of one sentence, which is shown whole), where each starts in the
+    sentences joined by spaces (``starts[k + 1] - starts[i]`` is the size of the run ``i..k``
+    and its space after), and whether the doc, and each sentence, may say a relative date (a run
+    of them may only if one of them may: a date's words never span the end of a sentence)."""
+
+    parts: tuple[str, ...]
+    words: tuple[frozenset[str], ...]
+    starts: tuple[int, ...]
+    dated: bool
+    dated_parts: tuple[bool, ...]
+
+
 @char_bounded_cache(SPLIT_CACHE_CHARS)
-def split(text: str) -> tuple[tuple[str, frozenset[str]], ...]:
-    """A doc's sentences with their words (cached for the docs searched most recently); a doc
-    of one sentence is shown whole, so its words are not needed (an empty set)."""
-    parts = sentences(normalize(text).replace("\n", " "))
-    if len(parts) < 2:
-        return tuple((p, frozenset()) for p in parts)
-    return tuple((p, frozenset(index_terms(p))) for p in parts)
+def split(text: str) -> Sentences:
+    """A doc's :class:`Sentences` (cached for the docs searched most recently: all that does not
+    depend on the query is worked out once)."""
+    flat = normalize(text).replace("\n", " ")
+    parts = tuple(sentences(flat))
+    words = tuple(frozenset(index_terms(p)) if len(parts) > 1 else frozenset() for p in parts)
+    starts = (0, *accumulate(len(p) + 1 for p in parts))
+    dated = may_hold_relative_date(text)
+    flat_dated = dated if flat == text else may_hold_relative_date(flat)
+    # each sentence is a piece of ``flat``: none may say a date when ``flat`` may not (most docs)
+    hints = tuple(map(may_hold_relative_date, parts)) if flat_dated else (False,) * len(parts)
+    return Sentences(parts, words, starts, dated, hints)
 
 
 REPLY_CHARS = 240
@@ -419,10 +438,11 @@ def render(
     With ``speakers`` (the names said in the session), ``None`` when what it would show is
     small talk, their names aside: a greeting or a goodbye that shares the query's words
     answers nothing."""
-    text, granularity = best_span(passage.text, wanted, weight)
+    text, granularity, dated = best_span(passage.text, wanted, weight)
     if speakers is not None and _small_talk(text + _NAMES + _NAME.join(speakers)):
         return None  # what matched is small talk ("... Take care of yourself."): no evidence of anything
-    text = annotate_dates(text, passage.at) if passage.kind == "turn" else text
+    if dated and passage.kind == "turn":
+        text = annotate_dates(text, passage.at)
     if reply is not None and reply.speaker != passage.speaker:
         answer = clip(annotate_dates(reply.text, reply.at), REPLY_CHARS)
         text = f"{text} {reply.speaker}: {answer}" if reply.speaker else f"{text} {answer}"
@@ -471,41 +491,45 @@ def render_hits(
 
 def best_span(
     text: str, wanted: set[str], weight: Callable[[str], float]
-) -> tuple[str, Literal["turn", "sentences"]]:
-    """The turn's sentences that hold most of its match, when they are clearly shorter."""
+) -> tuple[str, Literal["turn", "sentences"], bool]:
+    """The turn's sentences that hold most of its match, when they are clearly shorter; and
+    whether what is shown may say a relative date (see :class:`Sentences`)."""
     if not wanted:
-        return text, "turn"
-    parts_words = split(text)
-    if len(parts_words) < 2:
-        return text, "turn"
-    parts = [p for p, _ in parts_words]
-    weights = [sum(map(weight, words & wanted)) for _, words in parts_words]
+        return text, "turn", _may_hold_relative_date(text)
+    doc = split(text)
+    parts = doc.parts
+    if len(parts) < 2:
+        return text, "turn", doc.dated
+    weights = [sum(map(weight, held)) if (held := words & wanted) else 0 for words in doc.words]
     total = sum(weights)
     if total <= 0:
-        return text, "turn"
+        return text, "turn", doc.dated
     # the shortest run of consecutive sentences holding SENTENCE_SHARE of the match
     best: tuple[int, int] | None = None
     best_size = 0
-    starts = [0, *accumulate(len(p) + 1 for p in parts)]  # a run's size: starts[j + 1] - starts[i]
+    starts = doc.starts  # a run's size: starts[j + 1] - starts[i]
+    enough = SENTENCE_SHARE * total
     for i in range(len(parts)):
+        if not weights[i]:  # the run from the next sentence holds as much and is shorter
+            continue
         mass = 0.0
         for j in range(i, len(parts)):
             mass += weights[j]
-            if mass >= SENTENCE_SHARE * total:
+            if mass >= enough:
                 size = starts[j + 1] - starts[i]
                 if best is None or size < best_size:
                     best, best_size = (i, j), size
                 break
     if best is None:
-        return text, "turn"
+        return text, "turn", doc.dated
     i, j = best
     j = min(len(parts) - 1, j + 1)  # the sentence after the match often holds the answer
+    if starts[j + 1] - starts[i] - 1 >= 0.8 * len(text):  # (the length of the run joined)
+        return text, "turn", doc.dated
     span = " ".join(parts[i : j + 1])
-    if len(span) >= 0.8 * len(text):
-        return text, "turn"
     lead = ELLIPSIS + " " if i > 0 else ""
     tail = " " + ELLIPSIS if j < len(parts) - 1 else ""
-    return lead + span + tail, "sentences"
+    return lead + span + tail, "sentences", any(doc.dated_parts[i : j + 1])
 
 
 @dataclass(slots=True)
@@ -686,6 +710,8 @@ def summary_passages(summary: str) -> list[str]:
     return [line for line in normalize(summary).split("\n") if line.strip()]
 
 
+SUMMARY_LINE_CHARS = 600
+"""A summary line recall offers is clipped to this many chars."""
 SCANNED_LINES = 64
 """A :class:`SummaryIndex` of at most this many lines is searched line by line (a rolling summary,
 rebuilt at each fold, has a few dozen at most); one of more (the lines of many rolled summaries)
@@ -703,18 +729,24 @@ class SummaryIndex:
     """The words of each line."""
     words: dict[str, tuple[int, ...]] | None
     """The lines each word is in (``None`` for :data:`SCANNED_LINES` lines or fewer)."""
+    shown: tuple[str, ...]
+    """Each line as recall offers it (clipped to :data:`SUMMARY_LINE_CHARS`)."""
+    spread: tuple[float, ...]
+    """What each line's overlap with a query is divided by: the longer the line, the more."""
 
     @classmethod
     def of(cls, summary: str) -> SummaryIndex:
         lines = tuple(summary_passages(summary))
         terms = tuple(map(_line_terms, lines))
+        shown = tuple(clip(line, SUMMARY_LINE_CHARS) for line in lines)
+        spread = tuple(math.sqrt(1 + len(line) / 200) for line in lines)
         if len(lines) <= SCANNED_LINES:
-            return cls(summary, lines, terms, None)
+            return cls(summary, lines, terms, None, shown, spread)
         words: dict[str, list[int]] = {}
         for k, held in enumerate(terms):
             for term in held:
                 words.setdefault(term, []).append(k)
-        return cls(summary, lines, terms, {t: tuple(ks) for t, ks in words.items()})
+        return cls(summary, lines, terms, {t: tuple(ks) for t, ks in words.items()}, shown, spread)
 
     def search(self, query: str, *, limit: int = 4) -> list[Recalled]:
         """Lines that share words with ``query``, best first (overlap weighted by length)."""
@@ -726,11 +758,9 @@ class SummaryIndex:
             hits = Counter()
             for term in wanted:
                 hits.update(self.words.get(term, ()))
-        scored = sorted(
-            ((n / math.sqrt(1 + len(self.lines[k]) / 200), k) for k, n in hits.items()),
-            key=lambda item: (-item[0], -item[1]),
-        )
-        return [Recalled("summary", None, clip(self.lines[k], 600), score) for score, k in scored[:limit]]
+        spread = self.spread
+        scored = sorted(((n / spread[k], k) for k, n in hits.items()), key=lambda item: (-item[0], -item[1]))
+        return [Recalled("summary", None, self.shown[k], score) for score, k in scored[:limit]]
 
 
 @char_bounded_cache(LINE_TERMS_CACHE_CHARS)
