@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -159,6 +160,39 @@ def test_a_note_is_filed_under_the_day_it_was_seen_not_the_day_of_the_batch_that
     again = fold([], previous=then, notes=(late_note,))
     assert again.split("\n")[1].endswith("Deborah's screen (image): A running track.")
     assert again.count("\n") == 1
+
+
+def test_a_note_seen_before_the_newest_stretch_joins_its_own_conversation_and_the_batch_stays_in_order() -> (
+    None
+):
+    night = datetime(2023, 5, 8, 21, 30, tzinfo=UTC).timestamp()
+    cities = ["Porto", "Oslo", "Lisbon", "Tahoe", "Kyoto", "Lima", "Quito", "Rabat"]
+
+    def bookings(first: int, at: float) -> list[Turn]:  # long enough that two folds make two lines
+        return [
+            Turn(
+                "Alice",
+                "user",
+                f"I booked table {first + k} in {city} for {first + k + 2} guests.",
+                at + 20 * k,
+            )
+            for k, city in enumerate(cities)
+        ]
+
+    summary = fold(bookings(0, night))
+    summary = fold(bookings(8, night + 600), previous=summary)
+    # a photo seen at 21:30 waited in the live buffer while the 21:40 bookings were folded
+    photo = Note("a photo of dish 0", night + 30, speaker="Alice", source="image")
+    summary = fold(bookings(16, night + 1200), previous=summary, notes=(photo,))
+    lines = summary.split("\n")
+    assert [line[: len("[8 May 2023, 21:30]")] for line in lines] == [
+        "[8 May 2023, 21:30]",
+        "[8 May 2023, 21:40]",
+        "[8 May 2023, 21:50]",
+    ]
+    assert lines[0].endswith("Alice's screen (image): Dish 0.")
+    tables = [int(k) for k in re.findall(r"table (\d+)", summary)]
+    assert tables == sorted(tables), "the 21:50 bookings are not told before the 21:40 ones"
 
 
 def test_goodbyes_cheers_and_emoticons_are_filler() -> None:

@@ -738,6 +738,14 @@ def _new_lines(
     newest line: a batch that begins on its day, less than ``gap`` after its
     head, goes on its conversation, and what it said counts as said.
     """
+    began = _when(before) if before is not None else None
+    if began is not None and any(utc(n.at).replace(tzinfo=None) < began for n in notes):
+        # a note seen before the summary's newest stretch began belongs to an earlier one: it gets
+        # lines of its own (each joins the line of the conversation it was seen in), never the head
+        # of a line that goes on with this batch's turns, said later, ahead of that newest stretch
+        late = [n for n in notes if utc(n.at).replace(tzinfo=None) < began]
+        rest = [n for n in notes if utc(n.at).replace(tzinfo=None) >= began]
+        return [*_new_lines((), late, note_chars, gap), *_new_lines(turns, rest, note_chars, gap, before)]
     speakers = sorted({t.speaker for t in turns if t.speaker})
     items: list[tuple[float, int, Turn | Note]] = [(t.at, k, t) for k, t in enumerate(turns)]
     items += [(n.at, len(turns) + k, n) for k, n in enumerate(notes)]
@@ -755,7 +763,6 @@ def _new_lines(
             until = utc(last).replace(tzinfo=None)
             lines.append(_Line(_day(start), f"{start:%H:%M}", list(kept), notes_only=not spoken, until=until))
 
-    began = _when(before) if before is not None else None
     for at, _, item in items:
         when = utc(at)
         if start is None or at - last > gap or when.date() != start.date():
