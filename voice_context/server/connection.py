@@ -96,10 +96,6 @@ class Connection:
     idle: deque[anyio.Event] = field(default_factory=deque)
     #: no reply can reach the client any more: what is left unstarted is dropped
     lost: bool = False
-    #: frames in the outbox, and whether the send loop is handing one to the connection: while
-    #: either is so, a reply queues behind them
-    _backlog: int = 0
-    _handing: bool = False
     _recv_scope: anyio.CancelScope | None = None
     _waiting: bool = False  # the read loop waits for room or for the next frame
     _drained: anyio.Event = field(default_factory=anyio.Event)
@@ -134,7 +130,6 @@ class Connection:
                 raise anyio.WouldBlock
             self.outbox.send_nowait(frame)
             self.queued += len(frame)
-            self._backlog += 1
         except anyio.WouldBlock:
             self.metrics.pushes_dropped.inc()
             log.warning("voice_context_push_dropped", connection=self.id, session=event.session)
@@ -146,27 +141,27 @@ class Connection:
         and the connection can take it without waiting; otherwise through the outbox."""
         if self._takes_at_once(frame):
             try:
-                await self.ws.send(frame)  # no checkpoint: the transport takes it whole, see above
+                await self.ws.send(frame)  # no checkpoint: the transport takes it whole (see below)
             except ConnectionClosed:  # the reader sees it too
                 self._lose()
             return
         self.queued += len(frame)
-        self._backlog += 1
         try:
             self.outbox.send_nowait(frame)  # no checkpoint: queued before any event it caused
         except anyio.WouldBlock:
             try:
                 await self.outbox.send(frame)
-            except BaseException:
-                self._backlog -= 1
+            except BaseException:  # never queued
+                self.queued -= len(frame)
                 raise
 
     def _takes_at_once(self, frame: str) -> bool:
         """Whether ``frame`` can go to the connection now, in order, without a wait: nothing is
-        queued or being handed over ahead of it, and the transport's buffer is at or under its
-        low-water mark (so not paused) and stays under its high-water mark with the frame in it,
-        so the send returns without waiting for the client (no ``send_timeout`` to watch)."""
-        if self._backlog or self._handing or self.lost:
+        queued or being handed over ahead of it (``queued`` counts a frame until the send loop
+        has handed it over), and the transport's buffer is at or under its low-water mark (so
+        not paused) and stays under its high-water mark with the frame in it, so the send
+        returns without waiting for the client (no ``send_timeout`` to watch)."""
+        if self.queued or self.lost:
             return False
         buffered = self.ws.transport.get_write_buffer_size()
         size = len(frame) if frame.isascii() else 4 * len(frame)
@@ -249,15 +244,12 @@ class Connection:
         async with self.inbox:
             task_status.started()
             async for frame in self.inbox:
-                self._backlog -= 1
                 if not self.lost:
-                    self._handing = True
                     with anyio.move_on_after(timeout) as waited:
                         try:
                             await self.ws.send(frame)
                         except ConnectionClosed:  # the reader sees it too
                             self._lose()
-                    self._handing = False
                     if waited.cancelled_caught:
                         self._cut_off()
                 self._sent(frame)
