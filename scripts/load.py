@@ -37,11 +37,22 @@ Modes:
        The words are the project's own recordings in ``fixtures/``, or, with ``--words
        FILE...``, LoCoMo-format dialogue (each file one conversation or a list of them,
        ``session_N`` lists of ``{speaker, text}``, at the top or under ``conversation``),
-       said by a user and a bot in turn. Per step: turns/s held, reply p50/p99/max beside
-       the trivial server's, fold lag, indexing lag (from the servers' ``/metrics``), the
-       servers' CPU, their CPU per exchange (a context and the bot turn after it, with the
-       user turns and notes since the last: the servers' CPU seconds over the step divided
-       by the exchanges completed, in ms) beside the trivial server's, and RSS per session.
+       said by a user and a bot in turn. By default each session says texts of its own: every
+       turn keeps its line's speaker, role and number of sentences, and draws its sentences from
+       those of all the lines, by the session's seed and the turn's number (the same in every
+       run); screen notes keep their text and read numbers of their own. The servers keep caches
+       keyed by text (a turn's sentences, its date hints and annotations, a summary's cuts), and
+       1,000 sessions saying the same few thousand lines over and over hit them far more often
+       than different conversations would, which flatters the CPU per exchange. (The
+       recordings' lines are mostly one short sentence, so their sessions still share many
+       texts: of 1,000 sessions' first 100 turns, 16% are distinct, against 98% with five LoCoMo
+       conversations and 0.2% and 3% verbatim.) With ``--verbatim-words`` every session says the
+       lines verbatim, as the harness did before, for figures comparable with those measured
+       so. Per step: turns/s held, reply p50/p99/max beside the trivial server's, fold lag,
+       indexing lag (from the servers' ``/metrics``), the servers' CPU, their CPU per exchange
+       (a context and the bot turn after it, with the user turns and notes since the last: the
+       servers' CPU seconds over the step divided by the exchanges completed, in ms) beside the
+       trivial server's, and RSS per session.
        The capacity is the largest N whose reply p99 stays within ``--p99-ratio`` of the
        trivial server's and whose fold and indexing lags do not grow.
 ``length``
@@ -71,6 +82,7 @@ import itertools
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -79,6 +91,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -172,6 +185,112 @@ def in_turn(lines: Sequence[Line]) -> list[Line]:
 LINES = recorded_lines()
 NOTES = recorded_notes()
 BOT_DELAY = 0.4  # the voice pattern: the bot's turn this long after its context
+
+
+# -- what each session says ----------------------------------------------------------------
+
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+"""Where a line's text is cut into sentences: after a ``.``, ``!`` or ``?`` and a space (the
+punctuation stays with its sentence)."""
+SCREEN_READING = re.compile(r"\b(\d{1,2})\b")
+"""A screen note's readings: its numbers of one or two digits (scores, counts, rounds, minutes);
+longer ones are names (a map called Tokyo 2099) or years, the same on every screen."""
+_MASK = (1 << 64) - 1
+_GAMMA = 0x9E3779B97F4A7C15
+_NOTES_APART = 0x5DEECE66DA3B1F27
+"""What a note's draws start from, apart from a turn's with the same key."""
+
+
+def _draw(state: int) -> int:
+    """splitmix64's output for ``state``: 64 well-mixed bits, a pure function of the state (a
+    ``random.Random`` seeded for every turn takes about 8 µs; this about 0.6)."""
+    z = ((state ^ (state >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def session_seed(name: str) -> int:
+    """A session's seed, from its name: the same in every run and every process (``hash()`` of
+    a string is salted per process)."""
+    return zlib.crc32(name.encode())
+
+
+class Words:
+    """What the sessions say: the lines, each session's own, or, ``verbatim``, the same for all.
+
+    Not verbatim, the turn a session says in place of the line ``lines[index]`` keeps that
+    line's speaker, role and number of sentences, and draws each of its sentences from the pool
+    of every line's sentences (the lines cut at :data:`SENTENCE_END`), uniformly, repeats and
+    all: the words are the recordings' own natural language, a turn's sentences as many as its
+    line's and as long as the pool's on average (so the chars said over a run stay what the lines
+    say), and only whole texts stop repeating from one session to the next, as they would on a
+    server of different conversations. The draws are a pure function of the session's seed and
+    the turn's number (:func:`_draw`), so that a session says the same at the same turn in every
+    run, whatever it said before or was resumed at, and a paired run of two servers sends both
+    the same words.
+
+    A screen note keeps its text and redraws its readings (:data:`SCREEN_READING`), each with
+    as many digits as the recorded one (a 0 may stay 0): a screen note is a reading of a screen
+    whose layout repeats from one game or meeting to the next (the scoreboard, the map vote,
+    the character select) while what it reads differs, and that is what differs here.
+    Recombining the notes' clauses would make readings no screen shows (and the recordings hold
+    ten one-sentence notes, too few to recombine), and a serial number appended would be a
+    detail no screen note has. A note with no such reading (a character select) is said as it is.
+    """
+
+    def __init__(self, lines: Sequence[Line], notes: Sequence[str], *, verbatim: bool = False) -> None:
+        self.lines = tuple(lines)
+        self.notes = tuple(notes)
+        self.verbatim = verbatim
+        cut = [SENTENCE_END.split(line.text) for line in self.lines]
+        self.shapes = tuple(len(parts) for parts in cut)
+        self.pool = tuple(sentence for parts in cut for sentence in parts)
+        # a note as its texts between readings, and each reading's (lowest, how many) values
+        self.screens: tuple[tuple[list[str], tuple[tuple[int, int], ...]], ...] = tuple(
+            (parts[::2], tuple(self._range(reading) for reading in parts[1::2]))
+            for parts in (SCREEN_READING.split(note) for note in self.notes)
+        )
+
+    @staticmethod
+    def _range(reading: str) -> tuple[int, int]:
+        if reading == "0":
+            return 0, 10
+        low = 10 ** (len(reading) - 1)
+        return low, 9 * low
+
+    def line(self, seed: int, turn: int, index: int) -> Line:
+        """What session ``seed`` says at its turn ``turn`` in place of ``lines[index]``."""
+        line = self.lines[index % len(self.lines)]
+        if self.verbatim:
+            return line
+        pool, size = self.pool, len(self.pool)
+        state = (seed & 0xFFFFFFFF) << 32 | (turn & 0xFFFFFFFF)
+        drawn = []
+        for _ in range(self.shapes[index % len(self.lines)]):
+            state = (state + _GAMMA) & _MASK
+            drawn.append(pool[(_draw(state) * size) >> 64])
+        return Line(line.speaker, line.role, " ".join(drawn))
+
+    def note(self, seed: int, turn: int, index: int) -> str:
+        """The screen note session ``seed`` sees at its turn ``turn`` in place of ``notes[index]``."""
+        if self.verbatim:
+            return self.notes[index % len(self.notes)]
+        texts, readings = self.screens[index % len(self.notes)]
+        state = ((seed & 0xFFFFFFFF) << 32 | (turn & 0xFFFFFFFF)) ^ _NOTES_APART
+        out = [texts[0]]
+        for (low, count), text in zip(readings, texts[1:], strict=True):
+            state = (state + _GAMMA) & _MASK
+            out += (str(low + ((_draw(state) * count) >> 64)), text)
+        return "".join(out)
+
+    def describe(self) -> str:
+        if self.verbatim:
+            return "verbatim: every session says the same lines"
+        return f"distinct per session: each turn's sentences drawn from the lines' {len(self.pool):,}"
+
+
+WORDS = Words(LINES, NOTES)
+"""The words every session says (``main`` makes them again from its options)."""
 
 
 # -- processes ---------------------------------------------------------------------------
@@ -358,13 +477,23 @@ class Talker:
     cursor: int = 0
     in_flight: bool = False
     next_note: float = 0.0
+    words: Words = field(default_factory=lambda: WORDS)
+    seed: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.seed = session_seed(self.name)
 
     def lag(self) -> int:
         """Turns waiting behind the cursor beyond the recent window."""
         return max(0, self.turns - RECENT_WINDOW - self.cursor)
 
     def line(self) -> Line:
-        return LINES[(self.offset + self.turns) % len(LINES)]
+        """What the session says next."""
+        return self.said(self.turns)
+
+    def said(self, turn: int) -> Line:
+        """What the session says at its turn ``turn`` (in place of the recordings' line ``offset + turn``)."""
+        return self.words.line(self.seed, turn, self.offset + turn)
 
     async def open(self) -> None:
         reply = await self.link.request({"type": "session.open", "session": self.name})
@@ -392,8 +521,10 @@ class Talker:
         self.in_flight = bool(reply.get("in_flight"))
 
     async def note(self) -> None:
-        text = NOTES[(self.offset + self.turns) % len(NOTES)]
-        note = {"text": text, "at": time.time(), "speaker": self.line().speaker, "source": "screen"}
+        n = self.offset + self.turns
+        text = self.words.note(self.seed, self.turns, n)
+        speaker = self.words.lines[n % len(self.words.lines)].speaker
+        note = {"text": text, "at": time.time(), "speaker": speaker, "source": "screen"}
         await self.link.request({"type": "note.append", "session": self.name, "note": note})
 
 
@@ -834,7 +965,8 @@ async def ramp(args: argparse.Namespace) -> None:
                 )
         words = ", ".join(w.name for w in args.words) if args.words else "the recordings in fixtures/"
         print(
-            f"\n== ramp: paced sessions, pattern {args.pattern!r}, words {words} ({len(LINES):,} lines;"
+            f"\n== ramp: paced sessions, pattern {args.pattern!r}, words {words} ({len(LINES):,} lines,"
+            f" {WORDS.describe()};"
             f" {args.step_seconds:g}s per step, the trivial server first, then voice-context;"
             f" {args.sessions_per_connection} sessions per connection)"
         )
@@ -1014,7 +1146,7 @@ async def length(args: argparse.Namespace) -> None:
                 t0 = time.perf_counter()
                 await shadow.context()
                 baseline.append(time.perf_counter() - t0)
-                query = LINES[(k * 7) % len(LINES)].text
+                query = talker.said(k * 7).text  # its turn 7k's words, said by now or not
                 folded = Session(
                     "length",
                     SessionConfig(),
@@ -1047,7 +1179,7 @@ async def length(args: argparse.Namespace) -> None:
         h.stop()
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -1112,6 +1244,14 @@ def main() -> None:
         "turn (by default the recordings in fixtures/)",
     )
     parser.add_argument(
+        "--verbatim-words",
+        action="store_true",
+        help="every session says the lines verbatim, as the harness did before: figures comparable with "
+        "those measured so (by default each session says texts of its own, the lines' sentences redrawn "
+        "per session and turn, so that the servers' caches keyed by text are not hit by every session "
+        "saying the same lines, as they would not be with different conversations)",
+    )
+    parser.add_argument(
         "--dialogue",
         action="store_true",
         help="with --pattern group: the recordings' lines said by a user and a bot in turn "
@@ -1120,11 +1260,24 @@ def main() -> None:
     parser.add_argument(
         "--recall-ahead", choices=("first", "every", "off"), help="the servers' [recall] ahead"
     )
-    args = parser.parse_args()
+    return parser
+
+
+def words_for(args: argparse.Namespace) -> tuple[list[Line], Words]:
+    """The lines the options ask for (from the recordings as recorded), and what the sessions say of them."""
     if args.words:
-        LINES[:] = in_turn(dialogue_lines(args.words))
+        lines = in_turn(dialogue_lines(args.words))
     elif args.dialogue or (args.mode == "ramp" and args.pattern == "voice"):
-        LINES[:] = in_turn(LINES)
+        lines = in_turn(LINES)
+    else:
+        lines = list(LINES)
+    return lines, Words(lines, NOTES, verbatim=args.verbatim_words)
+
+
+def main() -> None:
+    global WORDS
+    args = build_parser().parse_args()
+    LINES[:], WORDS = words_for(args)
     if args.recall_ahead:
         SERVER_ENV["VOICE_CONTEXT_RECALL_AHEAD"] = args.recall_ahead
     if args.trivial:
