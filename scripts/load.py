@@ -242,7 +242,11 @@ class Words:
         self.lines = tuple(lines)
         self.notes = tuple(notes)
         self.verbatim = verbatim
-        cut = [SENTENCE_END.split(line.text) for line in self.lines]
+        # a text's sentences: none empty (a line ending in a space after its stop cuts into one)
+        cut = [
+            [part for part in SENTENCE_END.split(line.text) if part.strip()] or [line.text]
+            for line in self.lines
+        ]
         self.shapes = tuple(len(parts) for parts in cut)
         self.pool = tuple(sentence for parts in cut for sentence in parts)
         # a note as its texts between readings, and each reading's (lowest, how many) values

@@ -124,3 +124,11 @@ def test_verbatim_words_say_the_recorded_lines_as_every_session_did(load: Module
     _, default = load.words_for(load.build_parser().parse_args([]))
     assert not default.verbatim
     assert words.describe().startswith("verbatim") and default.describe().startswith("distinct")
+
+
+def test_no_turn_is_said_empty_when_a_line_ends_in_a_space_after_its_stop(load: ModuleType) -> None:
+    """The server refuses an empty turn (``bad_request``), and LoCoMo has lines like these."""
+    words = load.Words(
+        [load.Line("Ana", "user", "We land at nine. "), load.Line("Nova", "assistant", "Noted. ")], []
+    )
+    assert all(words.line(seed, turn, turn).text.strip() for seed in range(50) for turn in range(20))
