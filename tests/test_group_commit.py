@@ -7,6 +7,7 @@ commit is told in ``test_store_contract.py`` and ``test_restart.py``.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,7 +20,7 @@ from structlog.testing import capture_logs
 
 from voice_context.core.turns import Turn
 from voice_context.errors import StoreError
-from voice_context.store import sqlite_groups
+from voice_context.store import sqlite_groups, sqlite_rows
 from voice_context.store.base import SessionRecord
 from voice_context.store.group import GroupCommit, Pending
 from voice_context.store.sqlite import SQLiteStore
@@ -264,3 +265,34 @@ async def test_a_sqlite_group_already_committing_when_its_deadline_passes_is_com
         assert [t.text for t in await reopened.read_turns("gym", 0, 1)] == ["My locker code is 4417."]
     finally:
         await reopened.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_writer_waiting_for_another_process_s_write_tries_again_within_a_millisecond(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes on one file (``serve --workers 2``) both write all the time, each holding
+    the file's write lock a few ms at a time. SQLite's own busy handler would sleep 1, 2, 5, 10,
+    ... up to 100 ms between tries, and keep sleeping past the other's commits; the store's
+    writer tries again after 0.1, 0.2, 0.4, 0.8 ms and then every millisecond."""
+    store = SQLiteStore(tmp_path / "sessions.db")
+    await store.create(SessionRecord("gym"))
+    other = sqlite3.connect(tmp_path / "sessions.db", isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # the other process, in the middle of its write
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 8:
+            other.execute("COMMIT")  # the other process's write ends
+        sqlite_rows.time.sleep(seconds)
+
+    monkeypatch.setattr(sqlite_rows, "_sleep", pause)
+    try:
+        with anyio.fail_after(TIMEOUT):
+            await store.append_turn("gym", 0, Turn("Ana", "user", "My locker code is 4417.", 0.0))
+        assert pauses == pytest.approx([0.0001, 0.0002, 0.0004, 0.0008, 0.001, 0.001, 0.001, 0.001])
+        assert [t.text for t in await store.read_turns("gym", 0, 1)] == ["My locker code is 4417."]
+    finally:
+        other.close()
+        await store.aclose()

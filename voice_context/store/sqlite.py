@@ -42,6 +42,11 @@ Writes start with ``BEGIN IMMEDIATE``: the file's write lock is taken up
 front, so two writers never deadlock on a lock upgrade, and a writer waits up
 to ``busy_timeout`` for another one (another process on the same file,
 say) before giving up with a retryable ``StoreError`` ("database is locked").
+It waits by trying again every millisecond at most (after 0.1, 0.2, 0.4 and 0.8 ms),
+not on SQLite's own busy handler, whose sleeps grow to 100 ms: two processes
+that both write all the time each hold the lock a few ms at a time, and a
+waiter on SQLite's schedule slept past the other's commits again and again
+(:func:`~voice_context.store.sqlite_rows.begin_immediate`).
 Several processes on one machine may share one file: creating a session (which
 reads back its owner), leases and conditional commits are single transactions, so
 they are exclusive across processes too.

@@ -14,6 +14,7 @@ import anyio
 import structlog
 
 from voice_context.errors import StoreError
+from voice_context.store.sqlite_rows import WriterConnection
 from voice_context.store.sqlite_schema import migrate
 from voice_context.store.worker import Worker
 
@@ -93,8 +94,13 @@ class Connections:
             return self.writer
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(
-            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+            self.path,
+            timeout=self.busy_timeout,
+            isolation_level=None,
+            check_same_thread=False,
+            factory=WriterConnection,
         )
+        conn.lock_timeout = self.busy_timeout
         try:
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
