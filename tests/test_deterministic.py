@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -439,3 +442,50 @@ def test_every_relative_date_is_resolved_though_most_texts_skip_the_search(
     at = datetime(2023, 5, 8, 12, tzinfo=UTC).timestamp()
     when = utc(at)
     assert resolve_dates(text, at) == RELATIVE_DATE.sub(lambda m: _resolve(m, when), text)
+
+
+class Watched(DeterministicSummarizer):
+    """Notes which thread folds, and how many folds run at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[int] = set()
+        self.running = self.most = 0
+        self.lock = threading.Lock()
+
+    def summarize_now(self, request: SummaryRequest) -> str:
+        with self.lock:
+            self.threads.add(threading.get_ident())
+            self.running += 1
+            self.most = max(self.most, self.running)
+        time.sleep(0.005)  # long enough for every fold asked meanwhile to start, if it could
+        try:
+            return super().summarize_now(request)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+@pytest.mark.asyncio
+async def test_a_burst_of_folds_runs_one_at_a_time_in_the_summarizer_s_own_thread() -> None:
+    """A fold holds the interpreter from end to end: two at once take no less time than one after
+    the other, and each more thread wanting the interpreter is one more the event loop waits behind."""
+    summarizer = Watched()
+    requests = [
+        SummaryRequest(
+            previous_summary="", turns=[Turn("Ana", "user", f"Table {k} is booked for {k} pm.", float(k))]
+        )
+        for k in range(12)
+    ]
+    folded: dict[int, str] = {}
+
+    async def fold(k: int) -> None:
+        folded[k] = await summarizer.summarize(requests[k])
+
+    async with anyio.create_task_group() as tg:
+        for k in range(12):
+            tg.start_soon(fold, k)
+
+    assert summarizer.most == 1
+    assert len(summarizer.threads) == 1 and threading.get_ident() not in summarizer.threads
+    assert [folded[k] for k in range(12)] == [DeterministicSummarizer().summarize_now(r) for r in requests]

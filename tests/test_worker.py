@@ -15,7 +15,7 @@ import anyio
 import pytest
 from serving import TIMEOUT
 
-from voice_context.store.worker import Worker
+from voice_context.worker import Worker
 
 pytestmark = pytest.mark.asyncio
 

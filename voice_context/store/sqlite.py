@@ -2,7 +2,7 @@
 
 Access model: one ``sqlite3`` connection per store for everything that
 writes, used by one operation at a time in a thread of its own that takes the
-next operation as soon as the last returns (see :mod:`voice_context.store.worker`).
+next operation as soon as the last returns (see :mod:`voice_context.worker`).
 The reads on a reply's path (a recall search, the turns before the cursor)
 have a second, read-only connection and a thread of their own: in WAL mode a
 reader sees the last commit without waiting for the writer, so a context is

@@ -16,7 +16,7 @@ import structlog
 from voice_context.errors import StoreError
 from voice_context.store.sqlite_rows import WriterConnection
 from voice_context.store.sqlite_schema import migrate
-from voice_context.store.worker import Worker
+from voice_context.worker import Worker
 
 T = TypeVar("T")
 
@@ -46,7 +46,7 @@ def translate(exc: sqlite3.Error, where: str) -> StoreError:
 
 class Connections:
     """Runs each operation (a function of a connection, one whole transaction) in a worker
-    thread of the connection's own (see :mod:`~voice_context.store.worker`): writes one at a
+    thread of the connection's own (see :mod:`~voice_context.worker`): writes one at a
     time on the writer, a reply's reads one at a time on the reader."""
 
     def __init__(self, path: Path, busy_timeout: float) -> None:

@@ -72,9 +72,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import lru_cache
-
-import anyio.to_thread
+from functools import lru_cache, partial
 
 from voice_context.core.cache import char_bounded_cache
 from voice_context.core.text import clip, normalize, sentences
@@ -82,6 +80,11 @@ from voice_context.core.times import utc
 from voice_context.core.turns import Note, Turn
 from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.repeats import WINDOW, key_of, numbers_of, said_again
+from voice_context.worker import Worker
+
+FOLDS = Worker("voice-context-fold")
+"""The process's one thread for deterministic folds (every summarizer's, the fallback's too),
+started when first given one: see ``DeterministicSummarizer.summarize``."""
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*|\d[\d,.:/]*")
 _STOPWORDS = """
@@ -990,9 +993,15 @@ class DeterministicSummarizer:
         return f"<DeterministicSummarizer half_life={self.half_life:g} session_gap={self.session_gap:g}>"
 
     async def summarize(self, request: SummaryRequest) -> str:
-        """The fold, in a worker thread: it takes a few milliseconds (tens for a long summary),
-        which would otherwise hold every reply of the event loop waiting."""
-        return await anyio.to_thread.run_sync(self.summarize_now, request)
+        """The fold, in the summarizer's own thread: it takes a few milliseconds (tens for a long
+        summary), which would otherwise hold every reply of the event loop waiting.
+
+        One fold at a time, in the order asked. A fold is Python from end to end and holds the
+        interpreter while it runs, so two folds at once take no less time than one after the
+        other; but every thread that wants the interpreter is one more the event loop waits
+        behind when it comes back from the network. In anyio's worker threads a burst's folds
+        ran up to 40 at once."""
+        return await FOLDS.run(partial(self.summarize_now, request))
 
     def summarize_now(self, request: SummaryRequest) -> str:
         """The same as ``summarize``, synchronously (it never waits on anything)."""

@@ -14,6 +14,7 @@ against a model that is down; each fallback is logged as
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import anyio
 import structlog
@@ -24,7 +25,7 @@ from voice_context.core.tokens import TokenCounter
 from voice_context.errors import SummarizerError
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 from voice_context.summarizers.compress import compress, line_of
-from voice_context.summarizers.deterministic import DeterministicSummarizer
+from voice_context.summarizers.deterministic import FOLDS, DeterministicSummarizer
 
 _log = structlog.get_logger("voice_context.summarizer")
 
@@ -83,7 +84,7 @@ class FallbackSummarizer:
             first_index=request.first_index,
             turns=len(request.turns),
         )
-        return await anyio.to_thread.run_sync(deterministic_fold, request, self._folder)
+        return await FOLDS.run(partial(deterministic_fold, request, self._folder))
 
     async def aclose(self) -> None:
         close = getattr(self.primary, "aclose", None)
