@@ -742,13 +742,15 @@ def _new_lines(
     head, goes on its conversation, and what it said counts as said.
     """
     began = _when(before) if before is not None else None
-    if began is not None and any(utc(n.at).replace(tzinfo=None) < began for n in notes):
+    if began is not None and notes:
         # a note seen before the summary's newest stretch began belongs to an earlier one: it gets
         # lines of its own (each joins the line of the conversation it was seen in), never the head
         # of a line that goes on with this batch's turns, said later, ahead of that newest stretch
-        late = [n for n in notes if utc(n.at).replace(tzinfo=None) < began]
-        rest = [n for n in notes if utc(n.at).replace(tzinfo=None) >= began]
-        return [*_new_lines((), late, note_chars, gap), *_new_lines(turns, rest, note_chars, gap, before)]
+        early = [utc(n.at).replace(tzinfo=None) < began for n in notes]
+        if any(early):
+            late = [n for n, e in zip(notes, early, strict=True) if e]
+            rest = [n for n, e in zip(notes, early, strict=True) if not e]
+            return [*_new_lines((), late, note_chars, gap), *_new_lines(turns, rest, note_chars, gap, before)]
     speakers = sorted({t.speaker for t in turns if t.speaker})
     items: list[tuple[float, int, Turn | Note]] = [(t.at, k, t) for k, t in enumerate(turns)]
     items += [(n.at, len(turns) + k, n) for k, n in enumerate(notes)]
@@ -993,8 +995,8 @@ class DeterministicSummarizer:
         return f"<DeterministicSummarizer half_life={self.half_life:g} session_gap={self.session_gap:g}>"
 
     async def summarize(self, request: SummaryRequest) -> str:
-        """The fold, in the summarizer's own thread: it takes a few milliseconds (tens for a long
-        summary), which would otherwise hold every reply of the event loop waiting.
+        """The fold, in the process's fold thread (:data:`FOLDS`): it takes a few milliseconds
+        (tens for a long summary), which would otherwise hold every reply of the event loop waiting.
 
         One fold at a time, in the order asked. A fold is Python from end to end and holds the
         interpreter while it runs, so two folds at once take no less time than one after the
