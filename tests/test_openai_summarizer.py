@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import AsyncIterator, MutableMapping
 from datetime import UTC, datetime
@@ -22,6 +23,7 @@ from voice_context.errors import SummarizerError
 from voice_context.summarizers import openai_compat
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 from voice_context.summarizers.check import missing_batch, speaks_for_itself
+from voice_context.summarizers.deterministic import DeterministicSummarizer
 from voice_context.summarizers.openai_compat import (
     OpenAISummarizer,
     answer_limit,
@@ -224,6 +226,29 @@ async def test_a_lines_fold_has_the_batch_notes_rewritten_and_keeps_the_previous
     assert "third person" in system and "Keep every name, number and date" in system
     assert user.startswith("<<<DIGEST\n[1 May 2024, 14:03] Alice: Let's do the dragon raid tonight")
     assert "PREVIOUS_SUMMARY" not in user and "TRANSCRIPT" not in user, "the model sees the batch alone"
+
+
+@pytest.mark.asyncio
+async def test_a_lines_fold_works_its_digest_and_its_fit_in_the_fold_thread_not_the_event_loop_s(
+    server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The digest of the batch and the fit to the ceiling are the deterministic fold's work, a few
+    ms each (tens for a long summary): on the event loop they would hold every reply waiting."""
+    folded_in: list[int] = []
+    fold = DeterministicSummarizer.summarize_now
+
+    def watched(self: DeterministicSummarizer, request: SummaryRequest) -> str:
+        folded_in.append(threading.get_ident())
+        return fold(self, request)
+
+    monkeypatch.setattr(DeterministicSummarizer, "summarize_now", watched)
+    server.script(Reply(PROSE))
+    async with summarizer_for(server, fold="lines") as summarizer:
+        summary = await summarizer.summarize(request())
+
+    assert summary == "Alice and Bob are playing an online RPG.\n" + PROSE
+    assert len(folded_in) >= 2, "the digest, then the fit"
+    assert threading.get_ident() not in folded_in
 
 
 @pytest.mark.asyncio

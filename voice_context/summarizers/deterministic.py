@@ -82,7 +82,7 @@ from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.repeats import WINDOW, key_of, numbers_of, said_again
 from voice_context.worker import Worker
 
-FOLDS = Worker("voice-context-fold")
+FOLD_THREAD = Worker("voice-context-fold")
 """The process's one thread for deterministic folds (every summarizer's, the fallback's too),
 started when first given one: see ``DeterministicSummarizer.summarize``."""
 
@@ -995,7 +995,7 @@ class DeterministicSummarizer:
         return f"<DeterministicSummarizer half_life={self.half_life:g} session_gap={self.session_gap:g}>"
 
     async def summarize(self, request: SummaryRequest) -> str:
-        """The fold, in the process's fold thread (:data:`FOLDS`): it takes a few milliseconds
+        """The fold, in the process's fold thread (:data:`FOLD_THREAD`): it takes a few milliseconds
         (tens for a long summary), which would otherwise hold every reply of the event loop waiting.
 
         One fold at a time, in the order asked. A fold is Python from end to end and holds the
@@ -1003,7 +1003,7 @@ class DeterministicSummarizer:
         other; but every thread that wants the interpreter is one more the event loop waits
         behind when it comes back from the network. In anyio's worker threads a burst's folds
         ran up to 40 at once."""
-        return await FOLDS.run(partial(self.summarize_now, request))
+        return await FOLD_THREAD.run(partial(self.summarize_now, request))
 
     def summarize_now(self, request: SummaryRequest) -> str:
         """The same as ``summarize``, synchronously (it never waits on anything)."""

@@ -25,7 +25,7 @@ from voice_context.core.tokens import TokenCounter
 from voice_context.errors import SummarizerError
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 from voice_context.summarizers.compress import compress, line_of
-from voice_context.summarizers.deterministic import FOLDS, DeterministicSummarizer
+from voice_context.summarizers.deterministic import FOLD_THREAD, DeterministicSummarizer
 
 _log = structlog.get_logger("voice_context.summarizer")
 
@@ -84,7 +84,7 @@ class FallbackSummarizer:
             first_index=request.first_index,
             turns=len(request.turns),
         )
-        return await FOLDS.run(partial(deterministic_fold, request, self._folder))
+        return await FOLD_THREAD.run(partial(deterministic_fold, request, self._folder))
 
     async def aclose(self) -> None:
         close = getattr(self.primary, "aclose", None)

@@ -43,6 +43,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from types import TracebackType
 from typing import Literal, Self
 
@@ -62,7 +63,7 @@ from voice_context.errors import SummarizerError
 from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.check import missing_batch, rewritten_lines
 from voice_context.summarizers.compress import compress
-from voice_context.summarizers.deterministic import DeterministicSummarizer
+from voice_context.summarizers.deterministic import FOLD_THREAD, DeterministicSummarizer
 from voice_context.summarizers.prompt import build_line_messages, build_messages
 
 _log = structlog.get_logger("voice_context.summarizer")
@@ -386,7 +387,7 @@ class OpenAISummarizer:
         request = self._compressed(request)
         if self.fold == "lines":
             return await self._fold_lines(request)
-        digest = self.digest(request)
+        digest = await FOLD_THREAD.run(partial(self.digest, request))
         summary = await self._complete(request, digest)
         reason = missing_batch(request, summary, digest)
         if reason is None:
@@ -399,7 +400,7 @@ class OpenAISummarizer:
             turns=len(request.turns),
             notes=len(request.notes),
         )
-        return self._deterministic.summarize_now(request)
+        return await self._deterministic.summarize(request)
 
     async def _fold_lines(self, request: SummaryRequest) -> str:
         """A ``lines`` fold: the model rewrites the batch's dated digest as prose, line by line;
@@ -407,9 +408,9 @@ class OpenAISummarizer:
         the previous summary is kept as it is, and the whole is fitted to the ceiling the
         deterministic way (value per char, older lines first). A re-compaction never calls
         the model."""
-        digest = self.digest(request)
+        digest = await FOLD_THREAD.run(partial(self.digest, request))
         if request.recompact or not digest.strip():
-            return self._deterministic.summarize_now(request)
+            return await self._deterministic.summarize(request)
         room = min(DIGEST_CHARS, int(len(digest) * 1.5) + 200)
         answer = await self._complete_messages(_chat_messages(build_line_messages(digest)), room)
         lines, kept = rewritten_lines(digest, answer)
@@ -423,7 +424,7 @@ class OpenAISummarizer:
         previous = normalize(request.previous_summary)
         text = "\n".join([previous, *lines]) if previous else "\n".join(lines)
         fit = SummaryRequest(previous_summary=text, turns=(), max_chars=request.max_chars, recompact=True)
-        return self._deterministic.summarize_now(fit)
+        return await self._deterministic.summarize(fit)
 
     def _compressed(self, request: SummaryRequest) -> SummaryRequest:
         """The request with its filler and repeated turns left out: fewer tokens sent."""
