@@ -6,9 +6,10 @@ import gc
 import weakref
 from collections.abc import Iterator
 
+import anyio
 import pytest
 
-from voice_context.collector import CollectorPolicy, Load, Step, perform
+from voice_context.collector import CollectorPolicy, Load, Step, keep_collector_off, perform
 
 
 class Node:
@@ -76,3 +77,24 @@ def test_a_cycle_that_dies_frozen_comes_back_at_the_next_thaw(collector_by_hand:
     assert alive() is not None, "a collection never reaches what is frozen"
     perform(Step.THAW)
     assert alive() is None
+
+
+@pytest.mark.asyncio
+async def test_a_freeze_never_counts_what_is_frozen_one_by_one(
+    collector_by_hand: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``gc.get_freeze_count()`` walks every frozen object (23 ms for two million, the event
+    loop stopped meanwhile): the freezes that run beside the replies never ask it."""
+
+    def walked() -> int:
+        raise AssertionError("gc.get_freeze_count() walks every frozen object")
+
+    monkeypatch.setattr(gc, "get_freeze_count", walked)
+    ticks = iter(range(1000))
+    with anyio.move_on_after(0.5):
+        await keep_collector_off(
+            lambda: Load(connections=1, sessions=1, released=0),
+            freeze_seconds=0.01,
+            monotonic=lambda: float(next(ticks)),
+        )
+    assert next(ticks) > 3, "several freezes ran"
