@@ -21,21 +21,36 @@ from serving import TIMEOUT, Wire, clean_env, http_get
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from voice_context.server.listener import bind
+
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="lowers a running process's limit")
 
 LIMIT = 96
 
 
-@pytest.fixture
-def serve(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
+@pytest.fixture(params=["its own socket", "a socket given to it"])
+def serve(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
+    """The server on a socket it binds, or on one bound for it, as a worker of ``serve --workers``
+    is (then it accepts one connection at a time, not asyncio)."""
     log = tmp_path / "serve.log"
     command = [
         sys.executable, "-m", "voice_context", "serve", "--port", "0",
         "--data-dir", str(tmp_path / "data"), "--log-format", "json",
     ]  # fmt: skip
     env = clean_env()
-    with log.open("w") as stderr:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+    fds: list[int] = []
+    with contextlib.ExitStack() as given:
+        if request.param == "a socket given to it":
+            sock = given.enter_context(bind("127.0.0.1", 0))
+            fds.append(sock.fileno())
+            env["VOICE_CONTEXT_SERVER_LISTEN_FD"] = str(sock.fileno())
+            command[command.index("--port") + 1] = str(sock.getsockname()[1])
+        with log.open("w") as stderr:
+            process = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, pass_fds=fds
+            )
     try:
         resource.prlimit(process.pid, resource.RLIMIT_NOFILE, (LIMIT, LIMIT))
         assert process.stdout is not None

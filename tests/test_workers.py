@@ -7,8 +7,9 @@ import os
 import re
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,10 @@ import orjson
 import pytest
 from anyio.abc import Process
 from serving import TIMEOUT, Wire, clean_env, http_get
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 
 from voice_context.config import load_settings
+from voice_context.core.balance import BOUND
 from voice_context.errors import ConfigError
 from voice_context.testing.processes import children
 
@@ -50,6 +52,30 @@ class Supervised:
     def connected_to(self) -> set[int]:
         """The workers that took a websocket connection so far (each says so in its log)."""
         return {entry["worker"] for entry in self.events("voice_context_connection_opened")}
+
+    def held(self) -> dict[int, int]:
+        """The websocket connections each worker holds open, as the workers' logs tell."""
+        held = dict.fromkeys(self.worker_pids(), 0)
+        for entry in self.events("voice_context_connection_opened"):
+            held[entry["worker"]] += 1
+        for entry in self.events("voice_context_connection_closed"):
+            held[entry["worker"]] -= 1
+        return held
+
+    def holder(self, ws: ClientConnection) -> int:
+        """The worker that took the connection ``ws`` (its log names the client's port)."""
+        here = "{}:{}".format(*ws.local_address[:2])
+        [worker] = [
+            e["worker"] for e in self.events("voice_context_connection_opened") if e["remote"] == here
+        ]
+        return int(worker)
+
+    async def logged(self, name: str, count: int) -> None:
+        """Wait until the workers logged ``name`` ``count`` times (a worker logs a connection once
+        it served the handshake, maybe after the client saw the reply)."""
+        with anyio.fail_after(TIMEOUT):
+            while len(self.events(name)) < count:  # noqa: ASYNC110 - other processes' logs
+                await anyio.sleep(0.02)
 
     async def exit_code(self) -> int:
         with anyio.fail_after(TIMEOUT * 4):
@@ -154,6 +180,59 @@ async def test_both_workers_serve_one_port_a_bot_moves_between_them_and_a_signal
 
 
 @pytest.mark.asyncio
+async def test_connections_go_to_the_worker_that_holds_fewest(tmp_path: Path) -> None:
+    async with supervised(tmp_path) as running, AsyncExitStack() as held:
+        # twenty bots connect one after another and stay: each worker holds ten
+        bots = [await held.enter_async_context(connect(running.url, open_timeout=TIMEOUT)) for _ in range(20)]
+        await running.logged("voice_context_connection_opened", 20)
+        counts = running.held()
+        assert sorted(counts) == [0, 1] and abs(counts[0] - counts[1]) <= 1, counts
+
+        # and each says so (a plain HTTP request is a connection too: one of them answers)
+        health = (await http_get(running.port, "/healthz")).json()
+        assert health["connections"] == counts[health["worker"]]
+
+        # the bots on one worker leave: the next ten bots all go to it, the one holding fewer
+        emptied = running.holder(bots[0])
+        leaving = [bot for bot in bots if running.holder(bot) == emptied]
+        for bot in leaving:
+            await bot.close()
+        await running.logged("voice_context_connection_closed", len(leaving))
+        assert running.held()[emptied] == 0
+        for _ in range(10):
+            await held.enter_async_context(connect(running.url, open_timeout=TIMEOUT))
+        await running.logged("voice_context_connection_opened", 30)
+        assert running.held()[emptied] >= 9, running.held()
+
+
+@pytest.mark.asyncio
+async def test_a_stopped_worker_strands_no_connection_the_other_takes_them_within_the_bound(
+    tmp_path: Path,
+) -> None:
+    async with supervised(tmp_path) as running, AsyncExitStack() as held:
+        stopped = running.worker_pids()[1]
+        os.kill(stopped, signal.SIGSTOP)  # it holds fewer than the other from now on, and looks at nothing
+        try:
+            waited = []
+            for _ in range(6):
+                began = time.monotonic()
+                await held.enter_async_context(connect(running.url, open_timeout=TIMEOUT))
+                waited.append(time.monotonic() - began)
+            await running.logged("voice_context_connection_opened", 6)
+            assert running.held() == {0: 6, 1: 0}
+            # the other declined each (it held more) for the bound at most, then took it
+            assert max(waited) < BOUND + TIMEOUT / 20, waited
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+
+        # back, it holds the fewest: the next bots go to it
+        for _ in range(3):
+            await held.enter_async_context(connect(running.url, open_timeout=TIMEOUT))
+        await running.logged("voice_context_connection_opened", 9)
+        assert running.held() == {0: 6, 1: 3}
+
+
+@pytest.mark.asyncio
 async def test_a_worker_killed_stops_the_other_and_the_supervisor_exits_non_zero(tmp_path: Path) -> None:
     async with supervised(tmp_path) as running:
         pids = running.worker_pids()
@@ -198,3 +277,13 @@ def test_the_number_of_workers_comes_from_the_file_or_the_environment_within_1_t
     for wrong in ("0", "65"):
         with pytest.raises(ConfigError, match=r"server\.workers must be 1\.\.64"):
             load_settings(env={"VOICE_CONTEXT_SERVER_WORKERS": wrong})
+
+
+def test_the_descriptors_a_worker_is_given_come_from_the_environment_and_are_checked() -> None:
+    env = {"VOICE_CONTEXT_SERVER_LISTEN_FD": "3", "VOICE_CONTEXT_SERVER_LOADS_FD": "4"}
+    settings = load_settings(env=env | {"VOICE_CONTEXT_SERVER_WORKER": "1"})
+    assert (settings.server.listen_fd, settings.server.loads_fd) == (3, 4)
+    with pytest.raises(ConfigError, match=r"server\.loads_fd needs server\.listen_fd and server\.worker"):
+        load_settings(env=env)
+    with pytest.raises(ConfigError, match=r"server\.listen_fd must be a descriptor"):
+        load_settings(env={"VOICE_CONTEXT_SERVER_LISTEN_FD": "-1"})

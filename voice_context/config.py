@@ -7,7 +7,8 @@ Groups, each a frozen value with named defaults::
                   max_connections, max_outbox_chars, send_timeout, ping_interval,
                   ping_timeout, replica, owner_turns_per_second, owner_turn_burst,
                   max_connections_per_owner, lease_ttl, gc_freeze_seconds, workers,
-                  reuse_port, worker
+                  reuse_port, worker, listen_fd and loads_fd (the last three set by
+                  ``serve --workers`` in its workers)
     [summarizer]  kind ("deterministic" | "openai"), base_url, model (both needed by "openai"),
                   api_key, timeout (per attempt; derived from compaction_timeout when unset),
                   max_retries, compaction_timeout
@@ -92,12 +93,18 @@ class ServerSettings:
     #: store, which nothing shares
     workers: int = MIN_WORKERS
     #: bind the listener with ``SO_REUSEPORT``, so that several processes share the port (the
-    #: kernel spreads new connections over them): the workers do, and so may servers a user
-    #: starts himself
+    #: kernel spreads new connections over them, by a hash of their addresses): for servers a
+    #: user starts apart (the workers of ``serve --workers`` share one socket instead)
     reuse_port: bool = False
     #: which worker of a ``serve --workers`` supervisor this process is (the supervisor sets
     #: it; ``None`` otherwise); ``/healthz`` says it
     worker: int | None = None
+    #: for the supervisor of ``serve --workers`` alone, which sets them in each worker: the
+    #: descriptor of the listening socket it bound (the worker serves on it instead of binding
+    #: one), and that of the shared block of the workers' connection counts (the least loaded
+    #: takes the next connection: :mod:`voice_context.server.listener`)
+    listen_fd: int | None = None
+    loads_fd: int | None = None
     #: read the default tokenizer's file before listening (about half a second of CPU and some
     #: tens of MB for ``o200k_base``), so that the first token-budgeted reply does not wait for
     #: it; false reads it when a token budget first needs it (never, for a bot that budgets chars)
@@ -110,6 +117,12 @@ class ServerSettings:
             raise ConfigError(f"server.workers must be {MIN_WORKERS}..{MAX_WORKERS}, got {self.workers}")
         if self.worker is not None and not 0 <= self.worker < MAX_WORKERS:
             raise ConfigError(f"server.worker must be 0..{MAX_WORKERS - 1}, got {self.worker}")
+        for name in ("listen_fd", "loads_fd"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"server.{name} must be a descriptor (0 or more), got {value}")
+        if self.loads_fd is not None and (self.listen_fd is None or self.worker is None):
+            raise ConfigError("server.loads_fd needs server.listen_fd and server.worker")
         positive = (
             "max_frame_bytes",
             "max_text_chars",

@@ -16,7 +16,8 @@ already served (a store write, a recording) could fail for want of a descriptor.
   the one descriptor it keeps in reserve for this, accepts the waiting connection,
   answers it the same 503 and closes it (the client gets an answer, not a hang in
   the backlog), then takes the spare back. The event loop pauses accepting for a
-  second after such an error (asyncio's own back-off);
+  second after such an error (asyncio's own back-off; a worker of ``serve --workers``,
+  which accepts on its own, sends its failures here and pauses the same way);
 - **the log**: one ``voice_context_descriptors_exhausted`` line per ``interval``
   seconds at most, counting the refusals since the last one.
 """
@@ -46,7 +47,8 @@ LOG_INTERVAL = 10.0
 #: What asyncio's accept loop reports when ``accept()`` runs out of descriptors.
 ACCEPT_FAILED = "socket.accept() out of system resource"
 
-_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+#: What ``accept()`` fails with for want of descriptors (or of the kernel's memory for a socket).
+OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 def refusal_body() -> bytes:
@@ -188,7 +190,7 @@ class DescriptorGuard:
         def handle(loop: Any, context: dict[str, Any]) -> None:
             exc = context.get("exception")
             if context.get("message") == ACCEPT_FAILED and (
-                isinstance(exc, OSError) and exc.errno in _OUT_OF_DESCRIPTORS
+                isinstance(exc, OSError) and exc.errno in OUT_OF_DESCRIPTORS
             ):
                 self.accept_failed(context.get("socket"))
                 return

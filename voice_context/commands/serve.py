@@ -181,10 +181,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"voice-context serve: {exc}", file=sys.stderr)
         return 2
     configure_logging(args.log_format, args.log_level)
-    if settings.server.workers > 1:
-        code: int = anyio.run(Supervisor(settings, worker_argv(args)).run)
-        return code
     try:
+        if settings.server.workers > 1:
+            code: int = anyio.run(Supervisor(settings, worker_argv(args)).run)
+            return code
         anyio.run(serve, settings)
     except (ConfigError, StoreError) as exc:
         print(f"voice-context serve: {exc}", file=sys.stderr)

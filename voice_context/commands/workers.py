@@ -3,11 +3,18 @@
 One process's event loop keeps to one core (one interpreter lock), so a box with more cores
 runs more processes. With ``[server] workers`` above 1, ``serve`` is a supervisor of worker
 processes, each the ordinary ``python -m voice_context serve`` with the same flags, one
-worker and a listener bound with ``SO_REUSEPORT``. Worker 0 starts first, alone: the store's
-schema is made (or migrated) by one process before the others open the store, and its
-``listening on`` line gives the real port when ``--port 0`` asked for any free one. Workers
-1..N-1 then listen on that port, the kernel spreads new connections over them, and the
-supervisor prints the two lines ``serve`` prints (where it listens, where the inspector is).
+worker. The supervisor binds the one listening socket itself (the real port, when ``--port 0``
+asked for any free one) and makes a small block of shared memory where each worker keeps its
+count of open connections; it passes both to each worker (``[server] listen_fd`` and
+``loads_fd``), which serves on that socket instead of binding one. Every worker watches the
+socket, and the one that holds the fewest connections takes the next (one a sibling has left
+waiting for 20 ms, stopped or busy, is taken anyway): see :mod:`voice_context.server.listener`.
+Bots hold their connections for hours, so a spread by the kernel's hash (``SO_REUSEPORT``,
+which the workers used before) stayed as uneven as it began. Worker 0 starts first, alone: the
+store's schema is made (or migrated) by one process before the others open the store. Workers
+1..N-1 then start, the supervisor lets go of the socket (once the last worker stops listening,
+the port refuses), and it prints the two lines ``serve`` prints (where it listens, where the
+inspector is).
 Each worker holds compaction leases under a name of its own (``<replica>/<k>``, the same after
 a restart on a fixed port), and the workers share sessions through the store as replicas do:
 a bot whose next connection lands on another worker resumes its session from the store.
@@ -43,6 +50,7 @@ from voice_context.config import ENV_PREFIX, Settings
 from voice_context.errors import ConfigError
 from voice_context.server.app import replica_name
 from voice_context.server.connection import SHUTDOWN_GRACE
+from voice_context.server.listener import Loads, bind
 
 log = structlog.get_logger("voice_context.serve")
 
@@ -113,10 +121,6 @@ class Worker:
         finally:
             self.ready.set()
 
-    @property
-    def port(self) -> int:
-        return int(self.banner[0].rsplit(":", 1)[1].split("/")[0])
-
 
 class Supervisor:
     """Starts the workers, passes signals on, and stops them all when one exits on its own."""
@@ -130,13 +134,24 @@ class Supervisor:
         #: the exit code: the first worker to exit on its own decides it
         self.code = 0
         self._tg: TaskGroup | None = None
+        #: the socket the workers share, its port, and the descriptor of their loads (both the
+        #: supervisor's until the workers are started)
+        self._listening: socket.socket
+        self.port = settings.server.port
+        self._loads_fd = -1
 
     def __repr__(self) -> str:
         state = "stopping" if self.stopping else "running"
         return f"<Supervisor {self.base} {state} workers={self.workers}>"
 
     async def run(self) -> int:
-        """Serve until every worker has exited; the exit code."""
+        """Serve until every worker has exited; the exit code. Raises ``OSError`` when the port
+        cannot be bound."""
+        cfg = self.settings.server
+        self._listening = bind(cfg.host, cfg.port, reuse_port=cfg.reuse_port)
+        self.port = int(self._listening.getsockname()[1])  # the real one, when asked for any (0)
+        loads, self._loads_fd = Loads.create(cfg.workers)  # every slot empty until its worker accepts
+        loads.close()
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -147,31 +162,48 @@ class Supervisor:
         return self.code
 
     async def _start_all(self, tg: TaskGroup) -> None:
-        port = self.settings.server.port
-        for k in range(self.settings.server.workers):
-            if self.stopping:
-                return
-            worker = await self._spawn(k, port)
-            tg.start_soon(self._run, worker)
-            await worker.ready.wait()
-            if not worker.banner:
-                return  # it ended before listening: _run stops the others
-            port = worker.port
-        if not self.stopping:
+        try:
+            started = await self._start_each(tg)
+        finally:
+            # the workers hold them now: once the last of them stops listening, the port refuses
+            self._listening.close()
+            os.close(self._loads_fd)
+        if started and not self.stopping:
             workers = len(self.workers)
-            log.info("voice_context_workers_listening", workers=workers, port=port, replica=self.base)
+            log.info("voice_context_workers_listening", workers=workers, port=self.port, replica=self.base)
             for line in self.workers[0].banner:
                 print(line, flush=True)
 
-    async def _spawn(self, k: int, port: int) -> Worker:
-        command = [sys.executable, "-m", "voice_context", "serve", *self.argv, "--port", str(port)]
+    async def _start_each(self, tg: TaskGroup) -> bool:
+        """Start the workers one after another, each once the one before listens (worker 0 makes
+        the store's schema alone); whether all of them listen."""
+        for k in range(self.settings.server.workers):
+            if self.stopping:
+                return False
+            worker = await self._spawn(k)
+            tg.start_soon(self._run, worker)
+            await worker.ready.wait()
+            if not worker.banner:
+                return False  # it ended before listening: _run stops the others
+        return True
+
+    async def _spawn(self, k: int) -> Worker:
+        command = [sys.executable, "-m", "voice_context", "serve", *self.argv, "--port", str(self.port)]
+        listen_fd = self._listening.fileno()
         env = os.environ | {
             f"{ENV_PREFIX}SERVER_WORKERS": "1",
-            f"{ENV_PREFIX}SERVER_REUSE_PORT": "true",
             f"{ENV_PREFIX}SERVER_REPLICA": f"{self.base}/{k}",
             f"{ENV_PREFIX}SERVER_WORKER": str(k),
+            f"{ENV_PREFIX}SERVER_LISTEN_FD": str(listen_fd),
+            f"{ENV_PREFIX}SERVER_LOADS_FD": str(self._loads_fd),
         }
-        process = await anyio.open_process(command, env=env, stdin=subprocess.DEVNULL, stderr=None)
+        process = await anyio.open_process(
+            command,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stderr=None,
+            pass_fds=(listen_fd, self._loads_fd),
+        )
         worker = Worker(k, process)
         self.workers.append(worker)
         log.info("voice_context_worker_started", worker=k, pid=process.pid)

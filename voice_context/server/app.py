@@ -41,6 +41,7 @@ from voice_context.server.connection import SHUTDOWN_GRACE, Connection
 from voice_context.server.handlers import Handlers
 from voice_context.server.http import PATH, Health, Routes, remote
 from voice_context.server.limits import Limits
+from voice_context.server.listener import SharedListener
 from voice_context.server.recording import Recorder
 from voice_context.sources import HTTPSource, with_sources
 from voice_context.store import open_store
@@ -117,6 +118,7 @@ class Server:
         self._manager: SessionManager | None = None
         self._handlers: Handlers | None = None
         self._ws: WebsocketServer | None = None
+        self._shared: SharedListener | None = None
         self._tg: TaskGroup | None = None
         self._running: AbstractAsyncContextManager[None] | None = None
         self._connections: set[Connection] = set()
@@ -252,19 +254,26 @@ class Server:
                     await tg.start(self._retain, ttl)
                 if self._recorder is not None:
                     await self._recorder.prepare()
-                self._ws = await serve(
-                    self._handle,
-                    cfg.host,
-                    cfg.port,
-                    process_request=self._routes.process_request,
-                    max_size=cfg.max_frame_bytes,
-                    server_header=None,
-                    ping_interval=cfg.ping_interval,
-                    ping_timeout=cfg.ping_timeout,
-                    close_timeout=cfg.send_timeout,
-                    reuse_port=cfg.reuse_port,  # passed on to loop.create_server
-                )
-                self.port = self._ws.sockets[0].getsockname()[1] if self._ws.sockets else cfg.port
+
+                def listen(**where: Any) -> WebsocketServer:
+                    return serve(
+                        self._handle,
+                        process_request=self._routes.process_request,
+                        max_size=cfg.max_frame_bytes,
+                        server_header=None,
+                        ping_interval=cfg.ping_interval,
+                        ping_timeout=cfg.ping_timeout,
+                        close_timeout=cfg.send_timeout,
+                        **where,  # passed on to loop.create_server
+                    )
+
+                if cfg.listen_fd is None:
+                    self._ws = await listen(host=cfg.host, port=cfg.port, reuse_port=cfg.reuse_port)
+                    self.port = self._ws.sockets[0].getsockname()[1] if self._ws.sockets else cfg.port
+                else:  # a worker of `serve --workers`, on the socket its supervisor bound
+                    self._shared = SharedListener.adopt(cfg.listen_fd, cfg.loads_fd, cfg.worker)
+                    self.port = self._shared.port
+                    self._ws = await self._shared.serve(listen, tg)
                 try:
                     yield
                 finally:
@@ -275,6 +284,8 @@ class Server:
                             await self._recorder.aclose()
                         tg.cancel_scope.cancel()  # the background loops end with the server
         finally:
+            if self._shared is not None:
+                self._shared.close()
             self._released += self._handlers.released  # the sessions it closed stay counted
             self._manager = self._handlers = self._tg = None
 
@@ -329,6 +340,8 @@ class Server:
         if ws is None:
             return
         log.info("voice_context_shutdown_started", connections=len(self._connections))
+        if self._shared is not None:
+            self._shared.close()  # the siblings take the connections waiting
         ws.close(close_connections=False)  # stop accepting; opening handshakes get a 503
         for conn in list(self._connections):
             conn.stop_reading()
