@@ -221,7 +221,7 @@ async def test_a_stopped_worker_strands_no_connection_the_other_takes_them_withi
             await running.logged("voice_context_connection_opened", 6)
             assert running.held() == {0: 6, 1: 0}
             # the other declined each (it held more) for the bound at most, then took it
-            assert max(waited) < BOUND + TIMEOUT / 20, waited
+            assert max(waited) < BOUND + TIMEOUT / 5, waited
         finally:
             os.kill(stopped, signal.SIGCONT)
 
