@@ -46,14 +46,14 @@ def test_a_freeze_every_interval_and_no_thaw_while_nothing_was_let_go() -> None:
 
 
 def test_a_thaw_once_nothing_is_connected_after_something_was_let_go() -> None:
-    policy = CollectorPolicy(100.0)
+    policy = CollectorPolicy(100.0, freeze_seconds=10.0)
     assert policy.step(101.0, Load(connections=0, sessions=0, released=3)) is Step.THAW
     assert policy.step(102.0, Load(connections=0, sessions=0, released=3)) is Step.WAIT, "once"
     assert policy.step(111.0, Load(connections=0, sessions=0, released=3)) is Step.FREEZE
 
 
 def test_with_clients_connected_a_thaw_waits_for_a_quarter_of_the_live_to_be_let_go() -> None:
-    policy = CollectorPolicy(100.0, min_released=100)
+    policy = CollectorPolicy(100.0, freeze_seconds=10.0, min_released=100)
     assert policy.step(101.0, Load(connections=1000, sessions=1000, released=499)) is Step.WAIT
     assert policy.step(102.0, Load(connections=1000, sessions=1000, released=500)) is Step.THAW
     assert policy.step(103.0, Load(connections=10, sessions=10, released=599)) is Step.WAIT

@@ -37,7 +37,7 @@ def test_a_file_then_the_environment_override_the_defaults(tmp_path: Path) -> No
     assert Settings().session == SessionConfig()
     assert Settings().recall.ahead == "first"
     assert load_settings(env={"VOICE_CONTEXT_RECALL_AHEAD": "every"}).recall.ahead == "every"
-    assert Settings().server.gc_freeze_seconds == 10.0
+    assert Settings().server.gc_freeze_seconds == 1.0
     assert load_settings(env={"VOICE_CONTEXT_SERVER_GC_FREEZE_SECONDS": "0"}).server.gc_freeze_seconds == 0.0
 
 
