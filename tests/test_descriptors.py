@@ -120,8 +120,11 @@ async def test_at_the_descriptor_limit_the_server_refuses_cleanly_logs_little_an
         async with anyio.create_task_group() as tg:
             for _ in range(300):
                 tg.start_soon(knock_and_keep, port)
+        # every one is answered: the flood waits in the listen queue (2,048 deep) for its turn,
+        # where a queue of 100 overflowed and left some clients past the timeout
         assert not any(a.startswith(b"HTTP/1.1 101") for a in answers)
-        assert sum(a.startswith(b"HTTP/1.1 503") for a in answers) > 100
+        refused = sum(a.startswith(b"HTTP/1.1 503") for a in answers)
+        assert refused == len(answers), f"{len(answers) - refused} of {len(answers)} got no answer"
         for stream in silent:
             await stream.aclose()
 

@@ -41,7 +41,7 @@ from voice_context.server.connection import SHUTDOWN_GRACE, Connection
 from voice_context.server.handlers import Handlers
 from voice_context.server.http import PATH, Health, Routes, remote
 from voice_context.server.limits import Limits
-from voice_context.server.listener import SharedListener
+from voice_context.server.listener import BACKLOG, SharedListener
 from voice_context.server.recording import Recorder
 from voice_context.sources import HTTPSource, with_sources
 from voice_context.store import open_store
@@ -268,7 +268,9 @@ class Server:
                     )
 
                 if cfg.listen_fd is None:
-                    self._ws = await listen(host=cfg.host, port=cfg.port, reuse_port=cfg.reuse_port)
+                    self._ws = await listen(
+                        host=cfg.host, port=cfg.port, reuse_port=cfg.reuse_port, backlog=BACKLOG
+                    )
                     self.port = self._ws.sockets[0].getsockname()[1] if self._ws.sockets else cfg.port
                 else:  # a worker of `serve --workers`, on the socket its supervisor bound
                     self._shared = SharedListener.adopt(cfg.listen_fd, cfg.loads_fd, cfg.worker)

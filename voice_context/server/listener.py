@@ -8,7 +8,7 @@ asks :func:`voice_context.core.balance.wait_before_accepting` whether to take it
 holds more than a sibling stops watching the socket for a moment (it is out of the event
 loop's selector meanwhile: no spinning) and looks again; one that has declined for the bound
 takes it anyway, so a stopped or busy sibling strands nothing. A worker takes one connection
-per decision: asyncio's own accept loop takes up to a backlog's worth at each wake-up, which
+per decision: asyncio's own accept loop takes up to 100 at each wake-up, which
 is what makes a shared socket greedy.
 
 An accepted socket is handed to websockets as asyncio would (``loop.connect_accepted_socket``
@@ -49,8 +49,14 @@ from voice_context.descriptors import ACCEPT_FAILED, OUT_OF_DESCRIPTORS
 
 log = structlog.get_logger("voice_context.server")
 
-BACKLOG = 100
-"""The listen backlog, asyncio's default (what a server binding its own socket listens with)."""
+BACKLOG = 2048
+"""The listen backlog (the kernel caps it at ``net.core.somaxconn``), every ``serve`` socket's:
+hundreds of bots reconnecting at once, after a restart, queue for their handshake where
+asyncio's default of 100 has the kernel drop what overflows, for the clients to try again a
+second or more later."""
+
+ACCEPT_TRIES = 100
+"""Failed ``accept()`` calls in one go at the descriptor limit before a worker pauses (asyncio's)."""
 
 ACCEPT_RETRY_SECONDS = 1.0
 """How long a worker stops watching the socket after ``accept()`` failed (asyncio's own back-off)."""
@@ -295,10 +301,10 @@ class SharedListener:
     def _accept(self) -> None:
         """Take one connection. At the descriptor limit, each failed ``accept()`` goes to the
         loop's exception handler, where the server's guard answers one waiting connection 503
-        with its spare descriptor; as asyncio's accept loop does, up to a backlog of them in
-        one go, then a second's pause."""
+        with its spare descriptor; as asyncio's accept loop does, up to :data:`ACCEPT_TRIES`
+        of them in one go, then a second's pause (what waits meanwhile, waits in the queue)."""
         assert self._loop is not None and self._tg is not None
-        for _ in range(BACKLOG):
+        for _ in range(ACCEPT_TRIES):
             try:
                 conn, _ = self.sock.accept()
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
