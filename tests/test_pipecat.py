@@ -4,8 +4,11 @@ against a real server on 127.0.0.1, and against one that is down."""
 from __future__ import annotations
 
 import json
+import re
+import warnings
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
@@ -18,6 +21,7 @@ from pipecat.frames.frames import (
     LLMContextFrame,
     LLMMessagesAppendFrame,
     LLMMessagesUpdateFrame,
+    LLMUpdateSettingsFrame,
     StartFrame,
     VisionTextFrame,
 )
@@ -27,7 +31,9 @@ from pipecat.processors.aggregators.llm_response_universal import LLMContextAggr
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.services.llm_service import FunctionCallParams
 from pipecat.services.openai.llm import OpenAILLMService
+from pipecat.services.settings import LLMSettings
 from pipecat.tests.utils import run_test
+from pipecat.utils import deprecation
 from serving import TIMEOUT, running, settings
 from structlog.testing import capture_logs
 
@@ -37,23 +43,65 @@ from voice_context.integrations.pipecat import (
     RESULT_CHARS,
     ContextLedger,
     VoiceContextProcessor,
+    own_instructions,
     result_text,
 )
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 from voice_context.testing.openai_server import CallTool, OpenAIServer, Reply
 
-SYSTEM = {"role": "system", "content": "You are Nova, a travel agent."}
+NOVA = "You are Nova, a travel agent."
+SYSTEM = {"role": "system", "content": NOVA}
+"""The bot's prompt as the LLM gets it: put first by pipecat from the LLM service's
+``system_instruction``, or, as pipecat deprecates since 1.9, the context's own first message."""
 TALK: list[dict[str, Any]] = [
-    SYSTEM,
     {"role": "user", "content": "Let's book Lisbon for May 3rd, flying out of Porto."},
     {"role": "assistant", "content": "Sure. For how many people?"},
     {"role": "user", "content": [{"type": "text", "text": "Two of us, window seats please."}]},
 ]
 
 
+CONTEXT_DEPRECATION = re.compile(r"`LLMContext\b.*` is deprecated")
+"""What pipecat says when it finds an LLM context laid out in a way it deprecates."""
+
+
+@contextmanager
+def context_deprecations() -> Iterator[list[str]]:
+    """What pipecat says, within the block, about an LLM context laid out as it deprecates (the
+    list is filled when the block ends). Other warnings are handed on to pytest as they came."""
+    heard: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:  # the filters stay as they are
+        yield heard
+    heard.extend(str(w.message) for w in caught if CONTEXT_DEPRECATION.match(str(w.message)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # each went through the filters already
+        for w in caught:
+            if not CONTEXT_DEPRECATION.match(str(w.message)):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+@pytest.fixture(autouse=True)
+def deprecated_context_layouts_fail(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fail a story in which pipecat finds a context laid out as it deprecates.
+
+    pipecat warns under its own ``always`` filter, once per call site for the life of the
+    process, so neither a ``filterwarnings`` mark nor the suite's ``error`` filter turns the
+    warning into an error, and only the first story would hear it: each story starts with
+    pipecat's record of warned sites empty, and fails on what it hears."""
+    monkeypatch.setattr(deprecation, "_warned_sites", set())
+    with context_deprecations() as heard:
+        yield
+    assert not heard, "pipecat warned about the context the LLM was given"
+
+
 def frame(messages: list[dict[str, Any]]) -> LLMContextFrame:
     return LLMContextFrame(context=LLMContext(messages=list(messages)))  # type: ignore[arg-type]
+
+
+def as_instructions(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """voice-context's messages as the LLM gets them through pipecat: its system messages
+    (summary, recall, notes, lines of the call) as developer messages."""
+    return [{**m, "role": "developer"} if m["role"] == "system" else m for m in messages]
 
 
 @pytest.mark.asyncio
@@ -78,9 +126,10 @@ async def test_each_llm_run_stores_the_new_words_and_gets_the_remembered_context
     sent = [f.context.get_messages() for f in down if isinstance(f, LLMContextFrame)]
     assert sent[0] is not first.context.get_messages(), "the pipeline's own context is left as it was"
     assert first.context.get_messages() == TALK
-    assert sent[0][0] == SYSTEM  # the pipeline's system messages first, then what voice-context keeps
     last = sent[1]
-    assert last[1:] == context["messages"]
+    assert any(m["role"] == "system" for m in context["messages"]), "voice-context's screen notes"
+    assert last == as_instructions(context["messages"]), "what voice-context keeps, notes as developer"
+    assert not [m for m in [*sent[0], *last] if m["role"] == "system"], "no system message in the context"
     assert any("a seat map of a plane" in str(m["content"]) for m in last), "the vision note reached the LLM"
     assert last[-1]["content"] == "Two window seats, noted."
     assert (processor.replaced, processor.fallbacks) == (2, 0)
@@ -149,10 +198,19 @@ def says(text: str) -> list[Frame]:
 
 
 async def call(
-    memory: VoiceContextProcessor, model: OpenAIServer, context: LLMContext, *lines: Sequence[Frame]
+    memory: VoiceContextProcessor,
+    model: OpenAIServer,
+    context: LLMContext,
+    *lines: Sequence[Frame],
+    prompt: str | None = NOVA,
 ) -> None:
-    """Run a call through a real pipecat pipeline with pipecat's runner until the caller hangs up."""
-    llm = OpenAILLM(api_key="test", base_url=model.base_url, settings=OpenAILLM.Settings(model="scripted"))
+    """Run a call through a real pipecat pipeline with pipecat's runner until the caller hangs up;
+    the bot's prompt is the LLM service's ``system_instruction``, as pipecat has it."""
+    llm = OpenAILLM(
+        api_key="test",
+        base_url=model.base_url,
+        settings=OpenAILLM.Settings(model="scripted", system_instruction=prompt),
+    )
     aggregators = LLMContextAggregatorPair(context)
     pipeline = Pipeline([Caller(*lines), aggregators.user(), memory.around(llm), aggregators.assistant()])
     with anyio.fail_after(TIMEOUT * 4):
@@ -166,6 +224,10 @@ async def stored(store: MemoryStore, session: str) -> list[Turn]:
 def request_messages(model: OpenAIServer, n: int) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = model.completions[n].json["messages"]
     return messages
+
+
+def system_messages(messages: Sequence[dict[str, Any]]) -> list[str]:
+    return [m["content"] for m in messages if m["role"] == "system"]
 
 
 @pytest.mark.asyncio
@@ -182,15 +244,21 @@ async def test_after_a_context_reset_new_turns_are_stored_and_the_llm_hears_the_
             Reply("A taxi will wait at arrivals."),
         )
         memory = VoiceContextProcessor(server.url, session="call-7", budget_chars=4000, timeout=TIMEOUT)
-        payment = {"role": "system", "content": "You are Nova. Now take the payment."}
+        cashier = "You are Nova, now taking the payment."
+        task = {"role": "developer", "content": "Take the payment for the booking."}
         await call(
             memory,
             model,
-            LLMContext(messages=[SYSTEM]),  # type: ignore[list-item]
+            LLMContext(),
             says("Let's book Lisbon for May 3rd, flying out of Porto."),
             says("Two of us, window seats please."),
-            # pipecat-flows moving to its next node with the RESET strategy: a new context
-            [LLMMessagesUpdateFrame(messages=[payment]), *says("Pay with the card ending 4242.")],  # type: ignore[list-item]
+            # pipecat-flows moving to its next node with the RESET strategy: the node's role as
+            # the LLM's system instruction, and a new context with the node's task in it
+            [
+                LLMUpdateSettingsFrame(delta=LLMSettings(system_instruction=cashier)),
+                LLMMessagesUpdateFrame(messages=[task]),  # type: ignore[list-item]
+                *says("Pay with the card ending 4242."),
+            ],
             says("And a taxi to the hotel?"),
         )
         turns = await stored(store, "call-7")
@@ -204,8 +272,10 @@ async def test_after_a_context_reset_new_turns_are_stored_and_the_llm_hears_the_
         "And a taxi to the hotel?",
         "A taxi will wait at arrivals.",  # the bot's last reply, stored when the call ended
     ]
-    after_reset = request_messages(model, 3)
-    assert after_reset[0] == payment, "the pipeline's own system message first"
+    before_reset, after_reset = request_messages(model, 1), request_messages(model, 3)
+    assert system_messages(before_reset) == [NOVA], "the LLM service's prompt, and no other system message"
+    assert system_messages(after_reset) == [cashier]
+    assert after_reset[:2] == [{"role": "system", "content": cashier}, task], "the pipeline's own, first"
     assert "And a taxi to the hotel?" in after_reset[-1]["content"], "the LLM hears the newest turn"
     assert any("Lisbon" in str(m["content"]) for m in after_reset), "what came before the reset is remembered"
     assert (memory.replaced, memory.fallbacks) == (4, 0)
@@ -237,7 +307,7 @@ async def test_the_run_after_a_tool_result_gets_the_bounded_context_and_the_tool
         }
         for k in range(60)
     ]
-    pipeline_context = LLMContext(messages=[SYSTEM, *history], tools=[FIND_FLIGHT])  # type: ignore[list-item]
+    pipeline_context = LLMContext(messages=[*history], tools=[FIND_FLIGHT])  # type: ignore[list-item]
     budget = 1500
     async with (
         running(settings(), summarizer=DeterministicSummarizer(), store=store) as server,
@@ -251,8 +321,9 @@ async def test_the_run_after_a_tool_result_gets_the_bounded_context_and_the_tool
         turns = await stored(store, "call-7")
     asked, follow_up = request_messages(model, 0), request_messages(model, 1)
     assert len(model.completions) == 2
-    assert follow_up[0] == SYSTEM
+    assert follow_up[0] == SYSTEM, "the LLM service's prompt"
     remembered = follow_up[1:]
+    assert {m["role"] for m in remembered} == {"developer", "user", "assistant", "tool"}, "no system message"
     assert sum(len(str(m.get("content") or "")) for m in remembered) <= budget
     assert len(pipeline_context.get_messages()) > 60, "the pipeline's own context holds the whole call"
     call_message, result_message = remembered[-2:]
@@ -310,12 +381,50 @@ async def test_the_bots_last_words_are_stored_when_the_call_ends() -> None:
     ):
         model.script(Reply("Goodbye, and safe travels."))
         memory = VoiceContextProcessor(server.url, session="call-7", timeout=TIMEOUT)
-        await call(memory, model, LLMContext(messages=[SYSTEM]), says("That's all, thanks."))  # type: ignore[list-item]
+        await call(memory, model, LLMContext(), says("That's all, thanks."))
         turns = await stored(store, "call-7")
     assert [(t.role, t.text) for t in turns] == [
         ("user", "That's all, thanks."),
         ("assistant", "Goodbye, and safe travels."),
     ]
+
+
+@pytest.mark.asyncio
+async def test_a_prompt_left_in_the_pipelines_context_reaches_the_llm_once_and_before_the_memory() -> None:
+    """A bot written before pipecat 1.9 keeps its prompt as the context's first message: it goes
+    on first, as it is, and pipecat warns about it as it does without the memory."""
+    store = MemoryStore()
+    async with (
+        running(settings(), summarizer=DeterministicSummarizer(), store=store) as server,
+        OpenAIServer() as model,
+    ):
+        model.script(Reply("Sure. For how many people?"), Reply("Two window seats, noted."))
+        memory = VoiceContextProcessor(server.url, session="call-7", budget_chars=4000, timeout=TIMEOUT)
+        assert await memory.note("a seat map of a plane")
+        with context_deprecations() as heard:
+            await call(
+                memory,
+                model,
+                LLMContext(messages=[SYSTEM]),  # type: ignore[list-item]
+                says("Let's book Lisbon for May 3rd, flying out of Porto."),
+                says("Two of us, window seats please."),
+                prompt=None,
+            )
+        turns = await stored(store, "call-7")
+    assert heard == [
+        '`LLMContext(messages=[{"role": "system", ...}, ...])` is deprecated since 1.9.0 and will be'
+        " removed in 2.0.0. Use `system_instruction` on the LLM service instead."
+    ], "pipecat's word about the pipeline's own context, once"
+    for n in (0, 1):
+        sent = request_messages(model, n)
+        assert sent[0] == SYSTEM, "the pipeline's prompt first, as it is"
+        assert system_messages(sent) == [NOVA], "once, and no other system message"
+        assert sent[1]["role"] == "developer" and "a seat map of a plane" in sent[1]["content"], (
+            "then voice-context's context: the screen note (recalled, then as a note), then the turns"
+        )
+    assert [m["role"] for m in sent[-3:]] == ["user", "assistant", "user"]
+    assert "Lisbon" in sent[-3]["content"] and "Two of us, window seats please." in sent[-1]["content"]
+    assert NOVA not in [t.text for t in turns], "the prompt is not stored as a turn"
 
 
 # -- the ledger: what is stored is known by the messages themselves
@@ -357,3 +466,20 @@ def test_a_tool_call_is_planned_once_and_a_call_left_open_is_settled() -> None:
         ("tool", "call_2", False, "CANCELLED"),
     ]
     assert len(result_text("x" * (RESULT_CHARS + 10))) < RESULT_CHARS + 30
+
+
+def test_the_pipelines_instructions_keep_their_order_and_only_a_leading_system_message_stays_one() -> None:
+    task = {"role": "system", "content": "Now take the payment."}
+    hint = {"role": "developer", "content": "The card on file ends 4242."}
+    words = [{"role": "user", "content": "Yes."}, {"role": "assistant", "content": "Window or aisle?"}]
+    assert own_instructions([SYSTEM, *words, task, hint]) == [
+        SYSTEM,
+        {"role": "developer", "content": "Now take the payment."},
+        hint,
+    ]
+    assert own_instructions([*words, task, SYSTEM]) == [
+        {"role": "developer", "content": "Now take the payment."},
+        {"role": "developer", "content": NOVA},
+    ], "a system message after the words would be the first message of the copy: a developer one"
+    assert task["role"] == "system", "the pipeline's own messages are left as they were"
+    assert own_instructions(words) == []

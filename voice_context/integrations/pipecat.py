@@ -3,6 +3,7 @@
 Put the LLM service inside :meth:`VoiceContextProcessor.around`, after the user
 context aggregator::
 
+    llm = OpenAILLMService(settings=OpenAILLMService.Settings(system_instruction="You are Nova."))
     memory = VoiceContextProcessor("ws://127.0.0.1:8765/v1", session="call-7", budget_chars=8000)
     pipeline = Pipeline([
         transport.input(), stt, context_aggregator.user(),
@@ -17,10 +18,22 @@ down from the user aggregator, while the run after a tool result (and an
 assistant aggregator. At each run the processor stores the words the pipeline's
 context gained (the user's finalized transcriptions and the bot's replies),
 asks for the context (``messages``, within ``budget_chars``) and sends the LLM a
-copy of the pipeline's context: the pipeline's own system messages first, then
+copy of the pipeline's context: the pipeline's own instructions first, then
 voice-context's messages (the summary, recalled passages, screen notes, the
 recent turns). The pipeline's own context object is never changed, so the rest
 of the pipeline keeps its history as it was.
+
+The bot's prompt belongs on the LLM service (``system_instruction`` in its
+settings: pipecat deprecates a context that starts with a system message since
+1.9), which puts it before the context. The copy makes no system message of its
+own: voice-context's system messages (summary, recall, notes) go as developer
+messages, pipecat's role for guidance that changes with each turn (its adapters
+give them to an LLM without that role as user messages), and so do the system
+and developer messages of the pipeline's context, in their order, before them.
+Only a system message the pipeline's context starts with (a prompt kept in the
+context, as before pipecat 1.9) stays first and a system message: the LLM gets it
+once, before the memory, and pipecat warns about it as it would without the
+memory.
 
 What is stored is known by the messages themselves, not by where they sit: a
 context that pipecat resets (``LLMMessagesUpdateFrame``, as pipecat-flows does)
@@ -88,7 +101,7 @@ __all__ = ["RESULT_CHARS", "ContextLedger", "VoiceContextProcessor"]
 
 log = structlog.get_logger("voice_context.integrations.pipecat")
 
-SYSTEM_ROLES = frozenset({"system", "developer"})
+INSTRUCTION_ROLES = frozenset({"system", "developer"})
 WORD_ROLES = frozenset({"user", "assistant"})
 
 RESULT_CHARS = 4000
@@ -116,6 +129,23 @@ def _text(message: Any) -> str:
 def _role(message: Any) -> str | None:
     role = message.get("role") if isinstance(message, dict) else None
     return role if isinstance(role, str) else None
+
+
+def as_developer(message: Any) -> Any:
+    """A system message as a developer message (a copy); any other message as it is.
+
+    pipecat deprecates a context that starts with a system message (the prompt is the LLM
+    service's ``system_instruction``), and guidance that changes with each turn is a developer
+    message to it."""
+    return {**message, "role": "developer"} if _role(message) == "system" else message
+
+
+def own_instructions(messages: Sequence[Any]) -> list[Any]:
+    """The pipeline's own instructions, in their order: a system message the context starts
+    with as it is, every other system or developer message as a developer message."""
+    own = [m for m in messages if _role(m) in INSTRUCTION_ROLES]
+    kept = 1 if own and own[0] is messages[0] and _role(own[0]) == "system" else 0
+    return [*own[:kept], *(as_developer(m) for m in own[kept:])]
 
 
 def result_text(result: Any) -> str:
@@ -407,10 +437,9 @@ class VoiceContextProcessor(FrameProcessor):
                 note="the LLM gets the pipeline's own context this time",
             )
             return frame
-        system = [m for m in messages if _role(m) in SYSTEM_ROLES]
-        remembered: list[Any] = [dict(m) for m in reply["messages"]]
+        remembered: list[Any] = [as_developer(dict(m)) for m in reply["messages"]]
         context = LLMContext(
-            messages=[*system, *remembered, *guessed],
+            messages=[*own_instructions(messages), *remembered, *guessed],
             tools=frame.context.tools,
             tool_choice=frame.context.tool_choice,
         )
