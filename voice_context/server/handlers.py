@@ -79,8 +79,10 @@ def find_duplicate(session: Session, turn: Turn, lookback: int = DUPLICATE_LOOKB
         return None
     held = session.verbatim_turns
     first = session.total_turns - len(held)
+    turn_id = turn.id
     for offset in range(len(held) - 1, max(-1, len(held) - 1 - lookback), -1):
-        if held[offset] == turn:
+        recent = held[offset]
+        if recent.id == turn_id and recent == turn:  # (the id first: a whole turn compares every field)
             return first + offset
     return None
 
