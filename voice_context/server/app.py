@@ -37,7 +37,7 @@ from voice_context.descriptors import DescriptorGuard
 from voice_context.errors import StoreError
 from voice_context.manager import SessionManager
 from voice_context.metrics import Metrics
-from voice_context.server.connection import SHUTDOWN_GRACE, Connection
+from voice_context.server.connection import SHUTDOWN_GRACE, Connection, ReleasedConnection
 from voice_context.server.handlers import Handlers
 from voice_context.server.http import PATH, Health, Routes, remote
 from voice_context.server.limits import Limits
@@ -264,6 +264,7 @@ class Server:
                         ping_interval=cfg.ping_interval,
                         ping_timeout=cfg.ping_timeout,
                         close_timeout=cfg.send_timeout,
+                        create_connection=ReleasedConnection,
                         **where,  # passed on to loop.create_server
                     )
 

@@ -1,0 +1,46 @@
+"""A closed connection is freed by reference count: nothing of it waits for the garbage collector.
+
+``serve`` keeps the cyclic collector off the live sessions by freezing what survived, so a
+cycle that dies frozen waits for a thaw, a full collection that stops every reply. CPython
+3.11's socket transport is such a cycle (it holds a bound method of itself); the server's
+connections break it once they are lost. The server here is real, on 127.0.0.1, and so are
+its clients.
+"""
+
+from __future__ import annotations
+
+import asyncio.selector_events
+import gc
+from collections.abc import Iterator
+
+import anyio
+import pytest
+from serving import running, wire
+
+
+@pytest.fixture
+def cycles_kept() -> Iterator[list[object]]:
+    """What the collections within the test find unreachable, kept for the test to look at."""
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        yield gc.garbage
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
+@pytest.mark.asyncio
+async def test_a_closed_connection_leaves_no_transport_for_the_collector(cycles_kept: list[object]) -> None:
+    async with running() as server:
+        for n in range(10):
+            async with wire(server) as bot:
+                await bot.open(f"call-{n}")
+                assert (await bot.append(f"call-{n}", 0))["type"] == "turn.appended"
+        await anyio.sleep(0.2)  # every connection lost, on both sides
+        gc.collect()
+        kind = asyncio.selector_events._SelectorSocketTransport
+        transports = [o for o in cycles_kept if isinstance(o, kind)]
+        ends = [t.get_extra_info("sockname")[1] for t in transports]
+        # (this process's clients are the other ends: their transports, not the server's, stay cycles)
+        assert server.port not in ends, f"{ends.count(server.port)} of the server's transports left in cycles"
