@@ -34,6 +34,11 @@ Modes:
            before every bot turn; a screen note about every 30 s. The history is folded
            within the first steps, as the pattern always did.
 
+       With ``--call-seconds S`` the sessions are calls: each ends after 0.5-1.5 x S (the
+       first at a random point of its length), its session closed, and the next call starts
+       at once in a new session with no history, as a telephony bot's do. Without it a
+       session lasts the whole run.
+
        The words are the project's own recordings in ``fixtures/``, or, with ``--words
        FILE...``, LoCoMo-format dialogue (each file one conversation or a list of them,
        ``session_N`` lists of ``{speaker, text}``, at the top or under ``conversation``),
@@ -481,6 +486,10 @@ class Talker:
     cursor: int = 0
     in_flight: bool = False
     next_note: float = 0.0
+    #: calls ended (``--call-seconds``): the session is the call's, ``name`` then ends in ``~calls``
+    calls: int = 0
+    call_ends: float = float("inf")
+    ended_turns: int = 0  # said in the calls that ended
     words: Words = field(default_factory=lambda: WORDS)
     seed: int = field(init=False)
 
@@ -524,6 +533,16 @@ class Talker:
         self.cursor = reply.get("cursor", self.cursor)
         self.in_flight = bool(reply.get("in_flight"))
 
+    async def next_call(self) -> None:
+        """The call ends, its session closed, and the next call starts in a session of its own,
+        with no history (``--call-seconds``)."""
+        await self.link.request({"type": "session.close", "session": self.name})
+        self.calls += 1
+        self.ended_turns += self.turns
+        self.name = f"{self.name.split('~')[0]}~{self.calls}"
+        self.seed = session_seed(self.name)
+        await self.open()
+
     async def note(self) -> None:
         n = self.offset + self.turns
         text = self.words.note(self.seed, self.turns, n)
@@ -543,6 +562,8 @@ class Sample:
     exchanges: int = 0
     """Contexts completed with the bot turn after them (the user turns and notes since the last
     are part of the exchange)."""
+    calls: int = 0
+    """Calls ended, their sessions closed and new ones opened (``--call-seconds``)."""
     errors: int = 0
     lag_first: list[int] = field(default_factory=list)
     lag_last: list[int] = field(default_factory=list)
@@ -789,6 +810,20 @@ class Harness:
                 sample.notes += 1
                 t.next_note += rng.uniform(25, 35)
 
+        call = self.args.call_seconds
+
+        async def hang_up(t: Talker) -> None:
+            """With ``--call-seconds``: the call ends once its time is up, and the next begins."""
+            if not call:
+                return
+            now = loop.time()
+            if t.call_ends == float("inf"):  # the first call began at a random point of its length
+                t.call_ends = now + rng.uniform(0, 2 * call)
+            elif now >= t.call_ends:
+                await t.next_call()
+                sample.calls += 1
+                t.call_ends = now + rng.uniform(0.5 * call, 1.5 * call)
+
         async def group(t: Talker) -> None:
             """A turn every 2-4 s, in the role its line has; a context before each bot turn."""
             await pause(0, 4)  # spread the sessions' first turns
@@ -802,6 +837,7 @@ class Harness:
                     if line.role == "assistant":
                         sample.exchanges += 1
                     await note(t)
+                    await hang_up(t)
                 except RuntimeError:
                     sample.errors += 1
                 await pause(2, 4)
@@ -819,6 +855,7 @@ class Harness:
                     await say(t, replace(t.line(), role="assistant"))
                     sample.exchanges += 1
                     await note(t)
+                    await hang_up(t)
                 except RuntimeError:
                     sample.errors += 1
                 await pause(3, 6)
@@ -1020,10 +1057,14 @@ async def ramp(args: argparse.Namespace) -> None:
                 f" {sample.errors:>6}",
                 flush=True,
             )
+            if args.call_seconds:
+                ended = f"{sample.calls} ({triv.calls} on the trivial server)"
+                print(f"{'':>6} calls ended and begun again: {ended}")
             if not ok and args.stop_at_capacity:
                 break
         folds = h.folds()
-        stored = h.burst_turns + sum(t.turns for t in h.talkers if t.name.startswith("voice-voice"))
+        voices = [t for t in h.talkers if t.name.startswith("voice-voice")]
+        stored = h.burst_turns + sum(t.turns + t.ended_turns for t in voices)
         print(
             f"\n   folds: {folds.completed} completed, {folds.failed} failed;"
             f" {folds.started} started, {folds.twice} of them for a batch already started"
@@ -1200,6 +1241,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--steps", type=lambda s: [int(x) for x in s.split(",")], default=[250, 500, 1000, 1500]
     )
     parser.add_argument("--step-seconds", type=float, default=30.0)
+    parser.add_argument(
+        "--call-seconds",
+        type=float,
+        default=0.0,
+        help="paced sessions end after about this long (0.5-1.5x) and new ones start in their place,"
+        " as the calls of a telephony bot do (0: sessions never end)",
+    )
     parser.add_argument("--sessions-per-connection", type=int, default=25)
     parser.add_argument("--connections", type=int, default=20, help="connections per server for the burst")
     parser.add_argument("--burst-sessions", type=int, default=1000, help="0 skips the burst")
