@@ -53,24 +53,11 @@ def test_a_thaw_once_nothing_is_connected_after_something_was_let_go() -> None:
 
 
 def test_with_clients_connected_a_thaw_waits_for_a_quarter_of_the_live_to_be_let_go() -> None:
-    policy = CollectorPolicy(100.0, freeze_seconds=10.0, min_released=100, thaw_seconds=0.0)
+    policy = CollectorPolicy(100.0, freeze_seconds=10.0, min_released=100)
     assert policy.step(101.0, Load(connections=1000, sessions=1000, released=499)) is Step.WAIT
     assert policy.step(102.0, Load(connections=1000, sessions=1000, released=500)) is Step.THAW
     assert policy.step(103.0, Load(connections=10, sessions=10, released=599)) is Step.WAIT
     assert policy.step(104.0, Load(connections=10, sessions=10, released=600)) is Step.THAW
-
-
-def test_with_clients_connected_a_thaw_comes_at_most_once_every_ten_minutes() -> None:
-    """Calls that each hold a session a few minutes let a quarter of 500 go every minute or so:
-    the replies wait behind a thaw once per ten minutes, not at each quarter."""
-    policy = CollectorPolicy(0.0, freeze_seconds=1.0, min_released=100)
-    assert policy.thaw_seconds == 600.0
-    churned = Load(connections=500, sessions=500, released=300)
-    assert policy.step(75.0, churned) is Step.FREEZE, "a quarter let go, but the last thaw is recent"
-    assert policy.step(599.0, Load(connections=500, sessions=500, released=3000)) is Step.FREEZE
-    assert policy.step(600.0, Load(connections=500, sessions=500, released=3000)) is Step.THAW
-    assert policy.step(700.0, Load(connections=500, sessions=500, released=3300)) is Step.FREEZE
-    assert policy.step(701.0, Load(connections=0, sessions=0, released=3800)) is Step.THAW, "idle: at once"
 
 
 def test_garbage_at_the_moment_of_a_freeze_is_collected_not_frozen(collector_by_hand: None) -> None:

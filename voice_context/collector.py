@@ -11,20 +11,12 @@ that never returns:
 
 - a collection runs just before each freeze, so only what is really alive is frozen
   (that collection walks only what is not frozen yet: what the last interval made);
-- what was frozen and has since died in a cycle is reclaimed by a thaw: unfreeze,
-  collect everything, freeze again. A thaw is the full pause the freeze avoids (0.2 s at
-  500 sessions, every reply waiting), so it runs at once when nothing is connected (nobody
-  waits behind it), and with clients connected at most once every ``thaw_seconds`` (10
-  minutes), once the connections and sessions let go since the last thaw reach a quarter
-  of those still live (at least ``min_released``).
-
-What dies in a cycle is little. A closed connection's socket transport was the most of it
-(CPython 3.11's keeps a bound method of itself); the server breaks that cycle when the
-connection is lost (:class:`~voice_context.server.connection.ReleasedConnection`), and a
-thaw after 150 of 500 sessions and their connections closed found nothing to collect,
-where it found 83 objects before. A thaw every time a quarter was let go (what the rule
-was) paused every reply once a minute or so under the churn of calls that each hold a
-session a few minutes, to give back nothing.
+- what was frozen and has since died (the transports of closed connections, a closed
+  session's cycles) is reclaimed by a thaw: unfreeze, collect everything, freeze again.
+  A thaw is the full pause the freeze avoids, so it runs only when nothing is connected
+  (nobody waits behind it), or once the connections and sessions let go since the last
+  thaw reach a quarter of those still live (at least ``min_released``): the pause is
+  paid in proportion to what it gives back, as CPython's own rule for full collections.
 
 :class:`CollectorPolicy` decides (time is data); :func:`keep_collector_off` performs it.
 """
@@ -51,8 +43,6 @@ CHECK_SECONDS = 1.0
 """How often the policy is asked whether a thaw is due (more often when freezes are)."""
 MIN_RELEASED = 100
 """Connections and sessions let go since the last thaw before a thaw with clients connected."""
-THAW_SECONDS = 600.0
-"""The least time between two thaws with clients connected (none is needed while idle)."""
 
 
 class Step(Enum):
@@ -74,29 +64,19 @@ class CollectorPolicy:
     """When to freeze and when to thaw; see the module docstring. ``now`` is monotonic."""
 
     def __init__(
-        self,
-        now: float,
-        *,
-        freeze_seconds: float = FREEZE_SECONDS,
-        min_released: int = MIN_RELEASED,
-        thaw_seconds: float = THAW_SECONDS,
+        self, now: float, *, freeze_seconds: float = FREEZE_SECONDS, min_released: int = MIN_RELEASED
     ) -> None:
         self.freeze_seconds = freeze_seconds
         self.min_released = min_released
-        self.thaw_seconds = thaw_seconds
         self.frozen_at = now
-        self.thawed_at = now
         self.released_at_thaw = 0
 
     def step(self, now: float, load: Load) -> Step:
         released = load.released - self.released_at_thaw
         live = load.connections + load.sessions
-        busy_thaw_due = now - self.thawed_at >= self.thaw_seconds and released >= max(
-            self.min_released, live // 4
-        )
-        if released > 0 and (load.connections == 0 or busy_thaw_due):
+        if released > 0 and (load.connections == 0 or released >= max(self.min_released, live // 4)):
             self.released_at_thaw = load.released
-            self.frozen_at = self.thawed_at = now
+            self.frozen_at = now
             return Step.THAW
         if now - self.frozen_at >= self.freeze_seconds:
             self.frozen_at = now
