@@ -11,8 +11,10 @@ that never returns:
 
 - a collection runs just before each freeze, so only what is really alive is frozen
   (that collection walks only what is not frozen yet: what the last interval made);
-- what was frozen and has since died (the transports of closed connections, a closed
-  session's cycles) is reclaimed by a thaw: unfreeze, collect everything, freeze again.
+- what was frozen and has since died in a cycle (a closed session's; no longer a closed
+  connection's transport, which the server frees by reference count, see
+  :class:`~voice_context.server.connection.ReleasedConnection`) is reclaimed by a thaw:
+  unfreeze, collect everything, freeze again.
   A thaw is the full pause the freeze avoids, so it runs only when nothing is connected
   (nobody waits behind it), or once the connections and sessions let go since the last
   thaw reach a quarter of those still live (at least ``min_released``): the pause is

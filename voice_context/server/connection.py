@@ -52,10 +52,9 @@ class ReleasedConnection(ServerConnection):
     CPython 3.11's socket transport keeps a bound method of its own (``_read_ready_cb``) for
     its life: a reference cycle, so every closed connection's transport, socket and their
     dicts outlive it until a collection. Under ``serve``'s frozen collector that is until a
-    thaw, a full collection that stops the event loop for every reply (0.2 s at 500
-    sessions), run only to give such cycles back. 3.12 drops the method when the connection
-    is lost (CPython gh-100348); this does the same on 3.11, once the transport has finished
-    its own closing."""
+    thaw (see :mod:`voice_context.collector`). 3.12 drops the method when the connection is
+    lost (CPython gh-100348); this does the same on 3.11, once the transport has finished its
+    own closing."""
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
