@@ -47,6 +47,13 @@
    stood in).
 11. Over the wire with the model as the server's summarizer: ``context.get``
    while idle against ``context.get`` while the model folds a batch.
+
+``--codec`` measures only the codec, beside msgspec (the ``bench`` extra):
+
+12. Reading a client frame (JSON to a checked, typed message) with ours (orjson,
+   then each field checked in Python) against msgspec structs that state the same
+   limits, with the checks msgspec cannot state done after it, both ending in the
+   same message; and writing a context reply with orjson against msgspec's encoder.
 """
 
 from __future__ import annotations
@@ -683,6 +690,162 @@ def bench_llm(n: int, name: str, folds: int, timeout: float, threads: int) -> No
         anyio.run(bench_llm_wire, n, llama.base_url, alias, timeout)
 
 
+def bench_codec(n: int) -> None:
+    """12. (see the module docstring)."""
+    from typing import Annotated, Literal
+
+    import msgspec
+    import orjson
+
+    from voice_context import codec
+    from voice_context.core.turns import Note
+
+    text_limit = codec.DEFAULT_MAX_TEXT_CHARS
+    name = Annotated[str, msgspec.Meta(min_length=1, max_length=codec.MAX_SESSION_CHARS)]
+    low, high = codec.ID_RANGE
+    message_id = (
+        Annotated[int, msgspec.Meta(ge=low, le=high)]
+        | Annotated[str, msgspec.Meta(max_length=codec.MAX_ID_CHARS)]
+        | None
+    )
+    text = Annotated[str, msgspec.Meta(max_length=text_limit)]
+    at = Annotated[float, msgspec.Meta(ge=0, lt=codec.MAX_AT)]
+    speaker = Annotated[str, msgspec.Meta(min_length=1, max_length=codec.MAX_SPEAKER_CHARS)]
+
+    # (made with defstruct: this module's annotations are strings, which msgspec resolves globally)
+    turn_body = msgspec.defstruct(
+        "TurnBody",
+        [
+            ("speaker", speaker),
+            ("role", Literal["user", "assistant", "system", "tool"]),
+            ("at", at),
+            ("text", text | None, None),
+            ("id", Annotated[str, msgspec.Meta(max_length=codec.MAX_ID_CHARS)] | None, None),
+        ],
+    )
+    note_body = msgspec.defstruct(
+        "NoteBody",
+        [
+            ("text", text),
+            ("at", at),
+            ("speaker", speaker | None, None),
+            ("source", Annotated[str, msgspec.Meta(max_length=codec.MAX_SPEAKER_CHARS)] | None, None),
+        ],
+    )
+    budget = Annotated[int, msgspec.Meta(ge=1, le=codec.MAX_BUDGET)]
+    turn_append = msgspec.defstruct(
+        "TurnAppend",
+        [("session", name), ("turn", turn_body), ("id", message_id, None)],
+        tag_field="type",
+        tag="turn.append",
+    )
+    note_append = msgspec.defstruct(
+        "NoteAppend",
+        [("session", name), ("note", note_body), ("id", message_id, None)],
+        tag_field="type",
+        tag="note.append",
+    )
+    context_get = msgspec.defstruct(
+        "ContextGet",
+        [
+            ("session", name),
+            ("format", Literal["messages", "instructions"], "messages"),
+            ("budget_chars", budget | None, None),
+            ("budget_tokens", budget | None, None),
+            ("base_instructions", str, ""),
+            ("facts", list[str], []),
+            ("query", text | None, None),
+            ("id", message_id, None),
+        ],
+        tag_field="type",
+        tag="context.get",
+    )
+
+    decoder = msgspec.json.Decoder(turn_append | note_append | context_get)
+
+    def read(frame: bytes) -> codec.ClientMessage:
+        """msgspec's reading, then what it cannot state (a printable name, words in a text),
+        into the message ours makes."""
+        m: Any = decoder.decode(frame)
+        if not m.session.isprintable():
+            raise codec.DecodeError(codec.BAD_REQUEST, "session must be printable")
+        if isinstance(m, turn_append):
+            b = m.turn
+            if not b.speaker.strip() or not b.text or not b.text.strip():
+                raise codec.DecodeError(codec.BAD_REQUEST, "turn.text must not be empty")
+            return codec.TurnAppend(m.session, Turn(b.speaker, b.role, b.text, b.at, b.id), m.id)
+        if isinstance(m, note_append):
+            o = m.note
+            if not o.text.strip():
+                raise codec.DecodeError(codec.BAD_REQUEST, "note.text must not be empty")
+            return codec.NoteAppend(m.session, Note(o.text, o.at, o.speaker, o.source), m.id)
+        return codec.ContextGet(
+            m.session,
+            m.format,
+            m.budget_chars,
+            m.base_instructions,
+            tuple(m.facts),
+            m.id,
+            m.query,
+            m.budget_tokens,
+        )
+
+    turns = recorded_turns()
+    said = turns[len(turns) // 2]
+    frames = {
+        "turn.append": {
+            "type": "turn.append",
+            "id": 41,
+            "session": "call-00042",
+            "turn": {"speaker": said.speaker, "role": said.role, "text": said.text, "at": said.at},
+        },
+        "note.append": {
+            "type": "note.append",
+            "id": 42,
+            "session": "call-00042",
+            "note": {"text": "Scoreboard: 12 kills, 3 deaths; the map vote shows Tokyo.", "at": said.at},
+        },
+        "context.get": {
+            "type": "context.get",
+            "id": 43,
+            "session": "call-00042",
+            "format": "instructions",
+            "budget_chars": 5200,
+            "base_instructions": "You are a friendly voice assistant.",
+            "query": said.text,
+        },
+    }
+    print(f"== the codec: a client frame read, ours against msgspec {msgspec.__version__}")
+    cost: dict[str, tuple[float, float]] = {}
+    for kind, obj in frames.items():
+        frame = orjson.dumps(obj)
+        assert read(frame) == codec.decode(frame), kind  # the same message either way
+        ours, theirs = timed(lambda f=frame: codec.decode(f), n), timed(lambda f=frame: read(f), n)
+        cost[kind] = (statistics.fmean(ours), statistics.fmean(theirs))
+        print(row(f"{kind} ({len(frame)} bytes), ours", ours))
+        print(row(f"{kind}, msgspec", theirs, ours))
+    session = Session("call-00042", SessionConfig(recall=False))
+    for t in turns[:200]:
+        session.receive(TurnAppended(t))
+    reply = codec.ContextReply(
+        "call-00042", build_context(session.view(), "instructions", budget_chars=5200), False, 43
+    )
+    wire = codec.reply_dict(reply)
+    assert orjson.loads(msgspec.json.encode(wire)) == orjson.loads(orjson.dumps(wire))
+    size = len(orjson.dumps(wire))
+    encode_ours = timed(lambda: orjson.dumps(codec.reply_dict(reply)), n)
+    encode_theirs = timed(lambda: msgspec.json.encode(codec.reply_dict(reply)), n)
+    print(row(f"a context reply ({size:,} bytes) written, orjson", encode_ours))
+    print(row("the same, msgspec", encode_theirs, encode_ours))
+    # an exchange reads two turns and a context.get (a note every few exchanges)
+    ours_each = 2 * cost["turn.append"][0] + cost["context.get"][0]
+    theirs_each = 2 * cost["turn.append"][1] + cost["context.get"][1]
+    print(
+        f"an exchange's frames read (two turns and a context.get): ours {ours_each * 1e6:.1f} us, "
+        f"msgspec {theirs_each * 1e6:.1f} us (mean)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -699,8 +862,12 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=2, help="the model server's threads (1 is best on a busy machine)"
     )
+    parser.add_argument("--codec", action="store_true", help="only the codec, beside msgspec (see above)")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    if args.codec:
+        bench_codec(args.n * 10)
+        return
     if args.llm:
         bench_llm(min(args.n, 200), args.llm, args.folds, args.timeout, args.threads)
         return
