@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import gc
+import platform
 import weakref
 from collections.abc import Iterator
 
 import anyio
 import pytest
 
-from voice_context.collector import CollectorPolicy, Load, Step, keep_collector_off, perform
+from voice_context import collector
+from voice_context.collector import (
+    CollectorPolicy,
+    Load,
+    Step,
+    keep_collector_off,
+    perform,
+    release_free_memory,
+)
 
 
 class Node:
@@ -47,17 +56,54 @@ def test_a_freeze_every_interval_and_no_thaw_while_nothing_was_let_go() -> None:
 
 def test_a_thaw_once_nothing_is_connected_after_something_was_let_go() -> None:
     policy = CollectorPolicy(100.0, freeze_seconds=10.0)
-    assert policy.step(101.0, Load(connections=0, sessions=0, released=3)) is Step.THAW
+    assert policy.step(101.0, Load(connections=0, sessions=0, released=3)) is Step.REST
     assert policy.step(102.0, Load(connections=0, sessions=0, released=3)) is Step.WAIT, "once"
     assert policy.step(111.0, Load(connections=0, sessions=0, released=3)) is Step.FREEZE
 
 
 def test_with_clients_connected_a_thaw_waits_for_a_quarter_of_the_live_to_be_let_go() -> None:
-    policy = CollectorPolicy(100.0, freeze_seconds=10.0, min_released=100)
+    policy = CollectorPolicy(100.0, freeze_seconds=10.0, min_released=100, thaw_seconds=0.0)
     assert policy.step(101.0, Load(connections=1000, sessions=1000, released=499)) is Step.WAIT
     assert policy.step(102.0, Load(connections=1000, sessions=1000, released=500)) is Step.THAW
     assert policy.step(103.0, Load(connections=10, sessions=10, released=599)) is Step.WAIT
     assert policy.step(104.0, Load(connections=10, sessions=10, released=600)) is Step.THAW
+
+
+def test_with_clients_connected_a_thaw_comes_at_most_once_every_ten_minutes() -> None:
+    """Calls that each hold a session a few minutes let a quarter of 500 go every minute or so:
+    the replies wait behind a thaw once per ten minutes, not at each quarter."""
+    policy = CollectorPolicy(0.0, freeze_seconds=1.0, min_released=100)
+    assert policy.thaw_seconds == 600.0
+    churned = Load(connections=500, sessions=500, released=300)
+    assert policy.step(75.0, churned) is Step.FREEZE, "a quarter let go, but the last thaw is recent"
+    assert policy.step(599.0, Load(connections=500, sessions=500, released=3000)) is Step.FREEZE
+    assert policy.step(600.0, Load(connections=500, sessions=500, released=3000)) is Step.THAW
+    assert policy.step(700.0, Load(connections=500, sessions=500, released=3300)) is Step.FREEZE
+    assert policy.step(701.0, Load(connections=0, sessions=0, released=3800)) is Step.REST, "idle: at once"
+
+
+def test_at_rest_the_allocators_free_memory_goes_back_to_the_system(
+    collector_by_hand: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the thaw that runs once nothing is connected trims the C heap: trimming walks it
+    whole, and nobody waits behind it then."""
+    trims: list[int] = []
+    monkeypatch.setattr(collector, "_MALLOC_TRIM", lambda pad: trims.append(pad) or 1)
+    perform(Step.FREEZE)
+    perform(Step.THAW)
+    assert trims == []
+    node, alive = cycle()
+    perform(Step.FREEZE)
+    del node
+    perform(Step.REST)
+    assert alive() is None, "a rest is a thaw"
+    assert trims == [0]
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc_trim")
+def test_the_c_library_that_trims_is_found() -> None:
+    """On a glibc system (what the container and CI run) the trim is really there."""
+    assert release_free_memory() is True
 
 
 def test_garbage_at_the_moment_of_a_freeze_is_collected_not_frozen(collector_by_hand: None) -> None:
