@@ -48,12 +48,17 @@
 11. Over the wire with the model as the server's summarizer: ``context.get``
    while idle against ``context.get`` while the model folds a batch.
 
-``--codec`` measures only the codec, beside msgspec (the ``bench`` extra):
+``--codec`` measures only the codec, beside msgspec (the ``bench`` extra); ``--postings DB``
+only recall's postings walk, over a SQLite store (``scripts/load --keep`` leaves one):
 
 12. Reading a client frame (JSON to a checked, typed message) with ours (orjson,
    then each field checked in Python) against msgspec structs that state the same
    limits, with the checks msgspec cannot state done after it, both ending in the
    same message; and writing a context reply with orjson against msgspec's encoder.
+13. A search's postings walk: the store's rows read into Python and scored there
+   (``select_postings``, ``bm25``) against BM25 summed by SQLite in C, over the
+   newest user turns of up to 200 of the store's sessions as queries (the same
+   scores, checked).
 """
 
 from __future__ import annotations
@@ -846,6 +851,70 @@ def bench_codec(n: int) -> None:
     )
 
 
+def bench_postings(db: Path) -> None:
+    """13. (see the module docstring)."""
+    import functools
+    import random
+    import sqlite3
+
+    from voice_context.recall.index import K1, B, bm25, choose_terms, idf, query_words
+    from voice_context.store.sqlite_rows import select_postings
+
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, isolation_level=None)
+    names = [name for (name,) in conn.execute("SELECT session FROM recall_state")]
+    names = random.Random(1).sample(names, min(200, len(names)))
+    queries = [
+        (name, sorted(query_words(text)))
+        for name in names
+        for (text,) in conn.execute(
+            "SELECT text FROM turns WHERE session = ? AND role = 'user' ORDER BY idx DESC LIMIT 5", (name,)
+        )
+    ]
+    choose = functools.partial(choose_terms, common=0.05)  # a context's default query: the newest user turn
+
+    def in_python(name: str, words: list[str]) -> dict[int, float]:
+        stats, df, postings = select_postings(conn, name, words, choose)
+        terms = choose(list(df), lambda t: df.get(t, 0), stats.docs)
+        return bm25(terms, postings, stats.docs, stats.length)
+
+    def in_sqlite(name: str, words: list[str]) -> dict[int, float]:
+        sid, docs, length = conn.execute(
+            "SELECT sid, docs, length FROM recall_state WHERE session = ?", (name,)
+        ).fetchone()
+        marks = ",".join("?" * len(words))
+        df = dict(
+            conn.execute(f"SELECT term, df FROM recall_df WHERE sid = ? AND term IN ({marks})", (sid, *words))
+        )
+        read = choose(list(df), lambda t: df.get(t, 0), docs)
+        if not read or not docs:
+            return {}
+        weights = [value for t in read for value in (t, idf(docs, df[t]) * (K1 + 1))]
+        summed = (
+            f"WITH q(term, w) AS (VALUES {','.join(['(?, ?)'] * len(read))})"
+            " SELECT t.key, SUM(q.w * t.tf / (t.tf + ? + ? * t.length))"
+            " FROM q JOIN recall_terms t ON t.sid = ? AND t.term = q.term GROUP BY t.key"
+        )
+        return dict(conn.execute(summed, (*weights, K1 * (1 - B), K1 * B / (length / docs or 1.0), sid)))
+
+    rows = scored = 0
+    for name, words in queries:
+        ours, theirs = in_python(name, words), in_sqlite(name, words)
+        assert ours.keys() == theirs.keys() and all(abs(ours[k] - theirs[k]) < 1e-9 for k in ours), name
+        rows += sum(map(len, select_postings(conn, name, words, choose)[2].values()))
+        scored += len(ours)
+    print(f"== a search's postings walk: {len(queries)} queries over {len(names)} sessions of {db.name}")
+    each = max(1, len(queries))
+    print(f"per search, mean: {rows / each:.1f} postings read, {scored / each:.1f} docs scored")
+    for label, fn in (("rows scored in Python", in_python), ("BM25 summed by SQLite", in_sqlite)):
+        started = time.process_time()
+        for _ in range(5):
+            for name, words in queries:
+                fn(name, words)
+        print(
+            f"{label:<30} {(time.process_time() - started) / (5 * len(queries)) * 1e6:7.1f} us CPU per search"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -863,8 +932,14 @@ def main() -> None:
         "--threads", type=int, default=2, help="the model server's threads (1 is best on a busy machine)"
     )
     parser.add_argument("--codec", action="store_true", help="only the codec, beside msgspec (see above)")
+    parser.add_argument(
+        "--postings", type=Path, metavar="DB", help="only the postings walk over DB (see above)"
+    )
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    if args.postings:
+        bench_postings(args.postings)
+        return
     if args.codec:
         bench_codec(args.n * 10)
         return
