@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from pathlib import Path
 
 import anyio
@@ -80,8 +81,10 @@ async def fill(manager: SessionManager, name: str = "room") -> None:
 
 @pytest.mark.asyncio
 async def test_an_overflow_folds_all_but_the_safety_region_and_the_context_fits(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "vc.db")
-    async with SessionManager(DeterministicSummarizer(), store=store) as manager:
+    async with (
+        aclosing(SQLiteStore(tmp_path / "vc.db")) as store,
+        SessionManager(DeterministicSummarizer(), store=store) as manager,
+    ):
         await fill(manager)
         assert manager.state("room").cursor == 0
         ctx, applied = await manager.overflow("room", "messages", limit_tokens=300)
@@ -94,7 +97,10 @@ async def test_an_overflow_folds_all_but_the_safety_region_and_the_context_fits(
         summary = manager.session("room").summary
         assert "Porto" in summary and "Faro" in summary, "both halves are in the merged summary"
         assert "find_flight" in summary and "TP 1234" in summary, "the call and its result folded together"
-    async with SessionManager(DeterministicSummarizer(), store=SQLiteStore(tmp_path / "vc.db")) as again:
+    async with (
+        aclosing(SQLiteStore(tmp_path / "vc.db")) as store,
+        SessionManager(DeterministicSummarizer(), store=store) as again,
+    ):
         await again.open("room")
         assert again.state("room").cursor == 42, "the emergency fold was committed"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from dataclasses import replace
 from pathlib import Path
 
@@ -247,13 +248,19 @@ def test_no_landmark_is_ever_altered_or_folded_and_no_budget_exceeded(
 @pytest.mark.asyncio
 async def test_pins_survive_a_restart_and_are_seen_by_another_replica(tmp_path: Path) -> None:
     path = tmp_path / "vc.db"
-    async with SessionManager(DeterministicSummarizer(), store=SQLiteStore(path)) as first:
+    async with (
+        aclosing(SQLiteStore(path)) as store,
+        SessionManager(DeterministicSummarizer(), store=store) as first,
+    ):
         await first.open("room")
         await first.append_turn("room", said(0, "We land at 10:55."))
         await first.append_turn("room", said(1, "Decision: we take the 9:40."))
         pinned_by_hand = await first.pin("room", 0, kind="spec", reason="the arrival time")
         assert pinned_by_hand.source == "manual"
-        async with SessionManager(DeterministicSummarizer(), store=SQLiteStore(path)) as replica:
+        async with (
+            aclosing(SQLiteStore(path)) as other,
+            SessionManager(DeterministicSummarizer(), store=other) as replica,
+        ):
             await replica.open("room")
             kept = replica.session("room").landmarks
             assert [(lm.index, lm.kind, lm.source) for lm in kept] == [
@@ -261,7 +268,10 @@ async def test_pins_survive_a_restart_and_are_seen_by_another_replica(tmp_path: 
                 (1, "decision", "heuristic"),
             ]
         assert await first.unpin("room", 1) is True
-    async with SessionManager(DeterministicSummarizer(), store=SQLiteStore(path)) as restarted:
+    async with (
+        aclosing(SQLiteStore(path)) as store,
+        SessionManager(DeterministicSummarizer(), store=store) as restarted,
+    ):
         await restarted.open("room")
         assert [lm.index for lm in restarted.session("room").landmarks] == [0], "the unpin lasts"
 

@@ -8,6 +8,7 @@ store can tell (a retried write, a reopened store, hash tags) run on those.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import sqlite3
@@ -50,6 +51,14 @@ from voice_context.testing.redis_server import RedisClusterServers, RedisServer
 T0 = 1714572187.0
 BACKENDS = ["memory", "sqlite", "redis", "redis-cluster"]
 DURABLE = ["sqlite", "redis", "redis-cluster"]
+
+
+@contextlib.contextmanager
+def raw_file(path: Path) -> Iterator[sqlite3.Connection]:
+    """A store's file opened by hand, as another program would: what it changes is committed
+    at the end, and the connection closed (``with sqlite3.connect(...)`` alone only commits)."""
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        yield conn
 
 
 def turn(i: int, speaker: str = "Alice") -> Turn:
@@ -849,7 +858,7 @@ async def test_the_sqlite_file_is_in_wal_mode_with_a_schema_version(tmp_path: Pa
     await store.create(SessionRecord("room-1"))
     await store.aclose()
 
-    with sqlite3.connect(tmp_path / "vc.db") as conn:
+    with raw_file(tmp_path / "vc.db") as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
         columns = {row[1] for row in conn.execute("PRAGMA table_info(turns)")}
@@ -861,7 +870,7 @@ async def test_a_file_from_before_the_recall_index_gains_it_and_keeps_its_sessio
     store = SQLiteStore(tmp_path / "vc.db")
     await a_session_with_turns(store, "room-1", 3)
     await store.aclose()
-    with sqlite3.connect(tmp_path / "vc.db") as conn:  # what version 3 wrote
+    with raw_file(tmp_path / "vc.db") as conn:  # what version 3 wrote
         for table in ("recall_terms", "recall_df", "recall_notes", "recall_vectors", "recall_state"):
             conn.execute(f"DROP TABLE {table}")
         conn.execute("UPDATE schema_version SET version = 3")
@@ -880,7 +889,7 @@ async def test_a_file_from_a_newer_version_is_refused_not_rewritten(tmp_path: Pa
     store = SQLiteStore(tmp_path / "vc.db")
     await store.create(SessionRecord("room-1"))
     await store.aclose()
-    with sqlite3.connect(tmp_path / "vc.db") as conn:
+    with raw_file(tmp_path / "vc.db") as conn:
         conn.execute("UPDATE schema_version SET version = 99")
 
     newer = SQLiteStore(tmp_path / "vc.db")
@@ -1191,7 +1200,7 @@ async def test_a_version_1_file_gets_its_landmarks_and_tool_columns_and_keeps_it
     store = SQLiteStore(tmp_path / "vc.db")
     await a_session_with_turns(store, "room-1", 2)
     await store.aclose()
-    with sqlite3.connect(tmp_path / "vc.db") as conn:  # the file as version 1 wrote it
+    with raw_file(tmp_path / "vc.db") as conn:  # the file as version 1 wrote it
         conn.execute("DROP TABLE landmarks")
         conn.execute("ALTER TABLE turns DROP COLUMN tool")
         conn.execute("UPDATE schema_version SET version = 1")
@@ -1204,7 +1213,7 @@ async def test_a_version_1_file_gets_its_landmarks_and_tool_columns_and_keeps_it
     assert await upgraded.save_tier("room-1", TierSummary("session", T0, T0 + 1, 0, 2, "both lines", T0))
     assert [s.text for s in await upgraded.load_tiers("room-1")] == ["both lines"]
     await upgraded.aclose()
-    with sqlite3.connect(tmp_path / "vc.db") as conn:
+    with raw_file(tmp_path / "vc.db") as conn:
         assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
 
 
