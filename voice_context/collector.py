@@ -26,9 +26,10 @@ minute or so under the churn of calls that each hold a session a few minutes, fo
 
 What a churn leaves is free memory that the C allocator keeps (glibc's heap shrinks only
 from its top): 300 visits beside 2 clients that stayed left the server 5-8 MB larger with
-as many Python objects alive, and ``malloc_trim`` gave it all back. So the thaw that runs
-once nothing is connected then hands the allocator's free memory back to the system
-(``malloc_trim``, where the C library has it; it walks the heap, and nobody waits then).
+as many Python objects alive, and ``malloc_trim`` gave it all back. So a thaw ends by
+handing the allocator's free memory back to the system (``malloc_trim``, where the C
+library has it): 0.05-0.6 ms on the 120-400 MB heap of a server holding 500 paced sessions,
+beside the thaw's own 0.2 s.
 
 :class:`CollectorPolicy` decides (time is data); :func:`keep_collector_off` performs it.
 """
@@ -64,8 +65,7 @@ THAW_SECONDS = 600.0
 class Step(Enum):
     WAIT = "wait"
     FREEZE = "freeze"  # collect what is not frozen, then freeze the survivors
-    THAW = "thaw"  # unfreeze, collect everything, freeze the survivors
-    REST = "rest"  # nothing connected: a thaw, then the allocator's free memory handed back
+    THAW = "thaw"  # unfreeze, collect everything, freeze the survivors, trim the C heap
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +97,11 @@ class CollectorPolicy:
 
     def step(self, now: float, load: Load) -> Step:
         released = load.released - self.released_at_thaw
-        if released > 0 and load.connections == 0:
-            self.released_at_thaw = load.released
-            self.frozen_at = self.thawed_at = now
-            return Step.REST
         live = load.connections + load.sessions
-        if now - self.thawed_at >= self.thaw_seconds and released >= max(1, self.min_released, live // 4):
+        busy_thaw_due = now - self.thawed_at >= self.thaw_seconds and released >= max(
+            self.min_released, live // 4
+        )
+        if released > 0 and (load.connections == 0 or busy_thaw_due):
             self.released_at_thaw = load.released
             self.frozen_at = self.thawed_at = now
             return Step.THAW
@@ -138,11 +137,11 @@ def perform(step: Step) -> int:
     """Carry out a step; the number of unreachable objects the collection found."""
     if step is Step.WAIT:
         return 0
-    if step is not Step.FREEZE:
+    if step is Step.THAW:
         gc.unfreeze()
     found = gc.collect()
     gc.freeze()
-    if step is Step.REST:
+    if step is Step.THAW:
         release_free_memory()
     return found
 
