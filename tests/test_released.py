@@ -3,8 +3,8 @@
 ``serve`` keeps the cyclic collector off the live sessions by freezing what survived, so a
 cycle that dies frozen waits for a thaw, a full collection that stops every reply. CPython
 3.11's socket transport is such a cycle (it holds a bound method of itself); the server's
-connections break it once they are lost. The server here is real, on 127.0.0.1, and so are
-its clients.
+connections break it once they are lost, and so do :class:`voice_context.client.Client`'s, in
+the bot's own process. The server here is real, on 127.0.0.1, and so are its clients.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from collections.abc import Iterator
 
 import anyio
 import pytest
-from serving import running, wire
+from serving import T0, running, wire
+
+from voice_context.client import Client
 
 
 @pytest.fixture
@@ -44,3 +46,19 @@ async def test_a_closed_connection_leaves_no_transport_for_the_collector(cycles_
         ends = [t.get_extra_info("sockname")[1] for t in transports]
         # (this process's clients are the other ends: their transports, not the server's, stay cycles)
         assert server.port not in ends, f"{ends.count(server.port)} of the server's transports left in cycles"
+
+
+@pytest.mark.asyncio
+async def test_the_client_leaves_no_transport_for_the_collector_either(cycles_kept: list[object]) -> None:
+    """A bot that reconnects (a call, a restart of the sidecar) makes a connection each time: its
+    own process's collector need not walk what each one left."""
+    async with running() as server:
+        for n in range(10):
+            async with Client(server.url) as client:
+                call = await client.open(f"call-{n}")
+                await call.append_turn("Ann", "user", "Hello?", at=T0 + n)
+        await anyio.sleep(0.2)  # every connection lost, on both sides
+        gc.collect()
+        kind = asyncio.selector_events._SelectorSocketTransport
+        transports = [o for o in cycles_kept if isinstance(o, kind)]
+        assert not transports, f"{len(transports)} transports left in cycles"

@@ -93,6 +93,7 @@ from voice_context.core.budget import Format
 from voice_context.core.handoff import LAST_TURNS
 from voice_context.core.turns import Note, Role, Turn
 from voice_context.errors import ClientError, ConnectionLost, RequestTimeout
+from voice_context.released import ReleasedClientConnection
 
 log = structlog.get_logger("voice_context.client")
 
@@ -388,7 +389,11 @@ class Client:
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
         try:
             ws = await connect(
-                self.url, additional_headers=headers, open_timeout=self.open_timeout, max_size=MAX_REPLY_BYTES
+                self.url,
+                additional_headers=headers,
+                open_timeout=self.open_timeout,
+                max_size=MAX_REPLY_BYTES,
+                create_connection=ReleasedClientConnection,
             )
         except InvalidURI as exc:
             raise ClientError("bad_url", str(exc)) from None

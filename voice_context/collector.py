@@ -13,7 +13,7 @@ that never returns:
   (that collection walks only what is not frozen yet: what the last interval made);
 - what was frozen and has since died in a cycle (a closed session's; no longer a closed
   connection's transport, which the server frees by reference count, see
-  :class:`~voice_context.server.connection.ReleasedConnection`) is reclaimed by a thaw:
+  :mod:`voice_context.released`) is reclaimed by a thaw:
   unfreeze, collect everything, freeze again. A thaw is the full pause the freeze avoids
   (0.2 s at 500 sessions, every reply waiting), so it runs at once when nothing is
   connected (nobody waits behind it), and with clients connected at most once every

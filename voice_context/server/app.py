@@ -37,7 +37,8 @@ from voice_context.descriptors import DescriptorGuard
 from voice_context.errors import StoreError
 from voice_context.manager import SessionManager
 from voice_context.metrics import Metrics
-from voice_context.server.connection import SHUTDOWN_GRACE, Connection, ReleasedConnection
+from voice_context.released import ReleasedConnection
+from voice_context.server.connection import SHUTDOWN_GRACE, Connection
 from voice_context.server.handlers import Handlers
 from voice_context.server.http import PATH, Health, Routes, remote
 from voice_context.server.limits import Limits

@@ -22,7 +22,6 @@ finish, and the connection's sessions are let go (by the :class:`Dispatcher`).
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,29 +42,6 @@ from voice_context.manager import CompactionEvent
 from voice_context.metrics import Metrics
 
 log = structlog.get_logger("voice_context.server")
-
-
-class ReleasedConnection(ServerConnection):
-    """A websocket server connection whose socket transport is freed by reference count once
-    the connection is lost, not left to the cyclic garbage collector.
-
-    CPython 3.11's socket transport keeps a bound method of its own (``_read_ready_cb``) for
-    its life: a reference cycle, so every closed connection's transport, socket and their
-    dicts outlive it until a collection. Under ``serve``'s frozen collector that is until a
-    thaw (see :mod:`voice_context.collector`). 3.12 drops the method when the connection is
-    lost (CPython gh-100348); this does the same on 3.11, once the transport has finished its
-    own closing."""
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        asyncio.get_running_loop().call_soon(_release, self.transport)
-
-
-def _release(transport: asyncio.BaseTransport) -> None:
-    """Drop the transport's reference to its own bound method (see :class:`ReleasedConnection`);
-    it reads nothing more once closed."""
-    if transport.is_closing() and getattr(transport, "_read_ready_cb", None) is not None:
-        transport._read_ready_cb = None  # type: ignore[attr-defined]
 
 
 OUTBOX_FRAMES = 256
