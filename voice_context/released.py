@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 
 from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.connection import Connection
 from websockets.asyncio.server import ServerConnection
 
 
@@ -23,17 +24,17 @@ def release(transport: asyncio.BaseTransport) -> None:
         transport._read_ready_cb = None  # type: ignore[attr-defined]
 
 
-class ReleasedConnection(ServerConnection):
-    """A server's websocket connection, its transport released once lost (see the module)."""
+class _Released(Connection):
+    """Either end's connection, its transport released once lost (see the module)."""
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         asyncio.get_running_loop().call_soon(release, self.transport)
 
 
-class ReleasedClientConnection(ClientConnection):
-    """A client's websocket connection, its transport released once lost (see the module)."""
+class ReleasedConnection(_Released, ServerConnection):
+    """The server's end (given to ``serve`` as ``create_connection``)."""
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        asyncio.get_running_loop().call_soon(release, self.transport)
+
+class ReleasedClientConnection(_Released, ClientConnection):
+    """The client's end (given to ``connect`` as ``create_connection``)."""
