@@ -57,7 +57,8 @@ Modes:
        indexing lag (from the servers' ``/metrics``), the servers' CPU, their CPU per exchange
        (a context and the bot turn after it, with the user turns and notes since the last: the
        servers' CPU seconds over the step divided by the exchanges completed, in ms) beside the
-       trivial server's, and RSS per session.
+       trivial server's, and RSS per session; under it, the servers' CPU by thread (the event
+       loop, ``sqlite-writer``, ``sqlite-reader``, ``fold``).
        The capacity is the largest N whose reply p99 stays within ``--p99-ratio`` of the
        trivial server's and whose fold and indexing lags do not grow.
 ``length``
@@ -311,6 +312,25 @@ def cpu_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """A process's CPU seconds by thread name: ``event loop`` for its main thread, the others
+    by the name the system keeps for them (a server names its store's and its fold's threads:
+    ``sqlite-writer``, ``sqlite-reader``, ``fold``)."""
+    out: dict[str, float] = {}
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            name = "event loop" if task.name == str(pid) else task.joinpath("comm").read_text().strip()
+            fields = task.joinpath("stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # (a thread that ended meanwhile)
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
+    return out
 
 
 def rss_bytes(pid: int) -> int:
@@ -571,6 +591,9 @@ class Sample:
     index_last: list[float] = field(default_factory=list)
     """The servers' indexing lag (turns and notes waiting for the recall index, the most one
     session waits for), scraped from ``/metrics`` every 2 s, in each half of the step."""
+    threads: dict[str, float] = field(default_factory=dict)
+    """The servers' CPU over the phase by thread name (summed over their processes), in cores:
+    read from ``/proc`` like their CPU in all."""
 
 
 def pct(samples: Sequence[float], q: float) -> float:
@@ -786,6 +809,7 @@ class Harness:
         rng = random.Random(len(talkers))
         pids = self.server_pids() if label != "trivial" else ([self.trivial.pid] if self.trivial else [])
         cpu0 = [cpu_seconds(p) for p in pids]
+        threads0 = [thread_cpu_seconds(p) for p in pids]
         me0 = time.process_time()
 
         async def say(t: Talker, line: Line) -> None:
@@ -887,6 +911,11 @@ class Harness:
         PROGRESS.done()
         wall = loop.time() - started
         cpu = sum(cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True))
+        threads: dict[str, float] = {}
+        for pid, before in zip(pids, threads0, strict=True):
+            for name, seconds in thread_cpu_seconds(pid).items():
+                threads[name] = threads.get(name, 0.0) + seconds - before.get(name, 0.0)
+        sample.threads = {name: seconds / wall for name, seconds in threads.items()}
         usage = {
             "wall": wall,
             "server_cpu": cpu / wall,
@@ -1057,6 +1086,12 @@ async def ramp(args: argparse.Namespace) -> None:
                 f" {sample.errors:>6}",
                 flush=True,
             )
+            busy = sorted(
+                ((cores, name) for name, cores in sample.threads.items() if cores >= 0.005), reverse=True
+            )
+            if busy:
+                shares = ", ".join(f"{name} {share * 100:.0f}%" for share, name in busy)
+                print(f"{'':>6} the servers' CPU by thread, in % of one core: {shares}")
             if args.call_seconds:
                 ended = f"{sample.calls} ({triv.calls} on the trivial server)"
                 print(f"{'':>6} calls ended and begun again: {ended}")

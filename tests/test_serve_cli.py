@@ -51,6 +51,30 @@ async def test_serve_listens_then_shuts_down_gracefully_on_a_signal(signum: int,
 
 
 @pytest.mark.asyncio
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names are read from /proc")
+async def test_a_served_process_s_store_threads_go_by_their_own_names(tmp_path: Path) -> None:
+    """``top -H`` and ``/proc`` tell a server's threads apart (what ``scripts/load`` prints,
+    each thread's CPU): the store's writer and reader by name, beside the event loop's."""
+    store = f"sqlite:///{tmp_path / 'vc.db'}"
+    async with serve_process("--store", store, "--log-level", "warning") as running:
+        async with connect(running.url, open_timeout=TIMEOUT) as ws:
+            bot = Wire(ws)
+            assert (await bot.open("room-1"))["type"] == "session.opened"
+            assert (await bot.append("room-1", 0))["index"] == 0
+            assert (await bot.request("context.get", session="room-1"))["type"] == "context"
+        names = thread_names(running.process.pid)
+    assert "sqlite-writer" in names.values()
+    assert "sqlite-reader" in names.values()
+    assert names[running.process.pid] not in {"sqlite-writer", "sqlite-reader", "fold"}  # the event loop's
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """Each thread of process ``pid`` by its id, with the name the system keeps for it."""
+    tasks = Path(f"/proc/{pid}/task")
+    return {int(task.name): task.joinpath("comm").read_text().strip() for task in tasks.iterdir()}
+
+
+@pytest.mark.asyncio
 @pytest.mark.parametrize("preload", ["true", "false"])
 async def test_the_tokenizer_is_read_before_listening_unless_told_to_wait_for_a_token_budget(
     preload: str,

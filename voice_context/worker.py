@@ -29,7 +29,9 @@ results arrive is tolerated: they are dropped (nobody waits for them).
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, cast
@@ -37,6 +39,37 @@ from typing import Any, Generic, TypeVar, cast
 import anyio
 
 T = TypeVar("T")
+
+
+_PR_SET_NAME = 15  # prctl(2): the calling thread's name, up to 15 bytes
+
+
+def _find_prctl() -> Callable[..., int] | None:
+    """The C library's ``prctl``, on Linux; ``None`` elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return cast(Callable[..., int], ctypes.CDLL(None).prctl)
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _find_prctl()
+
+
+def os_thread_name(name: str) -> str:
+    """What the system calls a worker named ``name`` (``top -H``, ``/proc/PID/task/TID/comm``):
+    the name without its ``voice-context-`` prefix, cut to the 15 bytes Linux keeps."""
+    return name.removeprefix("voice-context-").encode()[:15].decode(errors="ignore")
+
+
+def name_os_thread(name: str) -> bool:
+    """Give the calling thread ``name`` (see :func:`os_thread_name`) where the system keeps
+    one, so that a server's threads can be told apart from outside (their CPU each, which
+    ``scripts/load`` prints); whether it could."""
+    if _PRCTL is None:
+        return False
+    return _PRCTL(_PR_SET_NAME, ctypes.c_char_p(os_thread_name(name).encode()), 0, 0, 0) == 0
 
 
 class _Call(Generic[T]):
@@ -108,6 +141,7 @@ class Worker:
             self._thread.start()
 
     def _main(self) -> None:
+        name_os_thread(self.name)
         lock, ran = self._lock, self._ran
         while (call := self._calls.get()) is not None:
             with lock:
