@@ -112,6 +112,36 @@ TICK = os.sysconf("SC_CLK_TCK")
 RECENT_WINDOW = 50  # the server's defaults: lag is what waits behind the cursor beyond these
 BATCH_SIZE = 10
 BUDGET = 5200
+
+
+HARNESS_SETTINGS = {
+    "server.workers": "--workers",
+    "server.host": "127.0.0.1",
+    "server.port": "a free one",
+    "store.url": "--store",
+    "store.data_dir": "one of the run's own",
+}
+"""What the harness sets itself for its servers (and what says it), refused as a ``--setting``:
+it would serve otherwise than the harness measures (``server.workers`` behind its back: the
+workers' CPU would go uncounted)."""
+
+
+def setting_env(text: str) -> tuple[str, str]:
+    """``--setting GROUP.FIELD=VALUE`` as the environment variable a server reads it from
+    (``server.gc_freeze_seconds=10``: ``VOICE_CONTEXT_SERVER_GC_FREEZE_SECONDS``, ``10``). The
+    servers get none of the environment's own ``VOICE_CONTEXT_*``: a run measures the settings
+    it names, not what a shell happened to export."""
+    key, sep, value = text.partition("=")
+    group, dot, name = key.strip().partition(".")
+    if not (sep and dot and group.isidentifier() and name.isidentifier()):
+        raise argparse.ArgumentTypeError(
+            f"--setting wants GROUP.FIELD=VALUE (server.gc_freeze_seconds=10), got {text!r}"
+        )
+    if (owned := HARNESS_SETTINGS.get(f"{group}.{name}".lower())) is not None:
+        raise argparse.ArgumentTypeError(f"--setting {group}.{name}: the harness sets it ({owned})")
+    return f"VOICE_CONTEXT_{group.upper()}_{name.upper()}", value
+
+
 SERVER_ENV = {
     # the burst and the preloaded history go faster than speech; a bot holds many sessions
     "VOICE_CONTEXT_SERVER_TURNS_PER_SECOND": "100000",
@@ -671,7 +701,7 @@ class Harness:
                         args.profile / f"replica-{r}.prof" if args.profile else None,
                         args.workers,
                     ),
-                    SERVER_ENV,
+                    SERVER_ENV | dict(args.setting),
                     self.work / f"serve-{r}.log",
                     workers=args.workers,
                 )
@@ -989,7 +1019,7 @@ async def ramp(args: argparse.Namespace) -> None:
     print(
         f"== voice-context load: {os.cpu_count()} cores; the load generator is this process"
         f" (pid {os.getpid()}), apart from every server; {args.replicas} replica(s) of {args.workers}"
-        f" worker(s), store {args.store!r}"
+        f" worker(s), store {args.store!r}" + "".join(f"; {name}={value}" for name, value in args.setting)
     )
     h.start()
     try:
@@ -1308,6 +1338,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--backlog", type=int, default=20_000, help="turns the backlog mode appends")
     parser.add_argument("--backlog-wait", type=float, default=300.0, help="how long it waits for the folds")
     parser.add_argument("--keep", action="store_true", help="keep the servers' files and logs")
+    parser.add_argument(
+        "--setting",
+        type=setting_env,
+        action="append",
+        default=[],
+        metavar="GROUP.FIELD=VALUE",
+        help="a setting for the voice-context servers (repeatable), e.g. server.gc_freeze_seconds=10;"
+        " they get none of the environment's VOICE_CONTEXT_* variables",
+    )
     parser.add_argument(
         "--profile",
         type=Path,

@@ -1,6 +1,7 @@
 """What the load harness's sessions say: by default each session its own texts, made of the
 recordings' sentences, the same at the same turn in every run; with ``--verbatim-words`` the
-recorded lines themselves, as every session said them before."""
+recorded lines themselves, as every session said them before. And the settings its servers run
+with: those a run names, never the shell's."""
 
 from __future__ import annotations
 
@@ -132,3 +133,26 @@ def test_no_turn_is_said_empty_when_a_line_ends_in_a_space_after_its_stop(load: 
         [load.Line("Ana", "user", "We land at nine. "), load.Line("Nova", "assistant", "Noted. ")], []
     )
     assert all(words.line(seed, turn, turn).text.strip() for seed in range(50) for turn in range(20))
+
+
+def test_a_run_gives_its_servers_the_settings_it_names_as_their_environment(
+    load: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--setting GROUP.FIELD=VALUE`` becomes the variable a server reads it from; the servers
+    get none of the shell's own ``VOICE_CONTEXT_*`` (a run measures the settings it names)."""
+    parser = load.build_parser()
+    args = parser.parse_args(
+        ["--setting", "server.gc_freeze_seconds=10", "--setting", "summarizer.base_url=http://x/v1?a=b"]
+    )
+    assert args.setting == [
+        ("VOICE_CONTEXT_SERVER_GC_FREEZE_SECONDS", "10"),
+        ("VOICE_CONTEXT_SUMMARIZER_BASE_URL", "http://x/v1?a=b"),
+    ]
+    assert parser.parse_args([]).setting == []
+    for bad in ("gc_freeze_seconds=10", "server.gc_freeze_seconds", "server.=1", "server.two words=1"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--setting", bad])
+        assert "--setting wants GROUP.FIELD=VALUE" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the workers' CPU would go uncounted: --workers says it
+        parser.parse_args(["--setting", "server.workers=2"])
+    assert "--setting server.workers: the harness sets it (--workers)" in capsys.readouterr().err
