@@ -336,12 +336,18 @@ WORDS = Words(LINES, NOTES)
 # -- processes ---------------------------------------------------------------------------
 
 
-def cpu_seconds(pid: int) -> float:
+def stat_cpu_seconds(stat: Path) -> float:
+    """The user and system CPU seconds in a ``/proc`` ``stat`` file (a process's or a thread's);
+    0 once it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = stat.read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def cpu_seconds(pid: int) -> float:
+    return stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
 
 
 def thread_cpu_seconds(pid: int) -> dict[str, float]:
@@ -356,10 +362,9 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
     for task in tasks:
         try:
             name = "event loop" if task.name == str(pid) else task.joinpath("comm").read_text().strip()
-            fields = task.joinpath("stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue  # (a thread that ended meanwhile)
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
+        out[name] = out.get(name, 0.0) + stat_cpu_seconds(task / "stat")
     return out
 
 

@@ -57,19 +57,13 @@ def _find_prctl() -> Callable[..., int] | None:
 _PRCTL = _find_prctl()
 
 
-def os_thread_name(name: str) -> str:
-    """What the system calls a worker named ``name`` (``top -H``, ``/proc/PID/task/TID/comm``):
-    the name without its ``voice-context-`` prefix, cut to the 15 bytes Linux keeps."""
-    return name.removeprefix("voice-context-").encode()[:15].decode(errors="ignore")
-
-
-def name_os_thread(name: str) -> bool:
-    """Give the calling thread ``name`` (see :func:`os_thread_name`) where the system keeps
-    one, so that a server's threads can be told apart from outside (their CPU each, which
-    ``scripts/load`` prints); whether it could."""
-    if _PRCTL is None:
-        return False
-    return _PRCTL(_PR_SET_NAME, ctypes.c_char_p(os_thread_name(name).encode()), 0, 0, 0) == 0
+def name_os_thread(name: str) -> None:
+    """Give the calling thread ``name`` where the system keeps one (``top -H``,
+    ``/proc/PID/task/TID/comm``), without its ``voice-context-`` prefix and cut to the 15 bytes
+    Linux keeps: a server's threads can then be told apart from outside (their CPU each, which
+    ``scripts/load`` prints)."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_NAME, ctypes.c_char_p(name.removeprefix("voice-context-").encode()[:15]), 0, 0, 0)
 
 
 class _Call(Generic[T]):
