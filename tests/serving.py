@@ -17,7 +17,6 @@ from anyio.abc import Process, SocketAttribute
 from websockets.asyncio.client import ClientConnection, connect
 
 from voice_context.config import Settings
-from voice_context.core.recalled import IndexedDoc, RecallStats
 from voice_context.core.turns import Note, Turn
 from voice_context.server import Server
 from voice_context.store.base import Store
@@ -81,12 +80,10 @@ class GatedStore(MemoryStore):
         self.entered = anyio.Event()
         self.gate = anyio.Event()
 
-    async def append_turn(
-        self, name: str, index: int, turn: Turn, doc: IndexedDoc | None = None
-    ) -> RecallStats | None:
+    async def append_turn(self, name: str, index: int, turn: Turn) -> None:
         self.entered.set()
         await self.gate.wait()
-        return await super().append_turn(name, index, turn, doc)
+        await super().append_turn(name, index, turn)
 
 
 class Proxy:

@@ -29,6 +29,7 @@ from voice_context.core.session import ContextView, Session
 from voice_context.core.times import stamp
 from voice_context.core.turns import Note, Turn, TurnRun
 from voice_context.manager import SessionManager
+from voice_context.manager.indexing import HELD_TURNS
 from voice_context.recall.embedding import load_embedder
 from voice_context.recall.index import _STOP as STOPWORDS
 from voice_context.recall.index import (
@@ -323,26 +324,65 @@ async def test_recall_finds_an_old_detail_after_a_restart_on_sqlite(tmp_path: Pa
 
 
 @pytest.mark.asyncio
-async def test_on_sqlite_a_turn_is_in_the_index_when_it_is_acknowledged_without_an_index_write_of_its_own(
+async def test_on_sqlite_a_session_s_turns_are_indexed_a_batch_at_a_time_and_found_from_their_ack(
     tmp_path: Path,
 ) -> None:
-    """The turn's postings go in the turn's own transaction: a context asked right after the
-    ack waits for no index write, and the index never falls behind a live session's turns."""
+    """Turn by turn, each of a turn's words would dirty a page of the store's index. The newest
+    turns are held by the process instead, searched from memory, and written to the index
+    ``HELD_TURNS`` at a time: a context asked right after the ack finds a turn the store's
+    index does not hold yet, and no index write waits for fewer than a batch."""
     store = SQLiteStore(tmp_path / "sessions.db")
+    query = "the LGBTQ support group"
     async with SessionManager(DeterministicSummarizer(), store=store) as manager:
         await manager.open("room", SMALL)
         index_writes = store.derived.groups
-        for turn in chatter(120, detail_at=3):
-            await manager.append_turn("room", turn)
-            stats, _, _ = await store.recall_postings("room", ())
-            assert stats.turns == manager.session("room").total_turns
-            await manager.context("room")
-        assert store.derived.groups == index_writes
+        await speak(manager, "room", chatter(30, detail_at=3))
+        before_any, _, _ = await store.recall_postings("room", ())
+        early = await manager.context("room", "instructions", budget_chars=1500, query=query)
 
-        query = "the LGBTQ support group"
-        ctx = await manager.context("room", "instructions", budget_chars=3000, query=query)
+        for turn in chatter(90, start=30):
+            await manager.append_turn("room", turn)
+            await manager.context("room")
+        assert await manager.wait_indexed("room") == 0
+        written = store.derived.groups - index_writes
+        stats, _, _ = await store.recall_postings("room", ())
+        late = await manager.context("room", "instructions", budget_chars=3000, query=query)
     await store.aclose()
-    assert 3 in [p.turn for p in ctx.recalled]
+
+    assert before_any.turns == 0 and 3 in [p.turn for p in early.recalled], "found while held"
+    assert written >= 1 and HELD_TURNS * written <= stats.turns, "each write took a batch or more"
+    assert 120 - stats.turns < HELD_TURNS, "what is left held is less than a batch"
+    assert 3 in [p.turn for p in late.recalled], "found in the store's index"
+
+
+@pytest.mark.asyncio
+async def test_turns_held_for_the_index_are_written_when_the_session_closes_and_indexed_again_after_a_crash(
+    tmp_path: Path,
+) -> None:
+    """What a process holds of a session's index is not the only copy of anything: closing the
+    session writes it to the store, and a process that stops without closing it loses only
+    work, which the next process to open the session does again from the stored turns."""
+    query = "the LGBTQ support group"
+    store = SQLiteStore(tmp_path / "sessions.db")
+    async with SessionManager(DeterministicSummarizer(), store=store) as manager:
+        await manager.open("room", SMALL)
+        await speak(manager, "room", chatter(20))
+        await manager.close("room")
+    closed, _, _ = await store.recall_postings("room", ())
+
+    async with SessionManager(DeterministicSummarizer(), store=store) as manager:
+        await manager.open("room")
+        await speak(manager, "room", chatter(30, start=20, detail_at=22))
+    crashed, _, _ = await store.recall_postings("room", ())  # the manager ended without a close
+
+    async with SessionManager(DeterministicSummarizer(), store=store) as manager:
+        await manager.open("room")
+        ctx = await manager.context("room", "instructions", budget_chars=1000, query=query)
+    await store.aclose()
+
+    assert closed.turns == 20, "written when the session closed"
+    assert crashed.turns == 20, "turns 20-49 were held, not written"
+    assert 22 in [p.turn for p in ctx.recalled], "indexed again from the stored turns"
 
 
 @pytest.mark.asyncio
@@ -363,7 +403,7 @@ async def test_on_sqlite_a_note_is_in_the_index_when_it_is_acknowledged_in_the_n
             )
             assert manager.indexing_lag("room") == 0
             stats, _, _ = await store.recall_postings("room", ())
-            assert (stats.turns, stats.notes) == (12, k + 1)
+            assert (stats.turns, stats.notes) == (0, k + 1)  # (the turns are held: fewer than a batch)
         assert (store.group.groups, store.derived.groups) == (groups + 3, index_writes)
         passages = await store.recall_passages("room", [-1, -2, -3])
     await store.aclose()
@@ -761,3 +801,54 @@ async def test_a_search_in_one_read_finds_what_it_found_in_two(kind: str, tmp_pa
         found_any += bool(found[1])
     assert found_any > 200
     await store.aclose()
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+@pytest.mark.asyncio
+async def test_a_search_finds_the_turns_held_in_memory_as_if_the_store_held_them(
+    kind: str, tmp_path: Path
+) -> None:
+    """The process serving a session holds its newest turns until a batch is written: a search
+    given them ranks them with the store's index exactly as an index that holds them all, the
+    same passages with the same scores. The store may have written some of them meanwhile
+    (the held docs then overlap its index): those are counted once."""
+    rng = random.Random(29)
+
+    def open_store(label: str) -> Store:
+        return MemoryStore() if kind == "memory" else SQLiteStore(tmp_path / f"{label}.db")
+
+    whole, part = open_store("whole"), open_store("part")
+    said = said_at_random(rng, 120)
+    docs = [indexed(turn_passage(i, turn)) for i, turn in enumerate(said)]
+    notes = [
+        indexed(note_passage(Note(f"{w} on screen", T0 + 7200 * k))) for k, w in enumerate(HISTORY_WORDS[::7])
+    ]
+    for store in (whole, part):
+        await store.create(SessionRecord("room"))
+        for i, turn in enumerate(said):
+            await store.append_turn("room", i, turn)
+        for note in notes:
+            await store.index_note("room", note)
+    await whole.index_turns("room", 0, docs)
+    await part.index_turns("room", 0, docs[:90])  # the store's index holds turns 0-89
+
+    found_any = 0
+    for _ in range(200):
+        start = rng.choice([90, 90, 80, 60])  # held from turn 90, or from before: written meanwhile
+        query = " ".join(rng.sample(HISTORY_WORDS, rng.randint(1, 5)))
+        if rng.random() < 0.3:
+            query += " " + rng.choice(HISTORY_DATES)
+        asked: dict[str, Any] = dict(
+            before=rng.randint(60, 120),
+            limit=rng.randint(1, 28),
+            now=T0 + 3600 * 120,
+            common=rng.choice([1.0, DEFAULT_QUERY_COMMON]),
+        )
+
+        held = await search_store(part, "room", query, held=(start, docs[start:]), **asked)
+
+        assert held == await search_store(whole, "room", query, **asked), query
+        found_any += any(p.turn is not None and p.turn >= 90 for p in held[1])
+    assert found_any > 50
+    for store in (whole, part):
+        await store.aclose()

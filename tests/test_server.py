@@ -14,7 +14,6 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from voice_context.core.budget import SUMMARY_FOOTER, SUMMARY_HEADER
-from voice_context.core.recalled import IndexedDoc, RecallStats
 from voice_context.core.session import Session, TurnAppended
 from voice_context.core.turns import Turn
 from voice_context.errors import StoreError, SummarizerError
@@ -47,14 +46,12 @@ class GatedSummarizer:
 class BrokenStore(MemoryStore):
     """Fails turn appends for two sessions: one as a store outage, one as a bug."""
 
-    async def append_turn(
-        self, name: str, index: int, turn: Turn, doc: IndexedDoc | None = None
-    ) -> RecallStats | None:
+    async def append_turn(self, name: str, index: int, turn: Turn) -> None:
         if name == "outage":
             raise StoreError("disk unavailable", retryable=True)
         if name == "bug":
             raise RuntimeError("a bug in a backend")
-        return await super().append_turn(name, index, turn, doc)
+        await super().append_turn(name, index, turn)
 
 
 # -- the seed's timeline over the wire ---------------------------------------------------

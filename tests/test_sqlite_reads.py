@@ -60,8 +60,9 @@ async def test_a_reply_s_reads_do_not_wait_for_a_commit_in_flight(tmp_path: Path
     store = SQLiteStore(tmp_path / "sessions.db", before_commit=commit)
     async with SessionManager(DeterministicSummarizer(), store=store, recall_ahead="off") as manager:
         await manager.open("gym")
-        await manager.append_turn("gym", Turn("Ana", "user", "My gym locker code is 4417.", 0.0))
-        await manager.wait_indexed("gym")
+        said = Turn("Ana", "user", "My gym locker code is 4417.", 0.0)
+        await manager.append_turn("gym", said)
+        await store.index_turns("gym", 0, [indexed(turn_passage(0, said))])  # (held by the manager)
 
         commit.hold()  # the next group holds the writer until released
         committed = anyio.Event()
@@ -78,11 +79,11 @@ async def test_a_reply_s_reads_do_not_wait_for_a_commit_in_flight(tmp_path: Path
             with anyio.fail_after(TIMEOUT):
                 stats, _, postings = await store.recall_postings("gym", ["locker"])
                 passages = await store.recall_passages("gym", [0])
-                said = await store.read_turns("gym", 0, 1)
+                read = await store.read_turns("gym", 0, 1)
 
             assert not committed.is_set()  # the write is still in flight: the reads went past it
             assert stats.turns == 1 and [key for key, _, _ in postings["locker"]] == [0]
-            assert passages[0].text == said[0].text == "My gym locker code is 4417."
+            assert passages[0].text == read[0].text == "My gym locker code is 4417."
             commit.release()
         assert committed.is_set()
     await store.aclose()

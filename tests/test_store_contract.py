@@ -9,7 +9,6 @@ store can tell (a retried write, a reopened store, hash tags) run on those.
 from __future__ import annotations
 
 import contextlib
-import functools
 import random
 import sqlite3
 import tempfile
@@ -41,7 +40,7 @@ from voice_context.store import (
     StoredSession,
     open_store,
 )
-from voice_context.store.base import PickPassages
+from voice_context.store.base import ChooseTerms, PickPassages
 from voice_context.store.common import TurnConflict
 from voice_context.store.group import GroupCommit
 from voice_context.store.redis import RedisStore
@@ -493,28 +492,6 @@ async def test_the_recall_index_takes_each_stored_turn_once_and_in_order(store: 
 
 
 @pytest.mark.asyncio
-async def test_a_turn_stored_with_its_doc_is_indexed_in_its_own_write_only_when_the_index_is_up_to_it(
-    backend: Backend,
-) -> None:
-    store = backend.open()
-    await a_session_with_turns(store, "room-1", 2)
-    behind = await store.append_turn("room-1", 2, turn(2), doc(2))  # turns 0 and 1 are not indexed yet
-    await store.index_turns("room-1", 0, [doc(i) for i in range(3)])
-    along = [await store.append_turn("room-1", i, turn(i), doc(i)) for i in (3, 4)]
-    if backend.kind.startswith("redis"):  # it indexes in scripts of its own, as the manager then does
-        assert along == [None, None]
-        along = [None, await store.index_turns("room-1", 3, [doc(3), doc(4)])]
-    else:
-        assert along[0] is not None and along[0].turns == 4
-    retried = await store.append_turn("room-1", 4, turn(4), doc(4))  # its first answer was lost
-
-    stats, df, postings = await store.recall_postings("room-1", ["line", "4"])
-    assert behind is None, "the index was behind: the background indexing takes turn 2 in order"
-    assert retried is None and stats == along[-1] and (stats.turns, stats.docs) == (5, 5), "indexed once"
-    assert sorted(key for key, _, _ in postings["line"]) == [0, 1, 2, 3, 4] and df["4"] == 1
-
-
-@pytest.mark.asyncio
 async def test_a_note_saved_with_its_doc_is_indexed_in_the_same_write_where_the_store_can(
     store: Store,
 ) -> None:
@@ -614,8 +591,11 @@ async def test_a_search_reads_in_one_go_what_the_postings_and_the_passages_read_
         await store.index_note("room-1", indexed(note_passage(Note(f"{RECALL_WORDS[i]} on screen", T0 + i))))
     vocabulary = [*sorted({term for text in texts for term in index_terms(text)}), "absent"]
 
-    def rarest(words: Sequence[str], df: Callable[[str], int], docs: int) -> list[str]:
+    def rarest(words: Sequence[str], df: Callable[[str], int], stats: RecallStats) -> list[str]:
         return sorted(words, key=lambda t: (df(t), t))[:2]
+
+    def at_most(common: float) -> ChooseTerms:
+        return lambda words, df, stats: choose_terms(words, df, stats.docs, common=common)
 
     def every(step: int) -> PickPassages[tuple[int, list[str]]]:
         """Every ``step``-th doc a word read holds, and the turn after each (some not stored)."""
@@ -631,7 +611,7 @@ async def test_a_search_reads_in_one_go_what_the_postings_and_the_passages_read_
     shown = 0
     for _ in range(200):
         terms = rng.sample(vocabulary, rng.randint(0, 6))
-        choose = rng.choice([rarest, functools.partial(choose_terms, common=rng.choice([0.05, 0.3, 1.0]))])
+        choose = rng.choice([rarest, at_most(rng.choice([0.05, 0.3, 1.0]))])
         pick = every(rng.randint(1, 3))
 
         found = await store.recall_search("room-1", terms, choose, pick)
@@ -673,7 +653,7 @@ async def test_the_recall_index_of_a_session_never_stored_is_an_unknown_session(
     with pytest.raises(SessionNotStored):
         await store.recall_postings("nobody", ["line"])
     with pytest.raises(SessionNotStored):
-        await store.recall_search("nobody", ["line"], choose_terms, lambda *read: (None, [0]))
+        await store.recall_search("nobody", ["line"], lambda *read: ["line"], lambda *read: (None, [0]))
 
 
 # -- durable stores only ------------------------------------------------------------

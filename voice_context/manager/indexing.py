@@ -21,6 +21,15 @@ EMBED_BATCH = 256
 """At most this many docs embedded by one model call in the background."""
 INDEX_BATCH = 256
 """At most this many turns indexed by one store write in the background."""
+HELD_TURNS = 32
+"""A session's newest turns are held here, searched from memory, until this many wait: then
+they are written to the store's index in one write. A turn's fifteen-odd words each land on
+their own page of the index (its postings are kept by word), so turn by turn every word costs
+a page write; a batch's words share the pages. On SQLite, the log frames a turn costs fall
+from about 20 to 2 in a 600-turn session, from 26 to 5 in a 3,000-turn one (see
+``docs/benchmarks.md``). What is held costs a search a few microseconds, and a session about
+30 KB; a restart, or a move to another process, loses none of it: the catch-up indexes every
+stored turn the store's index lacks."""
 INDEX_WAIT = 2.0
 """The longest a search waits for the background indexing (seconds) before it searches the
 index as it stands."""
@@ -52,38 +61,49 @@ class Indexing:
         return RecallState(vectors={} if self.registry.embedder is not None else None)
 
     def lag(self, live: Live) -> int:
-        """How many of the session's turns and notes wait for the index (or their vectors)."""
+        """How many of the session's turns and notes recall does not find yet (or, with an
+        embedder, have no vector yet): neither in the store's index nor held here."""
         recall = live.recall
-        waiting = live.session.total_turns - recall.indexed + len(recall.notes)
+        waiting = live.session.total_turns - recall.searchable + len(recall.notes)
         return waiting + (len(recall.unembedded) if self.registry.embedder is not None else 0)
 
     async def caught_up(self, live: Live) -> None:
-        """Wait (at most ``INDEX_WAIT``) for the background indexing to hold every turn stored
+        """Wait (at most ``INDEX_WAIT``) for the background indexing to find every turn stored
         and every note seen: a search made then finds what the session holds, however far
-        behind the indexing was when it was asked for. The turn just stored takes about
-        a millisecond; a burst of appends, longer."""
+        behind the indexing was when it was asked for. A turn appended here is held at once;
+        a session opened here after its turns were appended elsewhere (a restart, another
+        replica), and a burst of appends, wait for their turns to be read and indexed."""
         recall = live.recall
         if not (recall.running and self.lag(live)):
-            return  # (most contexts: the turn stored with its doc) no cancel scope to open
+            return  # (most contexts) no cancel scope to open
         with anyio.move_on_after(INDEX_WAIT):
             while recall.running and self.lag(live):
                 await recall.done.wait()
 
-    @staticmethod
-    def doc_for(live: Live, index: int, turn: Turn) -> IndexedDoc | None:
-        """The recall doc of the turn about to be stored at ``index``, for the store to index
-        in the turn's own write, when the index holds every turn before it (``None`` else:
-        the background indexing, behind, takes the turns in order)."""
-        return indexed(turn_passage(index, turn)) if live.recall.indexed == index else None
-
-    def stored_with_turn(self, live: Live, stats: RecallStats | None) -> None:
-        """The store indexed a turn in its own write (``stats``: the index after it)."""
+    def hold(self, live: Live, index: int, turn: Turn) -> None:
+        """The turn just stored at ``index``: held for search when recall finds every turn
+        before it (else the background indexing, behind, takes the turns in order)."""
         recall = live.recall
-        if stats is None or stats.turns <= recall.indexed:
+        if recall.searchable != index:
             return
+        recall.held.append(indexed(turn_passage(index, turn)))
         if self.registry.embedder is not None:
-            recall.unembedded.extend(range(recall.indexed, stats.turns))
-        recall.indexed = stats.turns
+            recall.unembedded.append(index)
+
+    def release(self, live: Live) -> None:
+        """The session is no longer served here: write what it held to the store's index, in
+        the background (a failure leaves it to the catch-up of the next process to open it)."""
+        recall = live.recall
+        if recall.held and self.registry.started and not self.registry.closing:
+            start, docs = recall.indexed, tuple(recall.held)
+            recall.held.clear()
+            self.registry.spawn(self._write_released, live.session.name, start, docs)
+
+    async def _write_released(self, name: str, start: int, docs: tuple[IndexedDoc, ...]) -> None:
+        try:
+            await self.registry.store.index_turns(name, start, docs)
+        except Exception:  # recall is best effort: the turns are safe in the store
+            log.warning("voice_context_indexing_failed", session=name, exc_info=True)
 
     @staticmethod
     def note_doc(live: Live, note: Note) -> IndexedDoc | None:
@@ -108,7 +128,8 @@ class Indexing:
         recall = live.recall
         pending = (
             recall.notes
-            or recall.indexed < live.session.total_turns
+            or recall.searchable < live.session.total_turns
+            or len(recall.held) >= HELD_TURNS
             or (recall.unembedded and self.registry.embedder)
         )
         if recall.running or not pending or not self.registry.started:
@@ -127,9 +148,12 @@ class Indexing:
             while registry.serves(live) and not registry.closing:
                 if recall.notes:
                     await self._index_note(live)
-                elif recall.indexed < live.session.total_turns:
+                elif recall.searchable < live.session.total_turns:
                     if not await self._index_turns(live):
                         break  # the store would not take them: try again with the next append
+                elif len(recall.held) >= HELD_TURNS:
+                    if not await self._write_held(live):
+                        break
                 elif recall.unembedded and registry.embedder is not None:
                     await self._embed(live)
                 else:
@@ -150,22 +174,40 @@ class Indexing:
             recall.unembedded.append(-stats.notes)
 
     async def _index_turns(self, live: Live) -> bool:
-        """One batch of turns into the index; whether the store took them."""
+        """One batch of the turns neither indexed nor held, from the first of them (what is
+        held is written with it); whether the store took them."""
         recall, session, store = live.recall, live.session, self.registry.store
         start = recall.indexed
-        stop = min(session.total_turns, start + INDEX_BATCH)
-        if start >= session.cursor:
+        stop = min(session.total_turns, recall.searchable + INDEX_BATCH)
+        docs = list(recall.held)
+        if start + len(docs) >= session.cursor:
             first = session.total_turns - len(session.verbatim_turns)
-            turns = list(session.verbatim_turns[start - first : stop - first])
+            turns = list(session.verbatim_turns[start + len(docs) - first : stop - first])
         else:
-            turns = await store.read_turns(session.name, start, stop)
-        docs = [indexed(turn_passage(start + k, t)) for k, t in enumerate(turns)]
-        stats = await store.index_turns(session.name, start, docs)
+            turns = await store.read_turns(session.name, start + len(docs), stop)
+        docs.extend(indexed(turn_passage(start + k, t)) for k, t in enumerate(turns, start=len(docs)))
+        return await self._write(live, start, docs)
+
+    async def _write_held(self, live: Live) -> bool:
+        """The turns held here into the store's index, in one write; whether the store took them."""
+        return await self._write(live, live.recall.indexed, list(live.recall.held))
+
+    async def _write(self, live: Live, start: int, docs: list[IndexedDoc]) -> bool:
+        recall = live.recall
+        searchable = recall.searchable
+        stats = await self.registry.store.index_turns(live.session.name, start, docs)
         if stats.turns == start and docs:
             return False
-        if self.registry.embedder is not None:
-            recall.unembedded.extend(range(max(start, recall.indexed), stats.turns))
-        recall.indexed = max(recall.indexed, stats.turns)  # (a turn's own write may have gone further)
+        if stats.turns < recall.indexed:  # the store's index lost turns: index them again
+            recall.indexed = stats.turns
+            recall.held.clear()
+            return True
+        # turns held meanwhile stay held; those the write (or another replica's) took are dropped
+        del recall.held[: stats.turns - recall.indexed]
+        recall.indexed = max(recall.indexed, stats.turns)
+        if self.registry.embedder is not None and recall.searchable > searchable:
+            kept = recall.vectors or {}  # (a restarted process read those kept in the store)
+            recall.unembedded.extend(k for k in range(searchable, recall.searchable) if k not in kept)
         return True
 
     async def _embed(self, live: Live) -> None:

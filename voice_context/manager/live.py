@@ -11,7 +11,7 @@ import anyio
 
 from voice_context.core.config import SessionConfig
 from voice_context.core.landmarks import Landmark
-from voice_context.core.recalled import Recalled
+from voice_context.core.recalled import IndexedDoc, Recalled
 from voice_context.core.session import Session, SessionStats
 from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, TurnRun
@@ -89,6 +89,10 @@ class RecallState:
 
     indexed: int = 0
     """Turns ``0 .. indexed-1`` are in the store's index."""
+    held: list[IndexedDoc] = field(default_factory=list)
+    """The docs of the turns after those, ``indexed, indexed+1, ...``: searched from here until
+    the background indexing writes them to the store, a batch at a time (see
+    :data:`voice_context.manager.indexing.HELD_TURNS`)."""
     noted: int = 0
     """How many notes are in the store's index."""
     notes: list[Note] = field(default_factory=list)
@@ -109,6 +113,11 @@ class RecallState:
     armed: bool = True
     """Whether the next user turn starts a recall ahead: not while one started since the last
     context is waiting unused (in a group, most turns are not the one the bot answers)."""
+
+    @property
+    def searchable(self) -> int:
+        """Turns ``0 .. searchable-1`` are found by a search: in the store's index or held here."""
+        return self.indexed + len(self.held)
 
 
 @dataclass(eq=False)

@@ -41,7 +41,7 @@ class Recall:
         """The basis a search for a context would have now."""
         recall, session = live.recall, live.session
         return Basis(
-            recall.indexed, recall.noted, self._vectors(live), session.total_turns - 1, session.cursor,
+            recall.searchable, recall.noted, self._vectors(live), session.total_turns - 1, session.cursor,
             session.summary, live.tiers,
         )  # fmt: skip
 
@@ -118,6 +118,7 @@ class Recall:
                 limit=limit,
                 query_vector=query_vector,
                 vectors=recall.vectors,
+                held=(recall.indexed, tuple(recall.held)),
                 now=query_time(session),
                 common=DEFAULT_QUERY_COMMON if default else 1.0,
             )

@@ -152,6 +152,7 @@ class SessionManager(Registry):
             await self._store_turn(live, turn)
             [held] = live.session.receive(TurnAppended(turn))
             assert isinstance(held, TurnHeld)
+            self._indexing.hold(live, held.index, turn)
             self._indexing.maybe_index(live)
             self._recall.maybe_ahead(live, turn)
             if live.session.in_flight is None and live.session.backlog:
@@ -167,16 +168,15 @@ class SessionManager(Registry):
         appended meanwhile, adopt the store's view and append after it (once)."""
         name = live.session.name
         index = live.session.total_turns
-        doc_for, stored = Indexing.doc_for, self._indexing.stored_with_turn
         try:
-            stored(live, await self.store.append_turn(name, index, turn, doc_for(live, index, turn)))
+            await self.store.append_turn(name, index, turn)
         except TurnConflict as conflict:
             await self._replicas.catch_up_locked(live)
             if live.session.total_turns == index:
                 raise
             index = live.session.total_turns
             try:
-                stored(live, await self.store.append_turn(name, index, turn, doc_for(live, index, turn)))
+                await self.store.append_turn(name, index, turn)
             except TurnConflict:
                 await self._replicas.catch_up_locked(live)
                 text = f"session {name!r} is being appended to elsewhere at the same time: try again"
@@ -212,6 +212,7 @@ class SessionManager(Registry):
             live = self.get(name, owner)
         live.session.receive(SessionEnding(self.clock()))
         live.cancel_fold()
+        self._indexing.release(live)
         self.live.pop(name, None)
 
     async def delete(self, name: str, *, owner: str | None = None) -> None:
@@ -221,6 +222,7 @@ class SessionManager(Registry):
         same name waits for the delete, and then creates a new session.
         """
         async with self._replicas.opening(name):
+            self.get(name, owner).recall.held.clear()  # deleted with the session, not written
             await self.close(name, owner=owner)
             record = await self.store.load(name)
             if record is not None and record.owner != owner:

@@ -9,15 +9,20 @@ in-process :class:`~voice_context.recall.index.RecallIndex`, then the few
 passages it shows, all of one snapshot; short, whatever the session's length
 (the store counts each word's docs, and the postings of words too common to
 search by are never read). The passages are rendered after the read.
+
+A session's newest turns may be held by the process serving it rather than
+written to the index yet (they are written a batch at a time): a search is
+given them, and ranks them inside the read as if the store held them, beside
+the index's own docs. Which of them the store holds already is read from its
+stats, so a batch written meanwhile is counted once.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from voice_context.core.recalled import Posting, Recalled, RecallStats
+from voice_context.core.recalled import IndexedDoc, Posting, Recalled, RecallStats
 from voice_context.recall.dates import query_date_terms
 from voice_context.recall.index import (
     LENDERS_PER_HIT,
@@ -44,6 +49,7 @@ async def search_store(
     query_vector: Any = None,
     vectors: Mapping[int, Any] | None = None,
     min_share: float = 0.25,
+    held: tuple[int, Sequence[IndexedDoc]] = (0, ()),
     now: float | None = None,
     common: float = 1.0,
 ) -> tuple[RecallStats | None, list[Recalled]]:
@@ -54,14 +60,21 @@ async def search_store(
 
     Turns at ``before`` or later are left out (a context shows them verbatim);
     ``query_vector`` with the session's ``vectors`` (doc key -> unit vector) adds
-    the vector ranking; ``now`` is when the query is asked (see :func:`query_terms`);
-    words held by more than ``common`` of the docs are not searched by (see :func:`choose_terms`).
+    the vector ranking; ``held`` is ``(start, docs)``: the docs of turns ``start, start+1, ...``
+    that the store's index may not hold yet, searched with it; ``now`` is when the query is
+    asked (see :func:`query_terms`); words held by more than ``common`` of the docs are not
+    searched by (see :func:`choose_terms`).
     """
     words = sorted(query_words(query))
     dates = query_date_terms(query, now)
     if not words and not dates and query_vector is None:
         return None, []
-    choose = functools.partial(choose_terms, common=common)
+    tail = Tail(*held, {*words, *dates})
+
+    def choose(terms: Sequence[str], df: Callable[[str], int], stats: RecallStats) -> list[str]:
+        """The words whose postings the store reads: counted with the docs it does not hold."""
+        merged, extra, _ = tail.over(stats)
+        return choose_terms([*terms, *extra], lambda t: df(t) + extra.get(t, 0), merged.docs, common=common)
 
     def keep(key: int) -> bool:
         return key < 0 or key < before
@@ -72,12 +85,17 @@ async def search_store(
     spread = LENDERS_PER_HIT * limit
 
     def pick(
-        stats: RecallStats, df: dict[str, int], postings: dict[str, list[Posting]]
-    ) -> tuple[tuple[list[str], list[tuple[int, float]]], list[int]]:
-        """The words searched by and the best ``limit`` doc keys with their scores; then the keys
-        of the passages to read: each turn with the one after it (a hit that asks a question is
+        stored: RecallStats, df: dict[str, int], postings: dict[str, list[Posting]]
+    ) -> tuple[tuple[RecallStats, dict[str, int], list[str], list[tuple[int, float]]], list[int]]:
+        """The index searched (the store's with the docs it does not hold), its doc counts, the
+        words searched by and the best ``limit`` doc keys with their scores; then the keys of
+        the passages to read: each turn with the one after it (a hit that asks a question is
         shown with its answer)."""
-        terms = choose([*words, *dates], lambda t: df.get(t, 0), stats.docs)
+        stats, extra, more = tail.over(stored)
+        if extra:
+            df = {t: df.get(t, 0) + extra.get(t, 0) for t in {*df, *extra}}
+            postings = {t: [*postings.get(t, ()), *more.get(t, ())] for t in {*postings, *more}}
+        terms = choose_terms([*words, *dates], lambda t: df.get(t, 0), stats.docs, common=common)
         scored = bm25(terms, postings, stats.docs, stats.length)
         lexical = {
             key: score
@@ -86,11 +104,11 @@ async def search_store(
         }
         top = fuse(lexical, close, limit=limit, min_share=min_share)
         keys = [key for key, _ in top]
-        return (terms, top), [*keys, *(key + 1 for key in keys if key >= 0)]
+        return (stats, df, terms, top), [*keys, *(key + 1 for key in keys if key >= 0)]
 
     found = await store.recall_search(name, [*words, *dates], choose, pick)
-    stats, df, passages = found.stats, found.df, found.passages
-    terms, top = found.picked
+    stats, df, terms, top = found.picked
+    passages = found.passages
     if not top:
         return stats, []
     weight: Callable[[str], float] = lambda t: idf(stats.docs, df.get(t, 0))  # noqa: E731
@@ -98,6 +116,40 @@ async def search_store(
     return stats, render_hits(
         hits, lambda turn: passages.get(turn + 1), set(terms), weight, drop_small_talk=common < 1.0
     )
+
+
+class Tail:
+    """The docs of turns ``start, start+1, ...`` held by the process rather than the store's
+    index, as a search adds them to what it reads of the index: only those the index does not
+    hold (by its turn count), and of their words only the query's."""
+
+    def __init__(self, start: int, docs: Sequence[IndexedDoc], words: set[str]) -> None:
+        self.start = start
+        self.docs = docs
+        self.words = words
+        self._over: tuple[int, tuple[RecallStats, dict[str, int], dict[str, list[Posting]]]] | None = None
+
+    def over(self, stats: RecallStats) -> tuple[RecallStats, dict[str, int], dict[str, list[Posting]]]:
+        """The index of ``stats`` with the docs it lacks; the query words' doc counts and postings
+        in those docs. Nothing is added when the index lacks turns before ``start`` (the store
+        lost part of its index, and the process indexes them again): keys would be skipped."""
+        if self._over is not None and self._over[0] == stats.turns:
+            return self._over[1]
+        skip = stats.turns - self.start
+        tail = self.docs[skip:] if 0 <= skip < len(self.docs) else ()
+        df: dict[str, int] = {}
+        postings: dict[str, list[Posting]] = {}
+        length = 0
+        for key, doc in enumerate(tail, start=stats.turns):
+            length += doc.length
+            for term, tf in doc.terms:
+                if term in self.words:
+                    df[term] = df.get(term, 0) + 1
+                    postings.setdefault(term, []).append((key, tf, doc.length))
+        n = len(tail)
+        merged = RecallStats(stats.docs + n, stats.length + length, stats.turns + n, stats.notes)
+        self._over = (stats.turns, (merged, df, postings))
+        return merged, df, postings
 
 
 __all__ = ["search_store"]

@@ -86,8 +86,8 @@ class StoredSession(NamedTuple):
     cursor: int
 
 
-ChooseTerms = Callable[[Sequence[str], Callable[[str], int], int], list[str]]
-"""Picks the words a search reads the postings of, from their doc counts and the doc total."""
+ChooseTerms = Callable[[Sequence[str], Callable[[str], int], RecallStats], list[str]]
+"""Picks the words a search reads the postings of, from their doc counts and the index's stats."""
 
 Picked = TypeVar("Picked")
 
@@ -129,17 +129,10 @@ class Store(Protocol):
         and a later create changes nothing and is told who owns it."""
         ...
 
-    async def append_turn(
-        self, name: str, index: int, turn: Turn, doc: IndexedDoc | None = None
-    ) -> RecallStats | None:
-        """Durably store the turn at ``index``; the ack to the bot waits for this.
-
-        With ``doc`` (the turn's recall doc), a store may add it to the session's recall index
-        in the same write, when the index holds every turn before ``index`` and none after:
-        then it returns the index's stats after the write. ``None``: the turn is not indexed
-        (no ``doc``, the index is behind, a retry of a turn stored before, or a store that
-        indexes in writes of their own), and :meth:`index_turns` indexes it later.
-        """
+    async def append_turn(self, name: str, index: int, turn: Turn) -> None:
+        """Durably store the turn at ``index``; the ack to the bot waits for this. Its recall
+        doc is indexed later, by :meth:`index_turns` (a batch of turns at a time: the process
+        serving the session searches the newest ones from memory meanwhile)."""
         ...
 
     async def save_notes(
@@ -224,7 +217,7 @@ class Store(Protocol):
         self, name: str, terms: Sequence[str], choose: ChooseTerms | None = None
     ) -> tuple[RecallStats, dict[str, int], dict[str, list[Posting]]]:
         """The index's stats, how many docs hold each of ``terms`` (those it holds), and the
-        postings of the terms ``choose(terms, df, docs)`` picks (of all of them without it)."""
+        postings of the terms ``choose(terms, df, stats)`` picks (of all of them without it)."""
         ...
 
     async def recall_passages(self, name: str, keys: Sequence[int]) -> dict[int, Passage]:

@@ -72,20 +72,14 @@ class MemoryStore:
         self._sessions[record.name] = _Entry(replace(record, turns=(), total_turns=0))
         return Created(True, record.owner)
 
-    async def append_turn(
-        self, name: str, index: int, turn: Turn, doc: IndexedDoc | None = None
-    ) -> RecallStats | None:
+    async def append_turn(self, name: str, index: int, turn: Turn) -> None:
         entry = self._entry(name)
         stored = len(entry.turns)
         if index < stored and entry.turns[index] == turn:
-            return None  # a retry of a write whose answer was lost: stored once
+            return  # a retry of a write whose answer was lost: stored once
         if index != stored:
             raise TurnConflict(name, index, stored, differs=index < stored)
         entry.turns.append(turn)
-        if doc is None:
-            return None
-        stats = await self.index_turns(name, index, [doc])  # (skipped when the index is behind)
-        return stats if stats.turns == index + 1 else None
 
     async def save_notes(
         self, name: str, live: Sequence[Note], pending: Sequence[Note], doc: IndexedDoc | None = None
@@ -240,7 +234,7 @@ def _postings(
     entry: _Entry, terms: Sequence[str], choose: ChooseTerms | None
 ) -> tuple[RecallStats, dict[str, int], dict[str, list[Posting]]]:
     df = {t: len(entry.postings[t]) for t in terms if t in entry.postings}
-    read = choose(list(df), lambda t: df.get(t, 0), entry.recall.docs) if choose else list(df)
+    read = choose(list(df), lambda t: df.get(t, 0), entry.recall) if choose else list(df)
     return entry.recall, df, {t: list(entry.postings[t]) for t in read if t in entry.postings}
 
 

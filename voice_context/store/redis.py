@@ -528,15 +528,11 @@ class RedisStore:
             )
         return Created(bool(made), _owner(record.name, held))
 
-    async def append_turn(
-        self, name: str, index: int, turn: Turn, doc: IndexedDoc | None = None
-    ) -> RecallStats | None:
-        """Stores the turn; its recall doc is indexed by a script of its own later (``None``)."""
+    async def append_turn(self, name: str, index: int, turn: Turn) -> None:
         k = self.keys(name)
         keys = (k.meta, k.turns, k.notes, *k.rest)
         args = (index, encode_turn(turn), self._ttl)
         await self.group.submit(_Write(_APPEND_KEPT, name, keys, args, index))
-        return None
 
     async def save_notes(
         self, name: str, live: Sequence[Note], pending: Sequence[Note], doc: IndexedDoc | None = None
@@ -691,7 +687,7 @@ class RedisStore:
             raise SessionNotStored(name)
         stats = _stats(reply[0])
         df = {t: int(n) for t, n in zip(wanted, reply[1], strict=True) if n}
-        read = choose(list(df), lambda t: df.get(t, 0), stats.docs) if choose else list(df)
+        read = choose(list(df), lambda t: df.get(t, 0), stats) if choose else list(df)
         out: dict[str, list[Posting]] = {}
         if read:
             with self._errors("recall_postings"):

@@ -24,11 +24,10 @@ while a write is in flight, from any session and any connection, are written
 together by the next worker call, in one transaction and one fsync (see
 :mod:`voice_context.store.group`); each is acknowledged only once that
 transaction has committed. Each write is checked on its own first, so a turn
-at the wrong index fails alone, not its group. A turn given with its recall doc
-is indexed in that same transaction when the session's index holds every turn
-before it, and a note given with its doc always is (the live case: no index write
-of its own, no indexing lag after the acknowledgement). The other recall index
-writes (``index_turns`` catching up, ``index_note``) are grouped the same way, in transactions
+at the wrong index fails alone, not its group. A note given with its recall doc is
+indexed in that same transaction (no index write of its own, no indexing lag after
+the acknowledgement). The other recall index writes (``index_turns``, a session's
+turns a batch at a time, ``index_note``) are grouped the same way, in transactions
 of their own that need no fsync (what they hold can be derived again from the
 turns), and they give way to the turns': an index group waits while turns are
 queued or being written, up to ``DERIVED_YIELD`` (0.2 s), so a burst of
@@ -236,12 +235,8 @@ class SQLiteStore:
 
         return await self.db.run("create", op)
 
-    async def append_turn(
-        self, name: str, index: int, turn: Turn, doc: IndexedDoc | None = None
-    ) -> RecallStats | None:
-        op = AppendTurn(name, index, turn_fields(turn), doc)
-        await self.group.submit(op)
-        return op.stats
+    async def append_turn(self, name: str, index: int, turn: Turn) -> None:
+        await self.group.submit(AppendTurn(name, index, turn_fields(turn)))
 
     async def save_notes(
         self, name: str, live: Sequence[Note], pending: Sequence[Note], doc: IndexedDoc | None = None

@@ -75,7 +75,7 @@ class GroupWriter:
         in order (a turn at the wrong index, or for a session deleted meanwhile,
         gets its own error and writes nothing), then the turns that pass are
         inserted and the counts and notes updated, a statement each for the whole
-        group, and the recall docs given with them indexed. An error of SQLite's
+        group, and the recall docs of notes given with them indexed. An error of SQLite's
         own fails the group (the caller gives every write of it that error).
         """
         self.db.operations += len(batch) - 1  # ``_call`` counted one
@@ -85,7 +85,6 @@ class GroupWriter:
             inserts: list[tuple[object, ...]] = []
             written: dict[tuple[str, int], tuple[str, str, str, float, str | None, str | None]] = {}
             notes: list[tuple[str, str, float, str]] = []
-            indexed: list[AppendTurn] = []
             noted: list[SaveNotes] = []
             for item in batch:
                 op = item.op
@@ -100,8 +99,6 @@ class GroupWriter:
                     inserts.append((op.name, op.index, *op.fields))
                     written[(op.name, op.index)] = op.fields
                     totals[op.name] = total + 1
-                    if op.doc is not None:
-                        indexed.append(op)
                 elif 0 <= op.index < total:
                     stored = written.get((op.name, op.index)) or stored_turn(conn, op.name, op.index)
                     if stored != op.fields:
@@ -115,8 +112,6 @@ class GroupWriter:
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     inserts,
                 )
-                for op in indexed:  # in order: a session's turns of one group are indexed in turn
-                    op.stats = index_with_turn(conn, op)
                 moved = {name for name, _ in written}
                 conn.executemany(
                     "UPDATE sessions SET total_turns = ?, updated_at = ? WHERE name = ?",
@@ -149,10 +144,6 @@ class AppendTurn:
     name: str
     index: int
     fields: tuple[str, str, str, float, str | None, str | None]
-    doc: IndexedDoc | None = None
-    """The turn's recall doc, indexed in the turn's own transaction when the index is up to it."""
-    stats: RecallStats | None = None
-    """The session's index once the turn is in it (set by the group that wrote both)."""
 
     @property
     def where(self) -> list[object]:
@@ -218,14 +209,6 @@ def index_turns(conn: sqlite3.Connection, op: IndexTurns, total: int) -> RecallS
         (added, length, added, sid),
     )
     return RecallStats(stats.docs + added, stats.length + length, turns + added, stats.notes)
-
-
-def index_with_turn(conn: sqlite3.Connection, op: AppendTurn) -> RecallStats | None:
-    """Index the turn ``op`` has just inserted, when the index holds every turn before it (in
-    the turn's write); its stats then, else ``None`` (the background indexing catches up)."""
-    assert op.doc is not None
-    stats = index_turns(conn, IndexTurns(op.name, op.index, (op.doc,)), op.index + 1)
-    return stats if stats.turns == op.index + 1 else None
 
 
 def index_note(conn: sqlite3.Connection, name: str, doc: IndexedDoc) -> RecallStats:

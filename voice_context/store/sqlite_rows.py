@@ -166,7 +166,7 @@ def select_postings(
                 f"SELECT term, df FROM recall_df WHERE sid = ? AND term IN ({marks})", (sid, *wanted)
             ).fetchall()
         )
-    read = choose(list(df), lambda t: df.get(t, 0), stats.docs) if choose else list(df)
+    read = choose(list(df), lambda t: df.get(t, 0), stats) if choose else list(df)
     out: dict[str, list[Posting]] = {}
     if read:
         marks = ",".join("?" * len(read))
