@@ -59,6 +59,16 @@ only recall's postings walk, over a SQLite store (``scripts/load --keep`` leaves
    (``select_postings``, ``bm25``) against BM25 summed by SQLite in C, over the
    newest user turns of up to 200 of the store's sessions as queries (the same
    scores, checked).
+
+``--index-writes`` measures only what the recall index's writes cost a SQLite store
+(``--words FILE...``: LoCoMo-format dialogue, the project's recordings without):
+
+14. 40 sessions with a history of 60, 600 and 3,000 turns indexed, then 64 more turns
+   each indexed, the sessions in turn as live sessions are: a turn at a time (each in
+   a write of its own, as a turn's postings were written) against ``HELD_TURNS`` at a
+   time (as a served session's are): the bytes the process hands the kernel to write
+   (``wchar`` in ``/proc/self/io``: the log's frames and the checkpoints' copies) and
+   its write calls per turn, and the CPU per turn, with the ratios to a turn at a time.
 """
 
 from __future__ import annotations
@@ -69,7 +79,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -857,6 +867,7 @@ def bench_postings(db: Path) -> None:
     import random
     import sqlite3
 
+    from voice_context.core.recalled import RecallStats
     from voice_context.recall.index import K1, B, bm25, choose_terms, idf, query_words
     from voice_context.store.sqlite_rows import select_postings
 
@@ -872,8 +883,11 @@ def bench_postings(db: Path) -> None:
     ]
     choose = functools.partial(choose_terms, common=0.05)  # a context's default query: the newest user turn
 
+    def store_choose(words: Sequence[str], df: Callable[[str], int], stats: RecallStats) -> list[str]:
+        return choose(words, df, stats.docs)
+
     def in_python(name: str, words: list[str]) -> dict[int, float]:
-        stats, df, postings = select_postings(conn, name, words, choose)
+        stats, df, postings = select_postings(conn, name, words, store_choose)
         terms = choose(list(df), lambda t: df.get(t, 0), stats.docs)
         return bm25(terms, postings, stats.docs, stats.length)
 
@@ -900,7 +914,7 @@ def bench_postings(db: Path) -> None:
     for name, words in queries:
         ours, theirs = in_python(name, words), in_sqlite(name, words)
         assert ours.keys() == theirs.keys() and all(abs(ours[k] - theirs[k]) < 1e-9 for k in ours), name
-        rows += sum(map(len, select_postings(conn, name, words, choose)[2].values()))
+        rows += sum(map(len, select_postings(conn, name, words, store_choose)[2].values()))
         scored += len(ours)
     print(f"== a search's postings walk: {len(queries)} queries over {len(names)} sessions of {db.name}")
     each = max(1, len(queries))
@@ -913,6 +927,82 @@ def bench_postings(db: Path) -> None:
         print(
             f"{label:<30} {(time.process_time() - started) / (5 * len(queries)) * 1e6:7.1f} us CPU per search"
         )
+
+
+async def bench_index_writes(words: list[Path], sessions: int, lengths: list[int], appended: int) -> None:
+    """14. (see the module docstring)."""
+    import tempfile
+
+    from voice_context.manager.indexing import HELD_TURNS
+    from voice_context.recall.index import indexed, turn_passage
+    from voice_context.store import SessionRecord
+    from voice_context.store.sqlite import SQLiteStore
+
+    if words:
+        from load import dialogue_lines
+
+        said = [
+            Turn(line.speaker, "user", line.text, at=1_700_000_000.0 + 4 * i)
+            for i, line in enumerate(dialogue_lines(words))
+        ]
+    else:
+        said = recorded_turns()
+
+    def io() -> tuple[int, int]:
+        fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+        return int(fields["wchar"]), int(fields["syscw"])
+
+    def text_of(name: int, i: int) -> Turn:
+        return said[(name * 7919 + i) % len(said)]  # each session its own stretch of the words
+
+    source = ", ".join(path.name for path in words) or "the project's recordings"
+    terms = statistics.mean(len(indexed(turn_passage(0, t)).terms) for t in said)
+    print(
+        f"== the recall index's writes: {sessions} sessions of {source} ({terms:.1f} words a turn),"
+        f" {appended} turns each indexed after their history, the sessions in turn"
+    )
+    print(
+        f"{'history':>8} {'per write':>9} {'KB written a turn':>18} {'write calls a turn':>19}"
+        f" {'CPU a turn':>11}"
+    )
+    for length in lengths:
+        baseline: tuple[float, float, float] | None = None
+        for batch in (1, HELD_TURNS):
+            with tempfile.TemporaryDirectory() as folder:
+                store = SQLiteStore(Path(folder) / "index.db")
+                for k in range(sessions):
+                    name = f"s{k}"
+                    await store.create(SessionRecord(name))
+                    turns = [text_of(k, i) for i in range(length + appended)]
+                    for i, t in enumerate(turns):
+                        await store.append_turn(name, i, t)
+                    docs = [indexed(turn_passage(i, t)) for i, t in enumerate(turns[:length])]
+                    for start in range(0, length, 256):
+                        await store.index_turns(name, start, docs[start : start + 256])
+                docs_of = {
+                    k: [indexed(turn_passage(i, text_of(k, i))) for i in range(length, length + appended)]
+                    for k in range(sessions)
+                }
+                wrote, calls = io()
+                started = time.process_time()
+                for step in range(0, appended, batch):
+                    for k in range(sessions):
+                        await store.index_turns(f"s{k}", length + step, docs_of[k][step : step + batch])
+                cpu = time.process_time() - started
+                wrote, calls = io()[0] - wrote, io()[1] - calls
+                await store.aclose()
+            n = sessions * appended
+            figures = (wrote / n / 1024, calls / n, cpu / n * 1e3)
+            ratio = ""
+            if baseline is not None:
+                ratio = (
+                    "   (" + ", ".join(f"{a / b:.2f}x" for a, b in zip(figures, baseline, strict=True)) + ")"
+                )
+            baseline = baseline or figures
+            print(
+                f"{length:>8} {batch:>6} turn{'s' if batch > 1 else ' '} {figures[0]:>18.1f}"
+                f" {figures[1]:>19.1f} {figures[2]:>8.3f} ms{ratio}"
+            )
 
 
 def main() -> None:
@@ -935,8 +1025,22 @@ def main() -> None:
     parser.add_argument(
         "--postings", type=Path, metavar="DB", help="only the postings walk over DB (see above)"
     )
+    parser.add_argument(
+        "--index-writes", action="store_true", help="only the recall index's writes, by batch (see above)"
+    )
+    parser.add_argument(
+        "--words",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="LoCoMo-format dialogue for --index-writes",
+    )
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    if args.index_writes:
+        anyio.run(bench_index_writes, args.words, 40, [60, 600, 3000], 64)
+        return
     if args.postings:
         bench_postings(args.postings)
         return

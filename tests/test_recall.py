@@ -361,7 +361,8 @@ async def test_turns_held_for_the_index_are_written_when_the_session_closes_and_
 ) -> None:
     """What a process holds of a session's index is not the only copy of anything: closing the
     session writes it to the store, and a process that stops without closing it loses only
-    work, which the next process to open the session does again from the stored turns."""
+    work, which the next process to open the session does again from the stored turns (and
+    holds them in its turn: fewer than a batch, they wait for no write)."""
     query = "the LGBTQ support group"
     store = SQLiteStore(tmp_path / "sessions.db")
     async with SessionManager(DeterministicSummarizer(), store=store) as manager:
@@ -378,11 +379,13 @@ async def test_turns_held_for_the_index_are_written_when_the_session_closes_and_
     async with SessionManager(DeterministicSummarizer(), store=store) as manager:
         await manager.open("room")
         ctx = await manager.context("room", "instructions", budget_chars=1000, query=query)
+        reopened, _, _ = await store.recall_postings("room", ())
     await store.aclose()
 
     assert closed.turns == 20, "written when the session closed"
     assert crashed.turns == 20, "turns 20-49 were held, not written"
     assert 22 in [p.turn for p in ctx.recalled], "indexed again from the stored turns"
+    assert reopened.turns == 20, "and held again"
 
 
 @pytest.mark.asyncio

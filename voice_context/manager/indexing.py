@@ -25,11 +25,12 @@ HELD_TURNS = 32
 """A session's newest turns are held here, searched from memory, until this many wait: then
 they are written to the store's index in one write. A turn's fifteen-odd words each land on
 their own page of the index (its postings are kept by word), so turn by turn every word costs
-a page write; a batch's words share the pages. On SQLite, the log frames a turn costs fall
-from about 20 to 2 in a 600-turn session, from 26 to 5 in a 3,000-turn one (see
-``docs/benchmarks.md``). What is held costs a search a few microseconds, and a session about
-30 KB; a restart, or a move to another process, loses none of it: the catch-up indexes every
-stored turn the store's index lacks."""
+a page write; a batch's words share the pages. On SQLite, the bytes a turn's index writes cost
+fall to a tenth in a 600-turn session, to a fifth in a 3,000-turn one, and their CPU to a
+quarter (``scripts/bench --index-writes``; ``docs/benchmarks.md``). What is held costs a search
+up to about 40 microseconds, and a session about 2 KB a turn held. A restart, or a move to
+another process, loses none of it: the catch-up indexes every stored turn the store's index
+lacks (and holds them, when they are fewer than a batch)."""
 INDEX_WAIT = 2.0
 """The longest a search waits for the background indexing (seconds) before it searches the
 index as it stands."""
@@ -186,6 +187,11 @@ class Indexing:
         else:
             turns = await store.read_turns(session.name, start + len(docs), stop)
         docs.extend(indexed(turn_passage(start + k, t)) for k, t in enumerate(turns, start=len(docs)))
+        if len(docs) < HELD_TURNS:  # (a session opened after a restart: the turns it had held)
+            searchable = recall.searchable
+            recall.held[:] = docs
+            self._embed_later(recall, searchable)
+            return True
         return await self._write(live, start, docs)
 
     async def _write_held(self, live: Live) -> bool:
@@ -205,10 +211,14 @@ class Indexing:
         # turns held meanwhile stay held; those the write (or another replica's) took are dropped
         del recall.held[: stats.turns - recall.indexed]
         recall.indexed = max(recall.indexed, stats.turns)
+        self._embed_later(recall, searchable)
+        return True
+
+    def _embed_later(self, recall: RecallState, searchable: int) -> None:
+        """The turns recall finds from ``searchable`` on wait for their vectors (with an embedder)."""
         if self.registry.embedder is not None and recall.searchable > searchable:
             kept = recall.vectors or {}  # (a restarted process read those kept in the store)
             recall.unembedded.extend(k for k in range(searchable, recall.searchable) if k not in kept)
-        return True
 
     async def _embed(self, live: Live) -> None:
         """One batch of vectors: the model run in a worker thread, the vectors kept in the store."""
