@@ -191,19 +191,19 @@ def index_turns(conn: sqlite3.Connection, op: IndexTurns, total: int) -> RecallS
     """Index the turns of ``op`` that follow the last one indexed and are stored (in a write)."""
     sid, stats = recall_state(conn, op.name)
     turns, added, length = stats.turns, 0, 0
-    rows: list[tuple[int, str, int, int, int]] = []
+    rows: list[tuple[str, int, int, int]] = []
     for offset, doc in enumerate(op.docs):
         key = op.start + offset
         if key < turns:
             continue
         if key > turns + added or key >= total:
             break
-        rows.extend((sid, term, key, tf, doc.length) for term, tf in doc.terms)
+        rows.extend((term, key, tf, doc.length) for term, tf in doc.terms)
         added += 1
         length += doc.length
     if not added:
         return stats
-    add_postings(conn, rows)
+    add_postings(conn, sid, rows)
     conn.execute(
         "UPDATE recall_state SET docs = docs + ?, length = length + ?, turns = turns + ? WHERE sid = ?",
         (added, length, added, sid),
@@ -220,7 +220,7 @@ def index_note(conn: sqlite3.Connection, name: str, doc: IndexedDoc) -> RecallSt
         "INSERT INTO recall_notes (sid, key, at, speaker, text) VALUES (?, ?, ?, ?, ?)",
         (sid, key, p.at, p.speaker, p.text),
     )
-    add_postings(conn, [(sid, term, key, tf, doc.length) for term, tf in doc.terms])
+    add_postings(conn, sid, [(term, key, tf, doc.length) for term, tf in doc.terms])
     conn.execute(
         "UPDATE recall_state SET docs = docs + 1, length = length + ?, notes = notes + 1 WHERE sid = ?",
         (doc.length, sid),

@@ -6,7 +6,10 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
+
+import orjson
 
 from voice_context.core.recalled import Passage, Posting, RecallStats
 from voice_context.core.turns import Turn
@@ -134,13 +137,27 @@ def recall_state(conn: sqlite3.Connection, name: str) -> tuple[int, RecallStats]
     return int(row[0]), RecallStats(*row[1:])
 
 
-def add_postings(conn: sqlite3.Connection, rows: Sequence[tuple[int, str, int, int, int]]) -> None:
-    """Postings (sid, term, key, tf, length) into the index, each word's doc count with them."""
-    conn.executemany("INSERT INTO recall_terms (sid, term, key, tf, length) VALUES (?, ?, ?, ?, ?)", rows)
-    conn.executemany(
-        "INSERT INTO recall_df (sid, term, df) VALUES (?, ?, 1)"
-        " ON CONFLICT (sid, term) DO UPDATE SET df = df + 1",
-        [(sid, term) for sid, term, _, _, _ in rows],
+def add_postings(conn: sqlite3.Connection, sid: int, rows: Sequence[tuple[str, int, int, int]]) -> None:
+    """Postings (term, key, tf, length) of session ``sid`` into the index, each word's doc count
+    with them (a doc holds a word once).
+
+    Two statements, each over a JSON array, whatever the rows: SQLite runs each in one call
+    without the interpreter's lock. A statement run once per row takes the lock back after
+    every row, and while the event loop is busy each of those waits for it (up to the switch
+    interval): a batch of a few hundred postings then held the writer, and the turns' acks
+    queued behind it, for a long time."""
+    conn.execute(
+        "INSERT INTO recall_terms (sid, term, key, tf, length)"
+        " SELECT ?, json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),"
+        " json_extract(value, '$[3]') FROM json_each(?)",
+        (sid, orjson.dumps(rows).decode()),
+    )
+    counts = Counter(term for term, _, _, _ in rows)
+    conn.execute(
+        "INSERT INTO recall_df (sid, term, df)"
+        " SELECT ?, json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?) WHERE true"
+        " ON CONFLICT (sid, term) DO UPDATE SET df = df + excluded.df",
+        (sid, orjson.dumps(list(counts.items())).decode()),
     )
 
 
