@@ -24,7 +24,7 @@ from serving import running, settings, wire
 import voice_context
 from voice_context.core.budget import RECALL_HEADER, RECENT_HEADER, build_context
 from voice_context.core.config import SessionConfig
-from voice_context.core.recalled import Recalled
+from voice_context.core.recalled import Recalled, RecallStats
 from voice_context.core.session import ContextView, Session
 from voice_context.core.times import stamp
 from voice_context.core.turns import Note, Turn, TurnRun
@@ -46,7 +46,7 @@ from voice_context.recall.index import (
     turn_passage,
     with_neighbours,
 )
-from voice_context.recall.stored import search_store
+from voice_context.recall.stored import HeldTurns, HeldView, Tail, search_store
 from voice_context.store import MemoryStore, SessionRecord, Store
 from voice_context.store.base import ChooseTerms
 from voice_context.store.redis import RedisStore
@@ -806,6 +806,32 @@ async def test_a_search_in_one_read_finds_what_it_found_in_two(kind: str, tmp_pa
     await store.aclose()
 
 
+def test_a_search_reads_the_held_turns_as_they_were_when_it_was_asked() -> None:
+    """A search reads the held docs in the store's thread while the event loop holds more:
+    what it was given is what it counts, and docs written to the store meanwhile are counted
+    once, from the store."""
+    docs = [indexed(turn_passage(i, turn)) for i, turn in enumerate(chatter(40, detail_at=33))]
+    held = HeldTurns(30, docs[30:34])
+    asked = held.view()
+    for doc in docs[34:]:
+        held.add(doc)  # turns held after the search was asked for
+    left = held.after(32)  # turns 30 and 31 written meanwhile
+
+    def over(view: HeldView, store_turns: int) -> tuple[RecallStats, dict[str, int]]:
+        stats, df, _ = Tail(view, {"lgbtq", "round"}).over(
+            RecallStats(store_turns, 10 * store_turns, store_turns)
+        )
+        return stats, df
+
+    assert over(asked, 30) == (
+        RecallStats(34, 300 + sum(d.length for d in docs[30:34]), 34),
+        {"lgbtq": 1, "round": 3},
+    )
+    assert over(asked, 32)[0].turns == 34, "the two written meanwhile are the store's, counted once"
+    assert over(held.view(), 30)[0].turns == 40 and over(left.view(), 32)[0].turns == 40
+    assert over(HeldTurns(31, docs[31:34]).view(), 30)[0].turns == 30, "a gap: nothing added"
+
+
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
 @pytest.mark.asyncio
 async def test_a_search_finds_the_turns_held_in_memory_as_if_the_store_held_them(
@@ -848,7 +874,7 @@ async def test_a_search_finds_the_turns_held_in_memory_as_if_the_store_held_them
             common=rng.choice([1.0, DEFAULT_QUERY_COMMON]),
         )
 
-        held = await search_store(part, "room", query, held=(start, docs[start:]), **asked)
+        held = await search_store(part, "room", query, held=HeldTurns(start, docs[start:]).view(), **asked)
 
         assert held == await search_store(whole, "room", query, **asked), query
         found_any += any(p.turn is not None and p.turn >= 90 for p in held[1])

@@ -14,6 +14,7 @@ from voice_context.core.turns import Note, Turn
 from voice_context.manager.live import Live, RecallState
 from voice_context.manager.registry import Registry
 from voice_context.recall.index import indexed, note_passage, turn_passage
+from voice_context.recall.stored import HeldTurns
 
 log = structlog.get_logger("voice_context")
 
@@ -47,7 +48,7 @@ class Indexing:
         """Where a stored session's recall index stands (and its vectors, with an embedder)."""
         store = self.registry.store
         stats, _, _ = await store.recall_postings(name, ())
-        recall = RecallState(indexed=stats.turns, noted=stats.notes)
+        recall = RecallState(held=HeldTurns(stats.turns), noted=stats.notes)
         if self.registry.embedder is not None:
             import numpy as np
 
@@ -87,7 +88,7 @@ class Indexing:
         recall = live.recall
         if recall.searchable != index:
             return
-        recall.held.append(indexed(turn_passage(index, turn)))
+        recall.held.add(indexed(turn_passage(index, turn)))
         if self.registry.embedder is not None:
             recall.unembedded.append(index)
 
@@ -96,9 +97,14 @@ class Indexing:
         the background (a failure leaves it to the catch-up of the next process to open it)."""
         recall = live.recall
         if recall.held and self.registry.started and not self.registry.closing:
-            start, docs = recall.indexed, tuple(recall.held)
-            recall.held.clear()
+            start, docs = recall.indexed, tuple(recall.held.docs)
+            recall.held = HeldTurns(recall.indexed)
             self.registry.spawn(self._write_released, live.session.name, start, docs)
+
+    @staticmethod
+    def drop_held(live: Live) -> None:
+        """Forget what the session holds for its index, unwritten (it is being deleted)."""
+        live.recall.held = HeldTurns(live.recall.indexed)
 
     async def _write_released(self, name: str, start: int, docs: tuple[IndexedDoc, ...]) -> None:
         try:
@@ -180,7 +186,7 @@ class Indexing:
         recall, session, store = live.recall, live.session, self.registry.store
         start = recall.indexed
         stop = min(session.total_turns, recall.searchable + INDEX_BATCH)
-        docs = list(recall.held)
+        docs = list(recall.held.docs)
         if start + len(docs) >= session.cursor:
             first = session.total_turns - len(session.verbatim_turns)
             turns = list(session.verbatim_turns[start + len(docs) - first : stop - first])
@@ -189,14 +195,14 @@ class Indexing:
         docs.extend(indexed(turn_passage(start + k, t)) for k, t in enumerate(turns, start=len(docs)))
         if len(docs) < HELD_TURNS:  # (a session opened after a restart: the turns it had held)
             searchable = recall.searchable
-            recall.held[:] = docs
+            recall.held = HeldTurns(start, docs)
             self._embed_later(recall, searchable)
             return True
         return await self._write(live, start, docs)
 
     async def _write_held(self, live: Live) -> bool:
         """The turns held here into the store's index, in one write; whether the store took them."""
-        return await self._write(live, live.recall.indexed, list(live.recall.held))
+        return await self._write(live, live.recall.indexed, list(live.recall.held.docs))
 
     async def _write(self, live: Live, start: int, docs: list[IndexedDoc]) -> bool:
         recall = live.recall
@@ -205,12 +211,11 @@ class Indexing:
         if stats.turns == start and docs:
             return False
         if stats.turns < recall.indexed:  # the store's index lost turns: index them again
-            recall.indexed = stats.turns
-            recall.held.clear()
+            recall.held = HeldTurns(stats.turns)
             return True
         # turns held meanwhile stay held; those the write (or another replica's) took are dropped
-        del recall.held[: stats.turns - recall.indexed]
-        recall.indexed = max(recall.indexed, stats.turns)
+        if stats.turns > recall.indexed:
+            recall.held = recall.held.after(stats.turns)
         self._embed_later(recall, searchable)
         return True
 

@@ -11,12 +11,13 @@ import anyio
 
 from voice_context.core.config import SessionConfig
 from voice_context.core.landmarks import Landmark
-from voice_context.core.recalled import IndexedDoc, Recalled
+from voice_context.core.recalled import Recalled
 from voice_context.core.session import Session, SessionStats
 from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, TurnRun
 from voice_context.core.window import SkipReason
 from voice_context.recall.index import SummaryIndex
+from voice_context.recall.stored import HeldTurns
 from voice_context.store.base import SessionRecord
 
 
@@ -87,11 +88,9 @@ class RecallState:
     """What a live session keeps here of its recall index (the store holds the index itself):
     how far indexing has come, what waits for it, and two bounded caches."""
 
-    indexed: int = 0
-    """Turns ``0 .. indexed-1`` are in the store's index."""
-    held: list[IndexedDoc] = field(default_factory=list)
-    """The docs of the turns after those, ``indexed, indexed+1, ...``: searched from here until
-    the background indexing writes them to the store, a batch at a time (see
+    held: HeldTurns = field(default_factory=HeldTurns)
+    """The docs of the turns after those in the store's index (from :attr:`indexed` on): searched
+    from here until the background indexing writes them to the store, a batch at a time (see
     :data:`voice_context.manager.indexing.HELD_TURNS`)."""
     noted: int = 0
     """How many notes are in the store's index."""
@@ -113,6 +112,11 @@ class RecallState:
     armed: bool = True
     """Whether the next user turn starts a recall ahead: not while one started since the last
     context is waiting unused (in a group, most turns are not the one the bot answers)."""
+
+    @property
+    def indexed(self) -> int:
+        """Turns ``0 .. indexed-1`` are in the store's index (the held docs start there)."""
+        return self.held.start
 
     @property
     def searchable(self) -> int:

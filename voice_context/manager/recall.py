@@ -118,7 +118,7 @@ class Recall:
                 limit=limit,
                 query_vector=query_vector,
                 vectors=recall.vectors,
-                held=(recall.indexed, tuple(recall.held)),
+                held=recall.held.view(),
                 now=query_time(session),
                 common=DEFAULT_QUERY_COMMON if default else 1.0,
             )

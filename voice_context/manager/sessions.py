@@ -222,7 +222,7 @@ class SessionManager(Registry):
         same name waits for the delete, and then creates a new session.
         """
         async with self._replicas.opening(name):
-            self.get(name, owner).recall.held.clear()  # deleted with the session, not written
+            Indexing.drop_held(self.get(name, owner))  # deleted with the session, not written
             await self.close(name, owner=owner)
             record = await self.store.load(name)
             if record is not None and record.owner != owner:

@@ -19,8 +19,8 @@ stats, so a batch written meanwhile is counted once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from voice_context.core.recalled import IndexedDoc, Posting, Recalled, RecallStats
 from voice_context.recall.dates import query_date_terms
@@ -49,7 +49,7 @@ async def search_store(
     query_vector: Any = None,
     vectors: Mapping[int, Any] | None = None,
     min_share: float = 0.25,
-    held: tuple[int, Sequence[IndexedDoc]] = (0, ()),
+    held: HeldView | None = None,
     now: float | None = None,
     common: float = 1.0,
 ) -> tuple[RecallStats | None, list[Recalled]]:
@@ -60,8 +60,8 @@ async def search_store(
 
     Turns at ``before`` or later are left out (a context shows them verbatim);
     ``query_vector`` with the session's ``vectors`` (doc key -> unit vector) adds
-    the vector ranking; ``held`` is ``(start, docs)``: the docs of turns ``start, start+1, ...``
-    that the store's index may not hold yet, searched with it; ``now`` is when the query is
+    the vector ranking; ``held``: the docs of the newest turns, which the store's index may not
+    hold yet, searched with it (see :class:`HeldTurns`); ``now`` is when the query is
     asked (see :func:`query_terms`); words held by more than ``common`` of the docs are not
     searched by (see :func:`choose_terms`).
     """
@@ -69,7 +69,7 @@ async def search_store(
     dates = query_date_terms(query, now)
     if not words and not dates and query_vector is None:
         return None, []
-    tail = Tail(*held, {*words, *dates})
+    tail = Tail(held or HeldTurns().view(), {*words, *dates})
 
     def choose(terms: Sequence[str], df: Callable[[str], int], stats: RecallStats) -> list[str]:
         """The words whose postings the store reads: counted with the docs it does not hold."""
@@ -118,38 +118,87 @@ async def search_store(
     )
 
 
-class Tail:
-    """The docs of turns ``start, start+1, ...`` held by the process rather than the store's
-    index, as a search adds them to what it reads of the index: only those the index does not
-    hold (by its turn count), and of their words only the query's."""
+class HeldView(NamedTuple):
+    """What a search reads of :class:`HeldTurns`: the docs of turns ``start .. stop-1``, their
+    postings by word, and their lengths."""
 
-    def __init__(self, start: int, docs: Sequence[IndexedDoc], words: set[str]) -> None:
+    start: int
+    stop: int
+    postings: Mapping[str, Sequence[Posting]]
+    lengths: Sequence[int]
+
+
+class HeldTurns:
+    """The docs of a session's newest turns, ``start, start+1, ...``, held by the process serving
+    it until they are written to the store's index: with their postings by word, kept as each
+    doc comes (a search reads the postings of its few words, not every word held).
+
+    A search runs in the store's thread while the event loop adds docs: :meth:`view` is what
+    it reads, and it reads nothing past the ``stop`` it was given (postings added since are left
+    out by their keys). Docs are only ever added; the docs left once some are written are a new
+    :class:`HeldTurns` (:meth:`after`), so a view taken before keeps what it saw."""
+
+    def __init__(self, start: int = 0, docs: Iterable[IndexedDoc] = ()) -> None:
         self.start = start
-        self.docs = docs
+        self.docs: list[IndexedDoc] = []
+        self._postings: dict[str, list[Posting]] = {}
+        self._lengths: list[int] = []
+        for doc in docs:
+            self.add(doc)
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def add(self, doc: IndexedDoc) -> None:
+        """The doc of turn ``start + len(self)``."""
+        key = self.start + len(self.docs)
+        postings = self._postings
+        for term, tf in doc.terms:
+            if (held := postings.get(term)) is None:
+                postings[term] = [(key, tf, doc.length)]
+            else:
+                held.append((key, tf, doc.length))
+        self._lengths.append(doc.length)
+        self.docs.append(doc)
+
+    def after(self, start: int) -> HeldTurns:
+        """The docs of turns from ``start`` on (those before it are in the store's index)."""
+        return HeldTurns(start, self.docs[start - self.start :] if start >= self.start else ())
+
+    def view(self) -> HeldView:
+        return HeldView(self.start, self.start + len(self.docs), self._postings, self._lengths)
+
+
+class Tail:
+    """The held docs as a search adds them to what it reads of the store's index: only those the
+    index does not hold (by its turn count), and of their words only the query's."""
+
+    def __init__(self, held: HeldView, words: set[str]) -> None:
+        self.held = held
         self.words = words
         self._over: tuple[int, tuple[RecallStats, dict[str, int], dict[str, list[Posting]]]] | None = None
 
     def over(self, stats: RecallStats) -> tuple[RecallStats, dict[str, int], dict[str, list[Posting]]]:
         """The index of ``stats`` with the docs it lacks; the query words' doc counts and postings
-        in those docs. Nothing is added when the index lacks turns before ``start`` (the store
-        lost part of its index, and the process indexes them again): keys would be skipped."""
+        in those docs. Nothing is added when the index lacks turns before the held ones (the
+        store lost part of its index, and the process indexes them again): keys would be skipped."""
         if self._over is not None and self._over[0] == stats.turns:
             return self._over[1]
-        skip = stats.turns - self.start
-        tail = self.docs[skip:] if 0 <= skip < len(self.docs) else ()
+        start, stop, held, lengths = self.held
+        count, skip = stop - start, stats.turns - start
         df: dict[str, int] = {}
         postings: dict[str, list[Posting]] = {}
-        length = 0
-        for key, doc in enumerate(tail, start=stats.turns):
-            length += doc.length
-            for term, tf in doc.terms:
-                if term in self.words:
-                    df[term] = df.get(term, 0) + 1
-                    postings.setdefault(term, []).append((key, tf, doc.length))
-        n = len(tail)
-        merged = RecallStats(stats.docs + n, stats.length + length, stats.turns + n, stats.notes)
+        merged = stats
+        if 0 <= skip < count:
+            for word in self.words:
+                found = [p for p in held.get(word, ()) if stats.turns <= p[0] < stop]
+                if found:
+                    df[word] = len(found)  # (a doc holds a word once)
+                    postings[word] = found
+            n, length = count - skip, sum(lengths[skip:count])
+            merged = RecallStats(stats.docs + n, stats.length + length, stats.turns + n, stats.notes)
         self._over = (stats.turns, (merged, df, postings))
         return merged, df, postings
 
 
-__all__ = ["search_store"]
+__all__ = ["HeldTurns", "HeldView", "search_store"]
