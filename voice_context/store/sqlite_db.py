@@ -106,6 +106,9 @@ class Connections:
             if str(mode).lower() != "wal":
                 raise StoreError(f"sqlite store: {self.path} cannot use WAL (got {mode!r})", retryable=False)
             conn.execute("PRAGMA synchronous = FULL")
+            # a statement that changes many rows (a batch of postings) keeps its undo log in
+            # memory, not in a temporary file written and read back
+            conn.execute("PRAGMA temp_store = MEMORY")
             migrate(conn)
         except BaseException:
             conn.close()
