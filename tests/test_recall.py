@@ -818,7 +818,7 @@ def test_a_search_reads_the_held_turns_as_they_were_when_it_was_asked() -> None:
     left = held.after(32)  # turns 30 and 31 written meanwhile
 
     def over(view: HeldView, store_turns: int) -> tuple[RecallStats, dict[str, int]]:
-        stats, df, _ = Tail(view, {"lgbtq", "round"}).over(
+        stats, df, _ = Tail(view, ["lgbtq", "round"]).over(
             RecallStats(store_turns, 10 * store_turns, store_turns)
         )
         return stats, df

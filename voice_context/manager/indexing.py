@@ -29,7 +29,7 @@ their own page of the index (its postings are kept by word), so turn by turn eve
 a page write; a batch's words share the pages. On SQLite, the bytes a turn's index writes cost
 fall to a tenth in a 600-turn session, to a fifth in a 3,000-turn one, and their CPU to a
 quarter (``scripts/bench --index-writes``; ``docs/benchmarks.md``). What is held costs a search
-up to about 40 microseconds, and a session about 2 KB a turn held. A restart, or a move to
+about 13 microseconds, and a session about 2 KB a turn held. A restart, or a move to
 another process, loses none of it: the catch-up indexes every stored turn the store's index
 lacks (and holds them, when they are fewer than a batch)."""
 INDEX_WAIT = 2.0
@@ -96,7 +96,7 @@ class Indexing:
         """The session is no longer served here: write what it held to the store's index, in
         the background (a failure leaves it to the catch-up of the next process to open it)."""
         recall = live.recall
-        if recall.held and self.registry.started and not self.registry.closing:
+        if recall.held and self.registry.started:
             start, docs = recall.indexed, tuple(recall.held.docs)
             recall.held = HeldTurns(recall.indexed)
             self.registry.spawn(self._write_released, live.session.name, start, docs)
@@ -192,6 +192,8 @@ class Indexing:
             turns = list(session.verbatim_turns[start + len(docs) - first : stop - first])
         else:
             turns = await store.read_turns(session.name, start + len(docs), stop)
+        if not turns:
+            return False  # the store lacks turns the session counts: try again with the next append
         docs.extend(indexed(turn_passage(start + k, t)) for k, t in enumerate(turns, start=len(docs)))
         if len(docs) < HELD_TURNS:  # (a session opened after a restart: the turns it had held)
             searchable = recall.searchable
@@ -205,6 +207,7 @@ class Indexing:
         return await self._write(live, live.recall.indexed, list(live.recall.held.docs))
 
     async def _write(self, live: Live, start: int, docs: list[IndexedDoc]) -> bool:
+        """The docs of turns ``start, start+1, ...`` into the store's index; whether it took them."""
         recall = live.recall
         searchable = recall.searchable
         stats = await self.registry.store.index_turns(live.session.name, start, docs)

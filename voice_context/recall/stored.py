@@ -69,7 +69,7 @@ async def search_store(
     dates = query_date_terms(query, now)
     if not words and not dates and query_vector is None:
         return None, []
-    tail = Tail(held or HeldTurns().view(), {*words, *dates})
+    tail = Tail(held or HeldTurns().view(), [*words, *dates])
 
     def choose(terms: Sequence[str], df: Callable[[str], int], stats: RecallStats) -> list[str]:
         """The words whose postings the store reads: counted with the docs it does not hold."""
@@ -173,9 +173,9 @@ class Tail:
     """The held docs as a search adds them to what it reads of the store's index: only those the
     index does not hold (by its turn count), and of their words only the query's."""
 
-    def __init__(self, held: HeldView, words: set[str]) -> None:
+    def __init__(self, held: HeldView, words: Sequence[str]) -> None:
         self.held = held
-        self.words = words
+        self.words = list(dict.fromkeys(words))  # in the query's order: so are the words it adds
         self._over: tuple[int, tuple[RecallStats, dict[str, int], dict[str, list[Posting]]]] | None = None
 
     def over(self, stats: RecallStats) -> tuple[RecallStats, dict[str, int], dict[str, list[Posting]]]:
