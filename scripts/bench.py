@@ -989,7 +989,8 @@ async def bench_index_writes(words: list[Path], sessions: int, lengths: list[int
                     for k in range(sessions):
                         await store.index_turns(f"s{k}", length + step, docs_of[k][step : step + batch])
                 cpu = time.process_time() - started
-                wrote, calls = io()[0] - wrote, io()[1] - calls
+                after = io()
+                wrote, calls = after[0] - wrote, after[1] - calls
                 await store.aclose()
             n = sessions * appended
             figures = (wrote / n / 1024, calls / n, cpu / n * 1e3)
