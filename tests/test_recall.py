@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from serving import running, settings, wire
 import voice_context
 from voice_context.core.budget import RECALL_HEADER, RECENT_HEADER, build_context
 from voice_context.core.config import SessionConfig
-from voice_context.core.recalled import Recalled, RecallStats
+from voice_context.core.recalled import Offered, Recalled, RecallStats
 from voice_context.core.session import ContextView, Session
 from voice_context.core.times import stamp
 from voice_context.core.turns import Note, Turn, TurnRun
@@ -42,6 +43,7 @@ from voice_context.recall.index import (
     nearest,
     note_passage,
     recall_candidates,
+    render_hits,
     turn_key,
     turn_passage,
     with_neighbours,
@@ -511,6 +513,54 @@ def test_recalling_for_the_newest_turn_shows_no_hit_whose_matching_words_are_sma
     as_default = index.search("take care of yourself", common=DEFAULT_QUERY_COMMON)
     assert 0 not in [hit.turn for hit in as_default]
     assert 0 in [hit.turn for hit in index.search("take care of yourself")]
+
+
+SAID = [  # questions, their answers, small talk
+    "What did you cook for the party?",
+    "A lasagna, my grandmother's recipe.",
+    "Take care of yourself.",
+    "Thanks, talk soon!",
+    "The party was at the lake house. We cooked a lasagna there. It rained all day.",
+    "Did you go to the lake house again?",
+    "Yes, on Saturday. The lasagna was gone by noon.",
+]
+
+
+@given(st.data())
+def test_a_context_renders_only_the_hits_it_may_show_and_shows_what_rendering_them_all_gives(
+    data: st.DataObject,
+) -> None:
+    """Recall offers a context its hits unrendered: the context renders them once it knows
+    the turns it shows verbatim, and a hit of one of those it never shows. Whatever the
+    ranking, the small talk and the questions whose answers ranked higher, every line it
+    may show is the line a render of them all gives, and so is the context."""
+    said = data.draw(st.lists(st.sampled_from(SAID), min_size=30, max_size=30))
+    turns = [Turn(("Ann", "Bo")[i % 2], "user", text, T0 + 60 * i) for i, text in enumerate(said)]
+    passages = {i: turn_passage(i, turn) for i, turn in enumerate(turns)}
+    ranked = data.draw(st.lists(st.sampled_from(range(29)), unique=True, max_size=20))
+    hits = [(passages[k], 10.0 - r / 4) for r, k in enumerate(ranked)]
+    wanted = set(index_terms(data.draw(st.sampled_from(SAID)) + " lasagna party"))
+    small_talk = data.draw(st.booleans())
+
+    def render(shown_from: int | None) -> list[Recalled]:
+        return render_hits(
+            hits,
+            lambda turn: passages.get(turn + 1),
+            wanted,
+            lambda word: 1.0 + len(word) % 3,
+            drop_small_talk=small_talk,
+            shown_from=shown_from,
+        )
+
+    every = render(None)
+    for shown_from in range(31):
+        may_show = [r for r in render(shown_from) if r.turn is None or r.turn < shown_from]
+        assert may_show == [r for r in every if r.turn is None or r.turn < shown_from]
+    shown = ContextView(0, "", tuple(turns), (), SessionConfig())
+    budget = data.draw(st.integers(600, 2400))
+    lazy = build_context(shown, "instructions", budget_chars=budget, recalled=Offered(render), query="party")
+    whole = build_context(shown, "instructions", budget_chars=budget, recalled=every, query="party")
+    assert replace(lazy, left_out=()) == replace(whole, left_out=())
 
 
 RESEARCH_QUESTION = Turn("Caroline", "user", "What have you been researching lately?", T0 + 600)

@@ -83,7 +83,7 @@ from typing import Any, Literal, NamedTuple
 
 from voice_context.core.config import SessionConfig
 from voice_context.core.landmarks import Landmark, render
-from voice_context.core.recalled import Recalled
+from voice_context.core.recalled import Offered, Recalled
 from voice_context.core.session import ContextView
 from voice_context.core.text import clip, condense_summary
 from voice_context.core.times import stamp
@@ -560,7 +560,7 @@ def build_context(
     tokens: TokenCounter | None = None,
     base_instructions: str = "",
     facts: Sequence[str] = (),
-    recalled: Sequence[Recalled] = (),
+    recalled: Sequence[Recalled] | Offered = (),
     query: str = "",
     older: TurnRun | None = None,
     asked: bool = True,
@@ -573,8 +573,10 @@ def build_context(
     is given); both budgets hold when both are given, and the context reports
     its size in ``tokens`` whenever a counter is given. ``recalled`` are the
     passages recall found for ``query``, best first (those of turns the context
-    shows verbatim are skipped). ``older`` are the turns just before the cursor
-    (the store keeps them, the summary covers them): under a budget, room left
+    shows verbatim are skipped), or recall's :class:`Offered`, rendered once the
+    recent window (step 3) says which turns are shown verbatim. ``older`` are the
+    turns just before the cursor (the store keeps them, the summary covers
+    them): under a budget, room left
     once every turn from the cursor is shown extends the verbatim run into
     them, so short turns are never shown fewer than the budget holds. Only the
     part of ``older`` that runs up to the cursor is used: turns read for an
@@ -654,7 +656,7 @@ def _assemble(
     format: Format,
     base_instructions: str,
     facts: Sequence[str],
-    recalled: Sequence[Recalled],
+    offered: Sequence[Recalled] | Offered,
     query: str,
     older: Sequence[Turn],
     asked: bool,
@@ -664,13 +666,12 @@ def _assemble(
 ) -> Context:
     """One pass of the layout in the module docstring, its steps in their order of priority."""
     config = view.config
-    recalled = recalled if config.recall else ()
     layout = _INSTRUCTIONS if format == "instructions" else _MESSAGES
     assembly = _Assembly(
         view,
         _Transcript.of(older, view, format),
         _Fill(layout, budget_chars, budget_tokens, tokens),
-        list(recalled),
+        [],
         budget_chars,
         budget_tokens,
         tokens,
@@ -679,6 +680,13 @@ def _assemble(
     assembly.add_current_turn()  # 2.
     assembly.add_landmarks_share()  # 2b.
     assembly.add_recent_window()  # 3.
+    # recall's passages, rendered now that the turns shown verbatim are known (they only grow
+    # older from here: a passage of one of them is never shown, and needs no rendering)
+    recalled: Sequence[Recalled] = ()
+    if config.recall:
+        recalled = offered(assembly.verbatim_from()) if isinstance(offered, Offered) else offered
+    assembly.offered = list(recalled)
+    assembly.offered = list(recalled)
     assembly.add_facts(facts)  # 4.
     # recall and the summary take their default shares when the query is the newest user turn
     recall_share = config.recall_share if asked else config.default_recall_share

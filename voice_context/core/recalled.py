@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -74,3 +75,17 @@ class Recalled:
         if self.kind == "turn":
             out["granularity"] = self.granularity
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class Offered:
+    """What recall offers a context, best first: the passages a search found, rendered when the
+    context asks (``render(shown_from)``: the first turn it shows verbatim, whose passages it
+    never shows and so need no rendering; ``None``: render them all), then ``more`` (summary
+    lines) as they are."""
+
+    render: Callable[[int | None], list[Recalled]]
+    more: tuple[Recalled, ...] = ()
+
+    def __call__(self, shown_from: int | None = None) -> list[Recalled]:
+        return [*self.render(shown_from), *self.more]

@@ -11,7 +11,7 @@ import anyio
 
 from voice_context.core.config import SessionConfig
 from voice_context.core.landmarks import Landmark
-from voice_context.core.recalled import Recalled
+from voice_context.core.recalled import Offered
 from voice_context.core.session import Session, SessionStats
 from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, TurnRun
@@ -79,7 +79,7 @@ class Ahead:
 
     query: str
     done: anyio.Event = field(default_factory=anyio.Event)
-    found: list[Recalled] | None = None
+    found: Offered | None = None
     basis: Basis | None = None
 
 

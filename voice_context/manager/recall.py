@@ -9,7 +9,7 @@ import anyio
 import anyio.to_thread
 import structlog
 
-from voice_context.core.recalled import Recalled
+from voice_context.core.recalled import Offered, Recalled
 from voice_context.core.turns import Turn, TurnRun
 from voice_context.errors import StoreError
 from voice_context.manager.indexing import Indexing
@@ -17,7 +17,7 @@ from voice_context.manager.live import Ahead, Basis, Live
 from voice_context.manager.registry import Registry
 from voice_context.manager.tiers import Tiers
 from voice_context.recall.index import DEFAULT_QUERY_COMMON, MAX_OLDER_TURNS, SummaryIndex, query_time
-from voice_context.recall.stored import search_store
+from voice_context.recall.stored import find_in_store
 
 log = structlog.get_logger("voice_context")
 
@@ -76,7 +76,7 @@ class Recall:
         finally:
             ahead.done.set()
 
-    async def found_ahead(self, live: Live, text: str) -> list[Recalled] | None:
+    async def found_ahead(self, live: Live, text: str) -> Offered | None:
         """What recall ahead found for ``text``, waiting for it if it is still running; ``None``
         when it was for another query, failed, or was made on another basis than this context's
         search would be (a turn, a note or a fold since; the indexing still behind): then the
@@ -95,9 +95,10 @@ class Recall:
 
     # -- on the reply path -----------------------------------------------------
 
-    async def search(self, live: Live, text: str, *, default: bool) -> tuple[Basis | None, list[Recalled]]:
+    async def search(self, live: Live, text: str, *, default: bool) -> tuple[Basis | None, Offered]:
         """What recall offers a context for ``text`` (``default``: the newest user turn, no query
-        named): passages from the store's index, then summary lines; and the basis they were
+        named): passages from the store's index (rendered when the context asks, see
+        :class:`Offered`), then summary lines; and the basis they were
         found on (``None`` when it is not known: the store failed, vectors came meanwhile). A
         store that fails leaves the context without them, never without a reply."""
         session, recall, embedder = live.session, live.recall, self.registry.embedder
@@ -110,7 +111,7 @@ class Recall:
             query_vector = (await anyio.to_thread.run_sync(embedder.embed, [text]))[0]
         known = True
         try:
-            stats, found = await search_store(
+            stats, found = await find_in_store(
                 self.registry.store,
                 session.name,
                 text,
@@ -124,7 +125,7 @@ class Recall:
             )
         except StoreError:
             log.warning("voice_context_recall_failed", session=session.name, exc_info=True)
-            stats, found, known = None, [], False
+            stats, found, known = None, None, False
         if vectors != self._vectors(live):
             known = False  # vectors came during the search: which of them it saw is not known
         basis = None
@@ -132,11 +133,11 @@ class Recall:
             basis = replace(self.basis(live), before=before)
             if stats is not None:  # (none: no word to search by, the same on any index)
                 basis = replace(basis, turns=stats.turns, notes=stats.notes, vectors=vectors)
-        found.extend(self._summary_lines(live, text, found))
-        return basis, found
+        lines = tuple(self._summary_lines(live, text))
+        return basis, Offered(found.render if found is not None else _nothing, lines)
 
     @staticmethod
-    def _summary_lines(live: Live, text: str, found: list[Recalled]) -> list[Recalled]:
+    def _summary_lines(live: Live, text: str) -> list[Recalled]:
         """The lines of the summary, then of the tiers a context does not show, for ``text``."""
         recall, limit = live.recall, live.session.config.recall_limit
         lines: list[Recalled] = []
@@ -146,7 +147,7 @@ class Recall:
                 recall.summary = SummaryIndex.of(summary)
             lines.extend(recall.summary.search(text, limit=limit))
         if live.tiers:
-            seen = {r.line for r in (*found, *lines) if r.kind == "summary"}
+            seen = {r.line for r in lines}
             lines.extend(hit for hit in Tiers.index(live).search(text, limit=limit) if hit.line not in seen)
         return lines
 
@@ -195,3 +196,8 @@ def _kept(cursor: int, turns: list[Turn], budget_chars: int) -> TurnRun:
         chars += len(turn.text) + len(turn.speaker) + 2
         kept += 1
     return TurnRun.of(cursor - kept, turns[len(turns) - kept :])
+
+
+def _nothing(shown_from: int | None) -> list[Recalled]:
+    """What a search that failed offers."""
+    return []

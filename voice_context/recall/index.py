@@ -25,6 +25,7 @@ from __future__ import annotations
 import heapq
 import math
 import re
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -423,6 +424,15 @@ def _small_talk(key: str) -> bool:
     return not without_small_talk(text, names.split(_NAME) if names else ())
 
 
+def _said_small_talk(
+    text: str, wanted: set[str], weight: Callable[[str], float], speakers: Sequence[str] | None
+) -> bool:
+    """Whether :func:`render` leaves a hit of ``text`` out as small talk."""
+    if speakers is None:
+        return False
+    return _small_talk(best_span(text, wanted, weight)[0] + _NAMES + _NAME.join(speakers))
+
+
 def render(
     passage: Passage,
     score: float,
@@ -462,22 +472,44 @@ def render_hits(
     weight: Callable[[str], float],
     *,
     drop_small_talk: bool = False,
+    shown_from: int | None = None,
 ) -> list[Recalled]:
     """The ranked hits as the lines a context shows, best first: a hit that asks a question
     carries its answer (``reply_to(turn)``, the turn after it), and a turn already shown in
     an earlier line, as a hit or as an answer, is not shown again. ``drop_small_talk``: a
     hit whose shown words are small talk is left out (what a context recalling for the newest
-    user turn does: a goodbye then never brings back other goodbyes)."""
-    out: list[Recalled] = []
+    user turn does: a goodbye then never brings back other goodbyes).
+
+    ``shown_from``: the first turn the context shows verbatim. A hit of that turn or a later
+    one is offered as it was said (:func:`unrendered`), not rendered: the context never shows
+    it. Every other line is the one a render of them all gives: where a hit's rendering would
+    decide one shown (whether the hit before it carries it as an answer), it is decided."""
+    out: list[Recalled | None] = []
     shown: set[int] = set()
     weight = {t: weight(t) for t in wanted}.__getitem__  # once per word, not once per sentence
     hits = list(hits)
     speakers = sorted({p.speaker for p, _ in hits if p.speaker}) if drop_small_talk else None
+    later = sys.maxsize if shown_from is None else shown_from
+    waiting: dict[int, tuple[int, Passage]] = {}  # a hit shown verbatim -> its place in ``out``
     for passage, score in hits:
         turn = passage.turn
         if turn is not None and turn in shown:
             continue
-        reply = reply_to(turn) if turn is not None and turn + 1 not in shown and asks(passage.text) else None
+        if turn is not None and turn >= later:
+            waiting[turn] = (len(out), passage)
+            out.append(unrendered(passage, score))
+            continue
+        reply = None
+        if turn is not None and asks(passage.text):
+            answer = waiting.pop(turn + 1, None)
+            if answer is not None:  # a hit ranked higher, so shown already unless it was small talk
+                k, said = answer
+                if _said_small_talk(said.text, wanted, weight, speakers):
+                    out[k] = None
+                else:
+                    shown.add(turn + 1)
+            if turn + 1 not in shown:
+                reply = reply_to(turn)
         line = render(passage, score, wanted, weight, reply=reply, speakers=speakers)
         if line is None:
             continue
@@ -486,7 +518,17 @@ def render_hits(
             if reply is not None:
                 shown.add(turn + 1)
         out.append(line)
-    return out
+    return [line for line in out if line is not None]
+
+
+def unrendered(passage: Passage, score: float) -> Recalled:
+    """A hit as it was said, dated and attributed: what recall offers of a turn the context
+    shows verbatim anyway (see :func:`render_hits`)."""
+    when = stamp(passage.at)
+    head = f"[{when}] " if when else ""
+    said = f"{passage.speaker}: " if passage.kind == "turn" and passage.speaker else ""
+    line = f"{head}{said}{passage.text}"
+    return Recalled(passage.kind, passage.turn, line, score, "turn", passage.at)
 
 
 def best_span(

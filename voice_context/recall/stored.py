@@ -20,9 +20,10 @@ stats, so a batch written meanwhile is counted once.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from voice_context.core.recalled import IndexedDoc, Posting, Recalled, RecallStats
+from voice_context.core.recalled import IndexedDoc, Passage, Posting, Recalled, RecallStats
 from voice_context.recall.dates import query_date_terms
 from voice_context.recall.index import (
     LENDERS_PER_HIT,
@@ -40,6 +41,14 @@ from voice_context.store.base import Store
 
 
 async def search_store(
+    store: Store, name: str, query: str, **asked: Any
+) -> tuple[RecallStats | None, list[Recalled]]:
+    """:func:`find_in_store`, every hit rendered."""
+    stats, found = await find_in_store(store, name, query, **asked)
+    return stats, found.render()
+
+
+async def find_in_store(
     store: Store,
     name: str,
     query: str,
@@ -52,8 +61,8 @@ async def search_store(
     held: HeldView | None = None,
     now: float | None = None,
     common: float = 1.0,
-) -> tuple[RecallStats | None, list[Recalled]]:
-    """The passages of session ``name`` that bear on ``query``, best first, rendered to show,
+) -> tuple[RecallStats | None, Found]:
+    """The passages of session ``name`` that bear on ``query``, best first, to render to show,
     with the stats of the index they were found in (how many turns and notes it held: its
     word counts, and so the ranking, follow from them); ``None`` when the query has no word
     to search by, and the answer is none whatever the index holds.
@@ -64,11 +73,14 @@ async def search_store(
     hold yet, searched with it (see :class:`HeldTurns`); ``now`` is when the query is
     asked (see :func:`query_terms`); words held by more than ``common`` of the docs are not
     searched by (see :func:`choose_terms`).
+
+    What it found is rendered when asked (:meth:`Found.render`): a context renders it once it
+    knows the turns it shows verbatim, which it need not render.
     """
     words = sorted(query_words(query))
     dates = query_date_terms(query, now)
     if not words and not dates and query_vector is None:
-        return None, []
+        return None, Found((), {}, frozenset(), 0, {}, False)
     tail = Tail(held or HeldTurns().view(), [*words, *dates])
 
     def choose(terms: Sequence[str], df: Callable[[str], int], stats: RecallStats) -> list[str]:
@@ -109,13 +121,37 @@ async def search_store(
     found = await store.recall_search(name, [*words, *dates], choose, pick)
     stats, df, terms, top = found.picked
     passages = found.passages
-    if not top:
-        return stats, []
-    weight: Callable[[str], float] = lambda t: idf(stats.docs, df.get(t, 0))  # noqa: E731
-    hits = [(passages[key], score) for key, score in top if key in passages]
-    return stats, render_hits(
-        hits, lambda turn: passages.get(turn + 1), set(terms), weight, drop_small_talk=common < 1.0
-    )
+    hits = tuple((passages[key], score) for key, score in top if key in passages)
+    return stats, Found(hits, passages, frozenset(terms), stats.docs, df, common < 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """The passages a search found, best first, with what rendering them needs: the passages
+    read (each hit's answer among them), the words searched by, and the index's doc counts
+    (``docs`` docs, ``df`` per word) that weigh them."""
+
+    hits: tuple[tuple[Passage, float], ...]
+    passages: Mapping[int, Passage]
+    terms: frozenset[str]
+    docs: int
+    df: Mapping[str, int]
+    drop_small_talk: bool
+
+    def render(self, shown_from: int | None = None) -> list[Recalled]:
+        """The hits as the lines a context shows (see :func:`render_hits`; ``shown_from``: the
+        first turn the context shows verbatim, whose hits need no rendering)."""
+        if not self.hits:
+            return []
+        docs, df, passages = self.docs, self.df, self.passages
+        return render_hits(
+            self.hits,
+            lambda turn: passages.get(turn + 1),
+            set(self.terms),
+            lambda t: idf(docs, df.get(t, 0)),
+            drop_small_talk=self.drop_small_talk,
+            shown_from=shown_from,
+        )
 
 
 class HeldView(NamedTuple):
@@ -201,4 +237,4 @@ class Tail:
         return merged, df, postings
 
 
-__all__ = ["HeldTurns", "HeldView", "search_store"]
+__all__ = ["Found", "HeldTurns", "HeldView", "find_in_store", "search_store"]
