@@ -323,3 +323,35 @@ def test_a_thousand_sessions_summaries_are_each_cut_once_between_two_folds() -> 
     again = [(condense_summary(s, 3000), condense_summary(s, 2048)) for s in summaries]
     assert all(a is b and c is d for (a, c), (b, d) in zip(first, again, strict=True))
     assert all(len(a) <= 3000 and len(c) <= 2048 for a, c in first)
+
+
+SAID = [
+    "We booked Lisbon for three nights.",
+    "Thanks!",
+    "The ferry leaves at 5 pm.",
+    "My cousin lives near the harbour and works at the fish market on weekends.",
+    "Bob adopted a dog named Rex last spring.",
+    "That sounds great, really great.",
+    "The budget is 4,968 euros.",
+    "Alice starts her new job at the hospital on Monday.",
+]
+ONE_DAY_AT_A_TIME = "\n".join(  # a few lines a day, minutes apart: lines that join as they shrink
+    f"[{1 + i // 4} May 2023, {10 + i % 4}:{5 * (i % 3):02d}] "
+    + " ".join(
+        f"{('Alice', 'Bob')[(i + k) % 2]}: {SAID[(3 * i + 5 * k) % len(SAID)]}" for k in range(i % 4 + 1)
+    )
+    for i in range(16)
+)
+
+
+def test_what_a_context_shows_of_the_summary_is_the_summary_cut_once() -> None:
+    """The summary's share cuts it, then the room left may cut it shorter. What the context
+    shows is the summary's own cut to that length, as a context with just that room gets it:
+    never a cut of the cut, which would weigh what survived the first cut as a summary of its
+    own (its lines join under other heads, other sentences go)."""
+    config = SessionConfig(max_summary_chars=20_000, summary_priority_chars=1000)
+    for n in (20, 40):
+        shown = ContextView(100, ONE_DAY_AT_A_TIME, conversation(n), (), config)
+        for budget in range(1000, 1500, 10):
+            summary = build_context(shown, "instructions", budget_chars=budget).summary
+            assert summary == condense_summary(ONE_DAY_AT_A_TIME, len(summary)), budget

@@ -1009,11 +1009,15 @@ class _Assembly:
             self.shares["summary"] = (cap, token_cap)
             if first and tokens is not None and tokens.count(_defused(first)) > token_cap:
                 best = _longest(
-                    lambda room: tokens.count(_defused(condense_summary(first, room))) <= token_cap,
+                    lambda room: tokens.count(_defused(condense_summary(view.summary, room))) <= token_cap,
                     len(first),
                 )
-                first = condense_summary(first, best) if best >= MIN_SUMMARY_CUT else ""
-        added = bool(first) and fill.add_cut("summary", first, _condense, least=MIN_SUMMARY_CUT)
+                first = condense_summary(view.summary, best) if best >= MIN_SUMMARY_CUT else ""
+        # a shorter cut is the summary's own, not a cut of the cut: the summary's plan serves
+        # every length (see condense_summary), where a cut's text would be planned anew
+        added = bool(first) and fill.add_cut(
+            "summary", first, lambda _, room: _condense(view.summary, room), least=MIN_SUMMARY_CUT
+        )
         if not added or fill.items["summary"][0] != view.summary:
             self.dropped.append("summary_head")
 
