@@ -576,9 +576,9 @@ def build_context(
     shows verbatim are skipped), or recall's :class:`Offered`, rendered once the
     recent window (step 3) says which turns are shown verbatim. ``older`` are the
     turns just before the cursor (the store keeps them, the summary covers
-    them): under a budget, room left
-    once every turn from the cursor is shown extends the verbatim run into
-    them, so short turns are never shown fewer than the budget holds. Only the
+    them): under a budget, room left once every turn from the cursor is shown
+    extends the verbatim run into them, so short turns are never shown fewer
+    than the budget holds. Only the
     part of ``older`` that runs up to the cursor is used: turns read for an
     earlier cursor (a fold landed meanwhile) would leave a hole, and are not
     shown. ``asked``
@@ -685,7 +685,6 @@ def _assemble(
     recalled: Sequence[Recalled] = ()
     if config.recall:
         recalled = offered(assembly.verbatim_from()) if isinstance(offered, Offered) else offered
-    assembly.offered = list(recalled)
     assembly.offered = list(recalled)
     assembly.add_facts(facts)  # 4.
     # recall and the summary take their default shares when the query is the newest user turn
