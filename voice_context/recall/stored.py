@@ -8,7 +8,8 @@ query's words, ranked inside the read with the same BM25 and fusion as the
 in-process :class:`~voice_context.recall.index.RecallIndex`, then the few
 passages it shows, all of one snapshot; short, whatever the session's length
 (the store counts each word's docs, and the postings of words too common to
-search by are never read). The passages are rendered after the read.
+search by are never read). The passages are rendered after the read, when the
+context asks: it need not render those of the turns it shows verbatim.
 
 A session's newest turns may be held by the process serving it rather than
 written to the index yet (they are written a batch at a time): a search is
@@ -62,7 +63,7 @@ async def find_in_store(
     now: float | None = None,
     common: float = 1.0,
 ) -> tuple[RecallStats | None, Found]:
-    """The passages of session ``name`` that bear on ``query``, best first, to render to show,
+    """The passages of session ``name`` that bear on ``query``, best first, to be rendered,
     with the stats of the index they were found in (how many turns and notes it held: its
     word counts, and so the ranking, follow from them); ``None`` when the query has no word
     to search by, and the answer is none whatever the index holds.
