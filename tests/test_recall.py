@@ -390,6 +390,51 @@ async def test_turns_held_for_the_index_are_written_when_the_session_closes_and_
     assert reopened.turns == 20, "and held again"
 
 
+class CountingIndexWrites(SQLiteStore):
+    """A SQLite store that counts its index writes in flight, the most at once, and tells when
+    ``expected`` of them are done."""
+
+    writing = 0
+    most = 0
+    done = 0
+    expected = 0
+    all_done: anyio.Event
+
+    async def index_turns(self, name: str, start: int, docs: Sequence[Any]) -> RecallStats:
+        self.writing += 1
+        self.most = max(self.most, self.writing)
+        try:
+            return await super().index_turns(name, start, docs)
+        finally:
+            self.writing -= 1
+            self.done += 1
+            if self.done == self.expected:
+                self.all_done.set()
+
+
+@pytest.mark.asyncio
+async def test_sessions_let_go_together_write_what_they_held_one_session_at_a_time(tmp_path: Path) -> None:
+    """A burst's sessions end together. What each held for its index reaches the store, one
+    session's write at a time: a thousand of them at once would go in one group commit, and the
+    live sessions' turns would wait behind it."""
+    store = CountingIndexWrites(tmp_path / "sessions.db")
+    names = [f"room-{k}" for k in range(20)]
+    store.expected, store.all_done = len(names), anyio.Event()
+    async with SessionManager(DeterministicSummarizer(), store=store) as manager:
+        for name in names:
+            await manager.open(name, SMALL)
+            await speak(manager, name, chatter(10))
+        async with anyio.create_task_group() as tg:
+            for name in names:
+                tg.start_soon(manager.close, name)
+        with anyio.fail_after(10):  # written in the background (a shutdown would drop those left)
+            await store.all_done.wait()
+    indexed = [(await store.recall_postings(name, ()))[0].turns for name in names]
+    await store.aclose()
+    assert indexed == [10] * len(names)
+    assert store.most == 1
+
+
 @pytest.mark.asyncio
 async def test_on_sqlite_a_note_is_in_the_index_when_it_is_acknowledged_in_the_notes_own_commit(
     tmp_path: Path,

@@ -43,6 +43,10 @@ class Indexing:
 
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
+        # the turns held by sessions let go, written one session at a time: a burst's thousand
+        # sessions closing at once would otherwise queue a thousand index writes, in one group
+        # commit, ahead of the live sessions' turns
+        self._released = anyio.CapacityLimiter(1)
 
     async def restored(self, name: str) -> RecallState:
         """Where a stored session's recall index stands (and its vectors, with an embedder)."""
@@ -108,7 +112,8 @@ class Indexing:
 
     async def _write_released(self, name: str, start: int, docs: tuple[IndexedDoc, ...]) -> None:
         try:
-            await self.registry.store.index_turns(name, start, docs)
+            async with self._released:
+                await self.registry.store.index_turns(name, start, docs)
         except Exception:  # recall is best effort: the turns are safe in the store
             log.warning("voice_context_indexing_failed", session=name, exc_info=True)
 
