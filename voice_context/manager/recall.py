@@ -17,7 +17,7 @@ from voice_context.manager.live import Ahead, Basis, Live
 from voice_context.manager.registry import Registry
 from voice_context.manager.tiers import Tiers
 from voice_context.recall.index import DEFAULT_QUERY_COMMON, MAX_OLDER_TURNS, SummaryIndex, query_time
-from voice_context.recall.stored import find_in_store
+from voice_context.recall.stored import NOTHING_FOUND, find_in_store
 
 log = structlog.get_logger("voice_context")
 
@@ -125,7 +125,7 @@ class Recall:
             )
         except StoreError:
             log.warning("voice_context_recall_failed", session=session.name, exc_info=True)
-            stats, found, known = None, None, False
+            stats, found, known = None, NOTHING_FOUND, False
         if vectors != self._vectors(live):
             known = False  # vectors came during the search: which of them it saw is not known
         basis = None
@@ -134,7 +134,7 @@ class Recall:
             if stats is not None:  # (none: no word to search by, the same on any index)
                 basis = replace(basis, turns=stats.turns, notes=stats.notes, vectors=vectors)
         lines = tuple(self._summary_lines(live, text))
-        return basis, Offered(found.render if found is not None else _nothing, lines)
+        return basis, Offered(found.render, lines)
 
     @staticmethod
     def _summary_lines(live: Live, text: str) -> list[Recalled]:
@@ -196,8 +196,3 @@ def _kept(cursor: int, turns: list[Turn], budget_chars: int) -> TurnRun:
         chars += len(turn.text) + len(turn.speaker) + 2
         kept += 1
     return TurnRun.of(cursor - kept, turns[len(turns) - kept :])
-
-
-def _nothing(shown_from: int | None) -> list[Recalled]:
-    """What a search that failed offers."""
-    return []

@@ -81,7 +81,7 @@ async def find_in_store(
     words = sorted(query_words(query))
     dates = query_date_terms(query, now)
     if not words and not dates and query_vector is None:
-        return None, Found((), {}, frozenset(), 0, {}, False)
+        return None, NOTHING_FOUND
     tail = Tail(held or HeldTurns().view(), [*words, *dates])
 
     def choose(terms: Sequence[str], df: Callable[[str], int], stats: RecallStats) -> list[str]:
@@ -153,6 +153,10 @@ class Found:
             drop_small_talk=self.drop_small_talk,
             shown_from=shown_from,
         )
+
+
+NOTHING_FOUND = Found((), {}, frozenset(), 0, {}, False)
+"""What a search offers when it found nothing, or could not search."""
 
 
 class HeldView(NamedTuple):
@@ -238,4 +242,4 @@ class Tail:
         return merged, df, postings
 
 
-__all__ = ["Found", "HeldTurns", "HeldView", "find_in_store", "search_store"]
+__all__ = ["NOTHING_FOUND", "Found", "HeldTurns", "HeldView", "find_in_store", "search_store"]
