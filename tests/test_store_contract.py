@@ -198,7 +198,7 @@ async def test_of_two_owners_creating_one_name_at_once_one_makes_it_and_both_lea
 
 @pytest.mark.asyncio
 async def test_turns_come_back_in_order_with_every_field(store: Store) -> None:
-    odd = Turn("Zoë 🐉", "assistant", 'quotes " and \\ and\nnewlines', 0.1 + 0.2, id=None)
+    odd = Turn("Zoë 🐉", "assistant", 'quotes " and \\ and\nnewlines\t\x01', 0.1 + 0.2, id=None)
     await store.create(SessionRecord("room-1"))
     for i in range(4):
         await store.append_turn("room-1", i, turn(i))
@@ -213,6 +213,8 @@ async def test_turns_come_back_in_order_with_every_field(store: Store) -> None:
     assert await store.read_turns("room-1", 1, 3) == [turn(1), turn(2)]
     assert await store.read_turns("room-1", 3, 3) == []
     assert await store.read_turns("room-1", 4, 99) == [odd]
+    passages = await store.recall_passages("room-1", [4, 1])
+    assert passages == {1: turn_passage(1, turn(1)), 4: turn_passage(4, odd)}
 
 
 @pytest.mark.asyncio

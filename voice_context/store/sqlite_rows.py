@@ -1,5 +1,15 @@
 """The SQL the SQLite store runs in its worker threads: its transactions, and the statements
-its operations and its group writer share. Every function here runs inside one transaction."""
+its operations and its group writer share. Every function here runs inside one transaction.
+
+The reads a context waits for (a search's doc counts, postings and passages; a run of turns)
+come back as one row each, a JSON array built by SQLite (:func:`rows_of`), not a row a result.
+CPython's ``sqlite3`` lets go of the interpreter's lock for every step of a statement, each row
+one step, and takes it back after: while the event loop is busy, each taking back waits for it,
+up to the interpreter's switch interval (5 ms). A search of some forty rows waited through
+forty of those; as one row a statement, through a handful. SQLite writes a ``REAL`` into JSON
+with 15 digits, which loses the last bits of a time: a time comes back as ``quote(at)``, a text
+that reads back as the very same float.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +18,7 @@ import sqlite3
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from typing import Any, cast
 
 import orjson
 
@@ -177,22 +188,30 @@ def select_postings(
     wanted = list(dict.fromkeys(terms))
     df: dict[str, int] = {}
     if wanted:
-        marks = ",".join("?" * len(wanted))
-        df = dict(
+        df = orjson.loads(
             conn.execute(
-                f"SELECT term, df FROM recall_df WHERE sid = ? AND term IN ({marks})", (sid, *wanted)
-            ).fetchall()
+                "SELECT json_group_object(term, df) FROM recall_df"
+                " WHERE sid = ? AND term IN (SELECT value FROM json_each(?))",
+                (sid, orjson.dumps(wanted).decode()),
+            ).fetchone()[0]
         )
     read = choose(list(df), lambda t: df.get(t, 0), stats) if choose else list(df)
     out: dict[str, list[Posting]] = {}
     if read:
-        marks = ",".join("?" * len(read))
-        for term, key, tf, length in conn.execute(
-            f"SELECT term, key, tf, length FROM recall_terms WHERE sid = ? AND term IN ({marks})",
-            (sid, *read),
+        for term, key, tf, length in rows_of(
+            conn,
+            "SELECT json_group_array(json_array(term, key, tf, length)) FROM recall_terms"
+            " WHERE sid = ? AND term IN (SELECT value FROM json_each(?))",
+            (sid, orjson.dumps(read).decode()),
         ):
             out.setdefault(term, []).append((key, tf, length))
     return stats, df, out
+
+
+def rows_of(conn: sqlite3.Connection, sql: str, params: tuple[object, ...]) -> list[list[Any]]:
+    """The rows of ``sql``, a statement whose one row is a JSON array of them (see the module's
+    docstring for why)."""
+    return cast(list[list[Any]], orjson.loads(conn.execute(sql, params).fetchone()[0]))
 
 
 def select_passages(conn: sqlite3.Connection, name: str, keys: Sequence[int]) -> dict[int, Passage]:
@@ -201,28 +220,30 @@ def select_passages(conn: sqlite3.Connection, name: str, keys: Sequence[int]) ->
     note_keys = sorted({k for k in keys if k < 0})
     out: dict[int, Passage] = {}
     if turn_keys:
-        marks = ",".join("?" * len(turn_keys))
-        for idx, speaker, role, text, at in conn.execute(
-            f"SELECT idx, speaker, role, text, at FROM turns WHERE session = ? AND idx IN ({marks})",
-            (name, *turn_keys),
+        for idx, speaker, role, text, at in rows_of(
+            conn,
+            "SELECT json_group_array(json_array(idx, speaker, role, text, quote(at))) FROM turns"
+            " WHERE session = ? AND idx IN (SELECT value FROM json_each(?))",
+            (name, orjson.dumps(turn_keys).decode()),
         ):
-            out[idx] = Passage("turn", idx, at, speaker, text, role)
+            out[idx] = Passage("turn", idx, float(at), speaker, text, role)
     if note_keys:
-        marks = ",".join("?" * len(note_keys))
-        for key, at, speaker, text in conn.execute(
-            "SELECT n.key, n.at, n.speaker, n.text FROM recall_notes n"
-            " JOIN recall_state s ON s.sid = n.sid"
-            f" WHERE s.session = ? AND n.key IN ({marks})",
-            (name, *note_keys),
+        for key, at, speaker, text in rows_of(
+            conn,
+            "SELECT json_group_array(json_array(n.key, quote(n.at), n.speaker, n.text))"
+            " FROM recall_notes n JOIN recall_state s ON s.sid = n.sid"
+            " WHERE s.session = ? AND n.key IN (SELECT value FROM json_each(?))",
+            (name, orjson.dumps(note_keys).decode()),
         ):
-            out[key] = Passage("note", None, at, speaker, text)
+            out[key] = Passage("note", None, float(at), speaker, text)
     return out
 
 
 def select_turns(conn: sqlite3.Connection, name: str, start: int, end: int) -> list[Turn]:
-    rows = conn.execute(
-        "SELECT speaker, role, text, at, id, tool FROM turns WHERE session = ? AND idx >= ? AND idx < ?"
-        " ORDER BY idx",
+    rows = rows_of(
+        conn,
+        "SELECT json_group_array(json_array(speaker, role, text, quote(at), id, tool)) FROM"
+        " (SELECT * FROM turns WHERE session = ? AND idx >= ? AND idx < ? ORDER BY idx)",
         (name, start, end),
-    ).fetchall()
+    )
     return [make_turn(*row) for row in rows]
