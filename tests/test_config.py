@@ -39,6 +39,8 @@ def test_a_file_then_the_environment_override_the_defaults(tmp_path: Path) -> No
     assert load_settings(env={"VOICE_CONTEXT_RECALL_AHEAD": "every"}).recall.ahead == "every"
     assert Settings().server.gc_freeze_seconds == 1.0
     assert load_settings(env={"VOICE_CONTEXT_SERVER_GC_FREEZE_SECONDS": "0"}).server.gc_freeze_seconds == 0.0
+    assert Settings().store.sqlite_reads == "loop"
+    assert load_settings(env={"VOICE_CONTEXT_STORE_SQLITE_READS": "thread"}).store.sqlite_reads == "thread"
 
 
 @pytest.mark.parametrize(
@@ -53,6 +55,7 @@ def test_a_file_then_the_environment_override_the_defaults(tmp_path: Path) -> No
         ("[server\n", "cannot read config file"),
         ("[recall]\nahead = 'sometimes'\n", "recall.ahead must be first, every or off"),
         ("[server]\ngc_freeze_seconds = -1\n", "gc_freeze_seconds must not be negative"),
+        ("[store]\nsqlite_reads = 'inline'\n", "store.sqlite_reads must be loop or thread"),
     ],
 )
 def test_a_bad_file_is_a_clear_config_error(tmp_path: Path, text: str, message: str) -> None:

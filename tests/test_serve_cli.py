@@ -52,11 +52,14 @@ async def test_serve_listens_then_shuts_down_gracefully_on_a_signal(signum: int,
 
 @pytest.mark.asyncio
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names are read from /proc")
-async def test_a_served_process_s_store_threads_go_by_their_own_names(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reads", ["loop", "thread"])
+async def test_a_served_process_s_store_threads_go_by_their_own_names(tmp_path: Path, reads: str) -> None:
     """``top -H`` and ``/proc`` tell a server's threads apart (what ``scripts/load`` prints,
-    each thread's CPU): the store's writer and reader by name, beside the event loop's."""
+    each thread's CPU): the store's writer and reader by name, beside the event loop's. With
+    the reads on the event loop's thread (the default), a context starts no reader."""
     store = f"sqlite:///{tmp_path / 'vc.db'}"
-    async with serve_process("--store", store, "--log-level", "warning") as running:
+    env = {"VOICE_CONTEXT_STORE_SQLITE_READS": reads}
+    async with serve_process("--store", store, "--log-level", "warning", env=env) as running:
         async with connect(running.url, open_timeout=TIMEOUT) as ws:
             bot = Wire(ws)
             assert (await bot.open("room-1"))["type"] == "session.opened"
@@ -64,7 +67,7 @@ async def test_a_served_process_s_store_threads_go_by_their_own_names(tmp_path: 
             assert (await bot.request("context.get", session="room-1"))["type"] == "context"
         names = thread_names(running.process.pid)
     assert "sqlite-writer" in names.values()
-    assert "sqlite-reader" in names.values()
+    assert ("sqlite-reader" in names.values()) == (reads == "thread")
     assert names[running.process.pid] not in {"sqlite-writer", "sqlite-reader", "fold"}  # the event loop's
 
 

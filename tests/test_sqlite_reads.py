@@ -2,7 +2,8 @@
 the cursor) run on a read-only connection of their own: a context is never queued behind a
 group's commit. And what a context read before an await still holds after it: a fold that
 lands meanwhile never leaves a hole in the verbatim run; a search's passages are of the
-snapshot its postings were read from."""
+snapshot its postings were read from. They run on the event loop's own thread, with no hand-off
+to wait for, and a read that finds the file busy waits for it in the reader's thread instead."""
 
 from __future__ import annotations
 
@@ -216,4 +217,99 @@ async def test_a_search_shows_the_passages_of_the_postings_it_read(tmp_path: Pat
     # the postings the search ranked were of the gym talk: so are the passages it shows
     assert [recalled.turn for recalled in found] == [0, 1]
     assert "Ana: My gym locker code is 4417" in found[0].line and "Bot: Noted: 4417." in found[1].line
+    await store.aclose()
+
+
+# -- where a reply's reads run -----------------------------------------------------------------
+
+
+def where_it_ran(ran_on: list[int]) -> Callable[[sqlite3.Connection], int]:
+    """A read of the store's turn count that notes the thread it ran on."""
+
+    def op(conn: sqlite3.Connection) -> int:
+        ran_on.append(threading.get_ident())
+        return int(conn.execute("SELECT count(*) FROM turns").fetchone()[0])
+
+    return op
+
+
+async def test_a_reply_s_reads_run_on_the_event_loop_s_thread_unless_kept_on_a_thread_of_their_own(
+    tmp_path: Path,
+) -> None:
+    on_loop = SQLiteStore(tmp_path / "loop.db")
+    on_thread = SQLiteStore(tmp_path / "thread.db", reads="thread")
+    loop_thread = threading.get_ident()
+    for store in (on_loop, on_thread):
+        await store.create(SessionRecord("gym"))
+        for i, said in enumerate(GYM):
+            await store.append_turn("gym", i, said)
+
+    ran_on: list[int] = []
+    assert await on_loop.db.run_read("count", where_it_ran(ran_on)) == 3
+    assert await on_thread.db.run_read("count", where_it_ran(ran_on)) == 3
+    assert await on_loop.read_turns("gym", 0, 3) == await on_thread.read_turns("gym", 0, 3) == GYM
+
+    assert ran_on[0] == loop_thread, "no hand-off: the read ran where the reply is built"
+    assert ran_on[1] != loop_thread, "kept on the reader's thread"
+    for store in (on_loop, on_thread):
+        await store.aclose()
+
+
+def needs_the_write_lock(ran_on: list[int]) -> Callable[[sqlite3.Connection], int]:
+    """An operation that takes the file's write lock, as no read does: where the writer holds
+    it, it finds the file busy, as a read does in the rare moments a WAL file is busy for
+    readers. It changes nothing."""
+
+    def op(conn: sqlite3.Connection) -> int:
+        ran_on.append(threading.get_ident())
+        conn.execute("PRAGMA query_only = OFF")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                return int(conn.execute("SELECT count(*) FROM turns").fetchone()[0])
+            finally:
+                conn.execute("ROLLBACK")
+        finally:
+            conn.execute("PRAGMA query_only = ON")
+
+    return op
+
+
+async def test_a_read_that_finds_the_file_busy_waits_for_it_in_the_reader_s_thread_never_on_the_loop(
+    tmp_path: Path,
+) -> None:
+    commit = HeldCommit()
+    store = SQLiteStore(tmp_path / "sessions.db", before_commit=commit)
+    await store.create(SessionRecord("gym"))
+    await store.append_turn("gym", 0, GYM[0])
+    loop_thread = threading.get_ident()
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await anyio.sleep(0.005)
+            ticks += 1
+
+    commit.hold()  # the next append holds the file's write lock until released
+    ran_on: list[int] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(store.append_turn, "gym", 1, GYM[1])
+        assert await anyio.to_thread.run_sync(commit.holding.wait, TIMEOUT)
+        tg.start_soon(tick)
+
+        async def release_later() -> None:
+            await wait_until(lambda: len(ran_on) == 2)  # tried on the loop, then on the reader's thread
+            await anyio.sleep(0.1)
+            commit.release()
+
+        tg.start_soon(release_later)
+        with anyio.fail_after(TIMEOUT):
+            counted = await store.db.run_read("count", needs_the_write_lock(ran_on))
+        tg.cancel_scope.cancel()
+
+    assert counted == 2, "it waited for the append's commit"
+    assert ran_on[0] == loop_thread and ran_on[1] != loop_thread
+    assert store.db.busy_reads == 1
+    assert ticks >= 10, "the event loop went on while the read waited"
     await store.aclose()

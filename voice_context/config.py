@@ -35,6 +35,7 @@ from voice_context.codec import DEFAULT_MAX_TEXT_CHARS
 from voice_context.collector import FREEZE_SECONDS
 from voice_context.core.config import SessionConfig
 from voice_context.errors import ConfigError
+from voice_context.store.sqlite_db import SQLITE_READS, SQLiteReads
 from voice_context.summarizers.base import Summarizer
 
 ENV_PREFIX = "VOICE_CONTEXT_"
@@ -242,14 +243,22 @@ class StoreSettings:
     its recording; ``None`` (the default) keeps every session until it is deleted. The
     server applies it every ``sweep_interval`` seconds (by default a quarter of the ttl,
     at most 60 s), off the path of any reply.
+
+    ``sqlite_reads`` is where the SQLite store runs a reply's reads (a recall search, the turns
+    before the cursor): ``loop`` (the default), on the event loop's own thread, with no hand-off
+    to wait for; ``thread``, in a thread of their own, for a file on a disk slow to read (a
+    network file system), where a read would make the loop wait for the disk.
     """
 
     url: str = "sqlite"
     data_dir: str = "data"
     session_ttl: float | None = None
     sweep_interval: float | None = None
+    sqlite_reads: SQLiteReads = "loop"
 
     def __post_init__(self) -> None:
+        if self.sqlite_reads not in SQLITE_READS:
+            raise ConfigError(f"store.sqlite_reads must be loop or thread, got {self.sqlite_reads!r}")
         if self.session_ttl is not None and self.session_ttl <= 0:
             raise ConfigError("store.session_ttl must be positive (or unset: kept until deleted)")
         if self.sweep_interval is not None and self.sweep_interval <= 0:

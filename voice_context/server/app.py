@@ -204,6 +204,7 @@ class Server:
                     self.settings.store.url,
                     data_dir=self.settings.store.data_dir,
                     session_ttl=self.settings.store.session_ttl,
+                    sqlite_reads=self.settings.store.sqlite_reads,
                 )
                 owned.push_async_callback(store.aclose)
             aclose = getattr(self.summarizer, "aclose", None)

@@ -14,9 +14,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from voice_context.store.base import Created, FoldCommit, SessionRecord, Store, StoredSession
 from voice_context.store.memory import MemoryStore
+
+if TYPE_CHECKING:
+    from voice_context.store.sqlite_db import SQLiteReads
 
 __all__ = [
     "Created",
@@ -41,11 +45,19 @@ def sqlite_path(url: str, *, data_dir: str = "data") -> Path | None:
     return None
 
 
-def open_store(url: str = "memory", *, data_dir: str = "data", session_ttl: float | None = None) -> Store:
+def open_store(
+    url: str = "memory",
+    *,
+    data_dir: str = "data",
+    session_ttl: float | None = None,
+    sqlite_reads: SQLiteReads = "loop",
+) -> Store:
     """The store a URL names (see the module docstring).
 
     ``session_ttl`` (seconds since a session's last activity) is the retention policy of
     the durable stores; the memory store keeps sessions as long as the process lives.
+    ``sqlite_reads`` is where a SQLite store runs a reply's reads: on the event loop's thread
+    (``loop``) or in a thread of their own (``thread``, for a file on a disk slow to read).
 
     Nothing is connected yet: the first request opens the file or the
     connection, and a store that is unreachable then fails that request with
@@ -66,7 +78,7 @@ def open_store(url: str = "memory", *, data_dir: str = "data", session_ttl: floa
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot create the data directory {path.parent}: {exc}") from exc
-        return SQLiteStore(path, session_ttl=session_ttl)
+        return SQLiteStore(path, session_ttl=session_ttl, reads=sqlite_reads)
     if url.startswith(("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")):
         try:
             from voice_context.store.redis import RedisStore

@@ -4,13 +4,14 @@ Access model: one ``sqlite3`` connection per store for everything that
 writes, used by one operation at a time in a thread of its own that takes the
 next operation as soon as the last returns (see :mod:`voice_context.worker`).
 The reads on a reply's path (a recall search, the turns before the cursor)
-have a second, read-only connection and a thread of their own: in WAL mode a
-reader sees the last commit without waiting for the writer, so a context is
-never queued behind a group's fsync. Each store method is a single function that runs a whole
-transaction in the thread, from ``BEGIN`` to ``COMMIT``; no transaction ever
-spans an ``await``. A cancelled caller therefore never leaves a transaction
-open: the thread finishes (or rolls back) before the cancellation is
-delivered. Nothing beyond the standard library is needed.
+have read-only connections of their own, run on the event loop's thread by default
+(``reads="loop"``; see :mod:`~voice_context.store.sqlite_db` for why) or in a thread of
+their own: in WAL mode a reader sees the last commit without waiting for the writer, so a
+context is never queued behind a group's fsync. Each store method is a single function that
+runs a whole transaction, from ``BEGIN`` to ``COMMIT``; no transaction ever spans an
+``await``. A cancelled caller therefore never leaves a transaction open: the thread finishes
+(or rolls back) before the cancellation is delivered, and a read on the loop's thread runs
+to its end before anything else does. Nothing beyond the standard library is needed.
 
 Durability: ``journal_mode=WAL`` with ``synchronous=FULL``. In WAL mode a
 commit appends to the write-ahead log; with ``FULL`` every commit also
@@ -105,7 +106,7 @@ from voice_context.store.common import (
     encode_tier,
     turn_fields,
 )
-from voice_context.store.sqlite_db import Connections, translate
+from voice_context.store.sqlite_db import Connections, SQLiteReads, translate
 from voice_context.store.sqlite_groups import (
     DERIVED_YIELD,
     AppendTurn,
@@ -155,6 +156,7 @@ class SQLiteStore:
         clock: Callable[[], float] = time.time,
         session_ttl: float | None = None,
         before_commit: CommitHook | None = None,
+        reads: SQLiteReads = "loop",
     ) -> None:
         if busy_timeout < 0:
             raise ValueError("busy_timeout must be >= 0")
@@ -165,7 +167,7 @@ class SQLiteStore:
         self.busy_timeout = busy_timeout
         self._clock = clock
         #: the writer's and the reader's connections (an operation of SQL of one's own: ``db.run``)
-        self.db = Connections(self.path, busy_timeout)
+        self.db = Connections(self.path, busy_timeout, reads)
         self._writer = GroupWriter(self.db, clock, before_commit)
         self.group = self._writer.group
         #: the recall index's writes, grouped the same way across sessions (without an fsync)
