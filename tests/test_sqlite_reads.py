@@ -24,7 +24,7 @@ from voice_context.manager import CompactionEvent, SessionManager
 from voice_context.recall.index import indexed, turn_passage
 from voice_context.recall.stored import search_store
 from voice_context.store import SessionRecord
-from voice_context.store.sqlite import SQLiteStore
+from voice_context.store.sqlite import LOOP_READ_TURNS, SQLiteStore
 from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 from voice_context.summarizers.fakes import ScriptedSummarizer
@@ -173,8 +173,10 @@ class WriteAfterARead(SQLiteStore):
         super().__init__(path)
         read = self.db.run_read
 
-        async def read_then_write(where: str, op: Callable[[sqlite3.Connection], T]) -> T:
-            answer = await read(where, op)
+        async def read_then_write(
+            where: str, op: Callable[[sqlite3.Connection], T], on_loop: bool = True
+        ) -> T:
+            answer = await read(where, op, on_loop=on_loop)
             if self.after_read is not None:
                 write, self.after_read = self.after_read, None
                 await write()
@@ -251,6 +253,11 @@ async def test_a_reply_s_reads_run_on_the_event_loop_s_thread_unless_kept_on_a_t
 
     assert ran_on[0] == loop_thread, "no hand-off: the read ran where the reply is built"
     assert ran_on[1] != loop_thread, "kept on the reader's thread"
+    assert on_loop.db.reader is None, "nothing went to the reader's thread"
+
+    # a run of turns longer than a context reads (a tier's roll reads a day) goes to the thread
+    assert await on_loop.read_turns("gym", 0, LOOP_READ_TURNS + 1) == GYM
+    assert on_loop.db.reader is not None
     for store in (on_loop, on_thread):
         await store.aclose()
 

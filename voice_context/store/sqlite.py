@@ -140,6 +140,10 @@ __all__ = [
 ]
 
 BUSY_TIMEOUT = 5.0
+#: The most turns a read of turns takes on the event loop's thread (with ``reads="loop"``): a
+#: context's turns before the cursor are at most 400 (about 1 ms to read); longer runs are read in
+#: the reader's thread.
+LOOP_READ_TURNS = 512
 #: Sessions deleted per transaction by ``expire`` (each with all its turns): 25 sessions of 200
 #: turns hold the write lock for about 8 ms (100 held it for 36 ms), so a turn append waits little.
 EXPIRE_BATCH = 25
@@ -300,7 +304,8 @@ class SQLiteStore:
                     raise SessionNotStored(name)
                 return select_turns(conn, name, max(start, 0), end)
 
-        return await self.db.run_read("read_turns", op)
+        # a longer run (a tier's roll reads a day of turns) would hold every reply on the loop
+        return await self.db.run_read("read_turns", op, on_loop=end - start <= LOOP_READ_TURNS)
 
     async def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
         if ttl <= 0:

@@ -6,8 +6,8 @@ A reply's reads (a search, the turns before the cursor) run on the event loop's 
 default (``reads="loop"``). A read is some 0.3-1 ms of SQLite and Python, from pages the system
 keeps in memory; handed to a thread, it waited for that thread to wake and take the
 interpreter's lock, and for the lock again after each statement, while the event loop and the
-other threads held it: at 1,000 paced sessions on two cores, searches of 0.7 ms spent 10-50 ms
-(p90) waiting, and replies waited with them. On the loop, nothing waits for a hand-off; what
+other threads held it: at 1,000 paced sessions on two cores, searches of under a millisecond's
+work took 16-37 ms at p90, and replies waited with them. On the loop, nothing waits for a hand-off; what
 the loop gives up is the read's own time, which it spent waiting anyway. The loop's connection
 never waits for a lock (SQLite's busy timeout 0): a read that finds the file busy (a rare moment
 in WAL mode: another connection recovering the log) goes to the reader's thread, which waits for
@@ -93,14 +93,15 @@ class Connections:
         self.check_open()
         return await self._writes.run(partial(self.call, where, op))
 
-    async def run_read(self, where: str, op: Callable[[sqlite3.Connection], T]) -> T:
+    async def run_read(self, where: str, op: Callable[[sqlite3.Connection], T], *, on_loop: bool = True) -> T:
         """A read on a reply's path: on a read-only connection, beside the writes, on the event
-        loop's thread or the reader's (see the module's docstring). Until the writer has opened
-        the file (and migrated it), on the writer's connection."""
+        loop's thread or the reader's (see the module's docstring; ``on_loop=False`` for a read
+        too long for the loop). Until the writer has opened the file (and migrated it), on the
+        writer's connection."""
         self.check_open()
         if self.writer is None:
             return await self.run(where, op)
-        if self.reads == "loop":
+        if self.reads == "loop" and on_loop:
             try:
                 return self.call(where, op, "loop")
             except StoreError as exc:

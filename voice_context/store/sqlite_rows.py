@@ -1,5 +1,6 @@
-"""The SQL the SQLite store runs in its worker threads: its transactions, and the statements
-its operations and its group writer share. Every function here runs inside one transaction.
+"""The SQL the SQLite store runs (in its worker threads, and a reply's reads on the event loop's
+thread): its transactions, and the statements its operations and its group writer share. Every
+function here runs inside one transaction.
 
 The reads a context waits for (a search's doc counts, postings and passages; a run of turns)
 come back as one row each, a JSON array built by SQLite (:func:`rows_of`), not a row a result.
