@@ -578,13 +578,12 @@ def build_context(
     turns just before the cursor (the store keeps them, the summary covers
     them): under a budget, room left once every turn from the cursor is shown
     extends the verbatim run into them, so short turns are never shown fewer
-    than the budget holds. Only the
-    part of ``older`` that runs up to the cursor is used: turns read for an
-    earlier cursor (a fold landed meanwhile) would leave a hole, and are not
-    shown. ``asked``
-    says whether ``query`` was asked for; when it is the newest user turn
-    instead, recall and the summary take their ``default_*`` shares. Raises
-    ``ValueError`` for an unknown format or a negative budget.
+    than the budget holds. Only the part of ``older`` that runs up to the
+    cursor is used: turns read for an earlier cursor (a fold landed meanwhile)
+    would leave a hole, and are not shown. ``asked`` says whether ``query`` was
+    asked for; when it is the newest user turn instead, recall and the summary
+    take their ``default_*`` shares. Raises ``ValueError`` for an unknown format
+    or a negative budget.
     """
     if format not in FORMATS:
         raise ValueError(f"unknown context format {format!r}")
