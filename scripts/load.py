@@ -57,8 +57,10 @@ Modes:
        indexing lag (from the servers' ``/metrics``), the servers' CPU, their CPU per exchange
        (a context and the bot turn after it, with the user turns and notes since the last: the
        servers' CPU seconds over the step divided by the exchanges completed, in ms) beside the
-       trivial server's, and RSS per session; under it, the servers' CPU by thread (the event
-       loop, ``sqlite-writer``, ``sqlite-reader``, ``fold``).
+       trivial server's, and RSS per session; under it, the box's gauge (a fixed loop of pure
+       Python, timed before the step: the box's speed moves with what else its host runs, so
+       only steps with like gauges compare) and the servers' CPU by thread (the event loop,
+       ``sqlite-writer``, ``sqlite-reader``, ``fold``).
        The capacity is the largest N whose reply p99 stays within ``--p99-ratio`` of the
        trivial server's and whose fold and indexing lags do not grow.
 ``length``
@@ -334,6 +336,27 @@ WORDS = Words(LINES, NOTES)
 
 
 # -- processes ---------------------------------------------------------------------------
+
+
+GAUGE = """
+import time
+best = float("inf")
+for _ in range(3):
+    started, total = time.perf_counter(), 0
+    for k in range(2_000_000):
+        total += k
+    best = min(best, time.perf_counter() - started)
+print(best)
+"""
+
+
+def box_gauge() -> float:
+    """The box's speed: the ms a fixed loop of pure Python takes in a process of its own (the best of
+    three). It moves with what else the host runs on its cores (the same code measured hours apart
+    on one box differed by a third in CPU per exchange), so figures taken with unlike gauges do not
+    compare; only pairs run back to back do."""
+    out = subprocess.run([sys.executable, "-c", GAUGE], capture_output=True, text=True, check=True).stdout
+    return float(out) * 1e3
 
 
 def stat_cpu_seconds(stat: Path) -> float:
@@ -1084,11 +1107,14 @@ async def ramp(args: argparse.Namespace) -> None:
         print(
             "   (srv CPU: the servers' CPU, in % of one core; ms/exch: their CPU seconds per exchange"
             " completed, a context and the bot turn after it with the user turns and notes since the"
-            " last; triv: the trivial server's, the same way)"
+            " last; triv: the trivial server's, the same way; the box's gauge: a fixed loop of pure"
+            " Python timed in a process of its own before each step, which moves with what else the"
+            " host runs: compare steps with like gauges)"
         )
         print(header)
         capacity = within_budget = 0
         for n in [n for n in args.steps if n > 0]:
+            gauge = box_gauge()  # while the servers are quiet, before the step's sessions talk
             trivial_talkers = await h.grow("trivial", n)
             triv, triv_usage = await h.paced(trivial_talkers, args.step_seconds, "trivial")
             talkers = await h.grow("voice", n)
@@ -1121,6 +1147,7 @@ async def ramp(args: argparse.Namespace) -> None:
                 f" {sample.errors:>6}",
                 flush=True,
             )
+            print(f"{'':>6} the box's gauge before the step: {gauge:.0f} ms (lower is faster)")
             busy = sorted(
                 ((cores, name) for name, cores in sample.threads.items() if cores >= 0.005), reverse=True
             )

@@ -1,7 +1,7 @@
 """What the load harness's sessions say: by default each session its own texts, made of the
 recordings' sentences, the same at the same turn in every run; with ``--verbatim-words`` the
 recorded lines themselves, as every session said them before. And the settings its servers run
-with: those a run names, never the shell's."""
+with: those a run names, never the shell's; and the gauge of the box it runs on."""
 
 from __future__ import annotations
 
@@ -156,3 +156,10 @@ def test_a_run_gives_its_servers_the_settings_it_names_as_their_environment(
     with pytest.raises(SystemExit):  # the workers' CPU would go uncounted: --workers says it
         parser.parse_args(["--setting", "server.workers=2"])
     assert "--setting server.workers: the harness sets it (--workers)" in capsys.readouterr().err
+
+
+def test_the_box_s_gauge_times_its_fixed_loop_in_a_process_of_its_own(load: ModuleType) -> None:
+    """Before each step the harness times the same loop of pure Python, so that a reader can tell
+    steps taken on a box slowed by its host's other work from steps taken on a quiet one."""
+    gauge = load.box_gauge()
+    assert 1.0 < gauge < 60_000.0  # ms: 2 million additions, in any interpreter on any box
