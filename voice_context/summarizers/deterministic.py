@@ -815,13 +815,17 @@ def _when(line: _Line) -> datetime | None:
     """When a line's window began, from its head; ``None`` for a line without a dated head."""
     if line.day is None or line.time is None:
         return None
-    return _parse_when(line.day, line.time)
+    return _parse_when(f"{line.day} {line.time}")
 
 
 @lru_cache(maxsize=4096)
-def _parse_when(day: str, time: str) -> datetime | None:
+def _parse_when(head: str) -> datetime | None:
+    """``8 May 2023 13:56`` as a datetime. One string, not the day and the time apart:
+    ``lru_cache`` keys a lone string by itself, and anything else by a new tuple, which made its
+    dict (of datetimes, untracked by the garbage collector) tracked again among the youngest
+    objects, walked by every collection (see ``voice_context.core.times``)."""
     try:
-        return datetime.strptime(f"{day} {time}", "%d %B %Y %H:%M")
+        return datetime.strptime(head, "%d %B %Y %H:%M")
     except ValueError:
         return None
 
