@@ -1114,7 +1114,7 @@ async def ramp(args: argparse.Namespace) -> None:
         print(header)
         capacity = within_budget = 0
         for n in [n for n in args.steps if n > 0]:
-            gauge = box_gauge()  # while the servers are quiet, before the step's sessions talk
+            gauge = box_gauge()  # before the step's sessions talk (the servers may still fold the last)
             trivial_talkers = await h.grow("trivial", n)
             triv, triv_usage = await h.paced(trivial_talkers, args.step_seconds, "trivial")
             talkers = await h.grow("voice", n)
