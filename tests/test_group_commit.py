@@ -88,6 +88,28 @@ async def test_writes_that_arrive_during_a_write_go_out_together_and_return_once
 
 
 @pytest.mark.asyncio
+async def test_a_group_weighed_by_its_writes_stops_at_its_weight_and_always_takes_one() -> None:
+    disk = Disk()
+    group = GroupCommit(disk.write_many, weight=len, max_weight=6)
+    queued = ["aaaa", "bb", "c", "dddddddddd", "ee", "ff", "gg", "hh"]
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(group.submit, "first")
+        await settle()
+        for op in queued:
+            tg.start_soon(group.submit, op)
+        await settle()
+        while len(disk.durable) < 1 + len(queued):
+            disk.release.set()
+            await settle()
+
+    assert disk.groups == [["first"], ["aaaa", "bb"], ["c"], ["dddddddddd"], ["ee", "ff", "gg"], ["hh"]]
+    assert disk.durable == ["first", *queued]
+    with pytest.raises(ValueError, match="max_weight"):
+        GroupCommit(disk.write_many, weight=len)
+
+
+@pytest.mark.asyncio
 async def test_a_write_that_fails_fails_alone_and_a_failed_group_fails_every_write_in_it() -> None:
     disk = Disk(hold=False)
     disk.reject = {"bad"}

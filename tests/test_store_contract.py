@@ -12,6 +12,7 @@ import contextlib
 import random
 import sqlite3
 import tempfile
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
@@ -832,6 +833,100 @@ async def test_sqlite_groups_the_recall_index_writes_of_many_sessions_and_a_stra
     _, _, postings = await store.recall_postings("room-7", index_terms(turn(7).text))
     assert {key for found in postings.values() for key, _, _ in found} == {0}
     await store.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_sqlite_group_of_hundreds_of_writes_is_a_few_statements_and_keeps_every_time_exact(
+    tmp_path: Path,
+) -> None:
+    """CPython's ``sqlite3`` lets go of the interpreter's lock for every row a statement runs
+    over, then waits to take it back, holding the file's write lock meanwhile (another
+    process's writer waits on it). A group is a few statements whatever its size; its times
+    are bound as parameters, never parsed from JSON, which rounds them."""
+    release = threading.Event()
+    held: list[int] = []
+
+    def commit(writes: Sequence[Sequence[object]]) -> None:
+        if not held:  # the first group holds the writer while the others queue behind it
+            held.append(len(writes))
+            release.wait(30)
+
+    store = SQLiteStore(tmp_path / "vc.db", before_commit=commit)
+    names = [f"room-{k}" for k in range(150)]
+    for name in names:
+        await store.create(SessionRecord(name))
+    rng = random.Random(29)
+    times = [0.1 + 0.2, *(rng.uniform(0, 2e9) for _ in names[1:])]
+    turns = [Turn("Alice", "user", f"line {k}", at) for k, at in enumerate(times)]
+    statements: list[str] = []
+    assert store.db.writer is not None
+    store.db.writer.set_trace_callback(statements.append)
+    noted: dict[int, RecallStats | None] = {}
+
+    async def save_note(k: int) -> None:
+        noted[k] = await store.save_notes("room-7", [note(k)], [], indexed(note_passage(note(k))))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(store.append_turn, names[0], 0, turns[0])
+        await anyio.wait_all_tasks_blocked()
+        for name, made in zip(names[1:], turns[1:], strict=True):
+            tg.start_soon(store.append_turn, name, 0, made)
+        for k in (1, 2):
+            tg.start_soon(save_note, k)
+        await anyio.wait_all_tasks_blocked()
+        release.set()
+    read = [await store.read_turns(name, 0, 1) for name in names]
+    _, _, postings = await store.recall_postings("room-7", ["screen"])
+    record = await store.load("room-7")
+    await store.aclose()
+
+    assert (held, store.group.largest) == ([1], 151), "149 turns and two notes in one group"
+    second = [i for i, sql in enumerate(statements) if sql == "BEGIN IMMEDIATE"][1]
+    group = statements[second : statements.index("COMMIT", second) + 1]
+    assert len(group) <= 20, group
+    assert [found[0].at for found in read] == times and read[0] == [turns[0]]
+    assert noted[1] is not None and noted[2] is not None
+    assert (noted[1].notes, noted[2].notes) == (1, 2), "the notes of one session take their keys in turn"
+    assert sorted(key for key, _, _ in postings["screen"]) == [-2, -1]
+    assert record is not None and record.live_notes == (note(2),)
+
+
+@pytest.mark.asyncio
+async def test_a_sqlite_group_of_many_sessions_index_writes_is_a_few_statements(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "vc.db")
+    names = [f"room-{k}" for k in range(100)]
+    for name in names:
+        await a_session_with_turns(store, name, 3)
+    statements: list[str] = []
+    assert store.db.writer is not None
+    store.db.writer.set_trace_callback(statements.append)
+
+    async with anyio.create_task_group() as tg:
+        for name in names:
+            tg.start_soon(store.index_turns, name, 0, [doc(i) for i in range(3)])
+    stats, df, postings = await store.recall_postings("room-42", ["line", "2"])
+    await store.aclose()
+
+    groups = statements.count("BEGIN IMMEDIATE")
+    assert groups <= 3 and len(statements) <= 16 * groups, statements
+    assert (stats.docs, stats.turns, df) == (3, 3, {"line": 3, "2": 1})
+    assert sorted(key for key, _, _ in postings["line"]) == [0, 1, 2]
+
+
+@pytest.mark.asyncio
+async def test_a_python_built_with_a_sqlite_older_than_3_33_is_told_so_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 31, 1))
+    monkeypatch.setattr(sqlite3, "sqlite_version", "3.31.1")
+    store = SQLiteStore(tmp_path / "vc.db")
+
+    with pytest.raises(StoreError, match=r"SQLite is 3\.31\.1; it needs 3\.33\.0 or newer") as caught:
+        await store.create(SessionRecord("room-1"))
+    await store.aclose()
+
+    assert not caught.value.retryable
+    assert not (tmp_path / "vc.db").exists()
 
 
 @pytest.mark.asyncio

@@ -21,6 +21,11 @@ a write the database would still complete: a group still unwritten by then is
 given up (logged as ``voice_context_store_group_abandoned``) and every write in
 it fails with a retryable ``StoreError``; none of them is acknowledged.
 
+A group holds at most ``max_group`` writes, and, when the store gives each write a
+``weight`` (the work it costs), writes up to ``max_weight`` of it: a group past that
+waits for the next (a group always takes at least one write). A store whose writes
+hold a lock others wait on bounds each hold that way.
+
 The store's ``write_many`` decides each write's fate: it sets ``error`` on a
 write that failed alone (the others in its group are unaffected) and raises
 when the whole group failed (then every write in it gets that error). A
@@ -68,14 +73,20 @@ class GroupCommit(Generic[T]):
         *,
         max_group: int = MAX_GROUP,
         deadline: float = DEADLINE,
+        weight: Callable[[T], int] | None = None,
+        max_weight: int = 0,
     ) -> None:
         if max_group < 1:
             raise ValueError("a group holds at least one write")
+        if weight is not None and max_weight < 1:
+            raise ValueError("a group weighed by its writes needs a positive max_weight")
         if not deadline > 0:
             raise ValueError("a group's write needs a positive deadline")
         self._write_many = write_many
         self.max_group = max_group
         self.deadline = deadline
+        self.weight = weight
+        self.max_weight = max_weight
         self._queue: list[Pending[T]] = []
         self._writing = False
         self._written = anyio.Event()
@@ -110,6 +121,19 @@ class GroupCommit(Generic[T]):
         if item.error is not None:
             raise item.error
 
+    def _next_size(self) -> int:
+        """How many of the queued writes the next group takes: up to ``max_group``, and up to
+        ``max_weight`` of their weight (at least one)."""
+        size = min(len(self._queue), self.max_group)
+        if self.weight is None:
+            return size
+        total = 0
+        for taken, item in enumerate(self._queue[:size]):
+            total += self.weight(item.op)
+            if total > self.max_weight:
+                return max(taken, 1)
+        return size
+
     async def idle(self) -> None:
         """Return once no write waits and none is being written (at once when that is so
         already): what a lower-priority writer waits for before it takes the same worker."""
@@ -120,8 +144,9 @@ class GroupCommit(Generic[T]):
                 await anyio.lowlevel.checkpoint()
 
     async def _write_next(self) -> None:
-        batch = self._queue[: self.max_group]
-        del self._queue[: self.max_group]
+        size = self._next_size()
+        batch = self._queue[:size]
+        del self._queue[:size]
         self._writing = True
         failed: BaseException | None = None
         try:

@@ -33,7 +33,10 @@ of their own that need no fsync (what they hold can be derived again from the
 turns), and they give way to the turns': an index group waits while turns are
 queued or being written, up to ``DERIVED_YIELD`` (0.2 s), so a burst of
 appends is acknowledged at the pace of its own commits and the index catches
-up in larger groups (the indexing lag on ``/metrics`` shows it). A ``before_commit``
+up in larger groups (the indexing lag on ``/metrics`` shows it). Either kind of group is a
+dozen statements or so whatever its size, never a statement a row: each statement waits for
+the interpreter's lock while holding the file's (see :mod:`~voice_context.store.sqlite_rows`).
+A ``before_commit``
 hook, given to the constructor, is called with each group's writes between its last
 statement and its ``COMMIT`` (a seam for tests: to hold a group there, or kill the
 process there).

@@ -36,6 +36,9 @@ T = TypeVar("T")
 
 log = structlog.get_logger("voice_context.store")
 
+OLDEST_SQLITE = (3, 33, 0)
+"""The oldest SQLite the store runs on (``UPDATE ... FROM``, which a group's writes use)."""
+
 CLOSE_TIMEOUT = 10.0
 """The longest (seconds) closing waits, shielded, for the operations in flight to end."""
 
@@ -138,6 +141,12 @@ class Connections:
     def _connection(self) -> sqlite3.Connection:
         if self.writer is not None:
             return self.writer
+        if sqlite3.sqlite_version_info < OLDEST_SQLITE:
+            oldest = ".".join(map(str, OLDEST_SQLITE))
+            found = sqlite3.sqlite_version
+            raise StoreError(
+                f"sqlite store: this Python's SQLite is {found}; it needs {oldest} or newer", retryable=False
+            )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(
             self.path,

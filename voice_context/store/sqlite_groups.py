@@ -10,15 +10,28 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import anyio
+import orjson
 
 from voice_context.core.recalled import IndexedDoc, RecallStats
 from voice_context.errors import SessionNotStored, TurnConflict
 from voice_context.store.group import GroupCommit, Pending
 from voice_context.store.sqlite_db import CLOSE_TIMEOUT, Connections
-from voice_context.store.sqlite_rows import add_postings, derived, recall_state, total_turns, writing
+from voice_context.store.sqlite_rows import (
+    RecallWrites,
+    derived,
+    insert_values,
+    recall_states,
+    turn_counts,
+    writing,
+)
 
 #: Seconds at most a recall index write waits for the turns' writes queued or in flight.
 DERIVED_YIELD = 0.2
+INDEX_POSTINGS = 4096
+"""The most postings one recall index transaction writes (beyond its first write's own): some
+15 ms of SQLite's work on a small machine, about 3.5 us a posting. The file's write lock is
+held that long at most, while the other process's turns (``--workers 2``) wait on it; a
+transaction of a whole burst's or opening's index held it for up to 0.9 s."""
 
 CommitHook = Callable[[Sequence[Sequence[object]]], None]
 """Called in the writer's thread with the writes of a group (each ``[session, index]`` or
@@ -39,7 +52,9 @@ class GroupWriter:
         deadline = write_deadline(db.busy_timeout)
         self.group: GroupCommit[Write] = GroupCommit(self._write_group, deadline=deadline)
         #: the recall index's writes, grouped the same way across sessions (without an fsync)
-        self.derived: GroupCommit[Index] = GroupCommit(self._write_derived, deadline=deadline)
+        self.derived: GroupCommit[Index] = GroupCommit(
+            self._write_derived, deadline=deadline, weight=postings, max_weight=INDEX_POSTINGS
+        )
 
     async def _write_group(self, batch: list[Pending[Write]]) -> None:
         await self.db.run("append", lambda conn: self._commit_group(conn, batch))
@@ -55,18 +70,22 @@ class GroupWriter:
     def _commit_derived(self, conn: sqlite3.Connection, batch: list[Pending[Index]]) -> None:
         """Runs in the worker thread: the recall index writes of many sessions in one
         transaction, without an fsync of its own (see :func:`~voice_context.store.sqlite_rows.derived`).
-        A write for a session the store does not hold fails alone."""
+        A write for a session the store does not hold fails alone. A handful of statements
+        for the whole group (see :class:`~voice_context.store.sqlite_rows.RecallWrites`)."""
         self.db.operations += len(batch) - 1  # ``_call`` counted one
         with derived(conn), writing(conn):
+            totals = turn_counts(conn, {item.op.name for item in batch})
+            index = RecallWrites(recall_states(conn, list(totals)))
             for item in batch:
                 op = item.op
-                total = total_turns(conn, op.name)
-                if total < 0:
+                total = totals.get(op.name)
+                if total is None:
                     item.error = SessionNotStored(op.name)
                 elif isinstance(op, IndexTurns):
-                    op.stats = index_turns(conn, op, total)
+                    op.stats = index.turns(op.name, op.start, op.docs, total)
                 else:
-                    op.stats = index_note(conn, op.name, op.doc)
+                    op.stats = index.note(op.name, op.doc)
+            index.write(conn)
 
     def _commit_group(self, conn: sqlite3.Connection, batch: list[Pending[Write]]) -> None:
         """Runs in the worker thread: one transaction, one fsync, for the whole group.
@@ -74,9 +93,12 @@ class GroupWriter:
         The sessions' turn counts are read once; each write is checked against them
         in order (a turn at the wrong index, or for a session deleted meanwhile,
         gets its own error and writes nothing), then the turns that pass are
-        inserted and the counts and notes updated, a statement each for the whole
-        group, and the recall docs of notes given with them indexed. An error of SQLite's
-        own fails the group (the caller gives every write of it that error).
+        inserted and the counts and notes updated, a few statements for the whole group
+        whatever its size (a statement run once a row waits for the interpreter's lock
+        after every row, holding the file's write lock meanwhile: see
+        :mod:`~voice_context.store.sqlite_rows`), and the recall docs of notes given with
+        them indexed. An error of SQLite's own fails the group (the caller gives every write
+        of it that error).
         """
         self.db.operations += len(batch) - 1  # ``_call`` counted one
         now = self.clock()
@@ -84,7 +106,7 @@ class GroupWriter:
             totals = turn_counts(conn, {item.op.name for item in batch})
             inserts: list[tuple[object, ...]] = []
             written: dict[tuple[str, int], tuple[str, str, str, float, str | None, str | None]] = {}
-            notes: list[tuple[str, str, float, str]] = []
+            notes: list[tuple[str, str, str]] = []
             noted: list[SaveNotes] = []
             for item in batch:
                 op = item.op
@@ -92,7 +114,7 @@ class GroupWriter:
                 if total is None:
                     item.error = SessionNotStored(op.name)
                 elif isinstance(op, SaveNotes):
-                    notes.append((op.live, op.pending, now, op.name))
+                    notes.append((op.live, op.pending, op.name))
                     if op.doc is not None:
                         noted.append(op)
                 elif op.index == total:
@@ -107,24 +129,28 @@ class GroupWriter:
                 else:
                     item.error = TurnConflict(op.name, op.index, total)
             if inserts:
-                conn.executemany(
-                    "INSERT INTO turns (session, idx, speaker, role, text, at, id, tool)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    inserts,
-                )
+                head = "INSERT INTO turns (session, idx, speaker, role, text, at, id, tool)"
+                insert_values(conn, head, 8, inserts)
                 moved = {name for name, _ in written}
-                conn.executemany(
-                    "UPDATE sessions SET total_turns = ?, updated_at = ? WHERE name = ?",
-                    [(totals[name], now, name) for name in moved],
+                conn.execute(
+                    "UPDATE sessions SET total_turns = json_extract(j.value, '$[1]'), updated_at = ?1"
+                    " FROM json_each(?2) AS j WHERE sessions.name = json_extract(j.value, '$[0]')",
+                    (now, orjson.dumps([(name, totals[name]) for name in moved]).decode()),
                 )
             if notes:
-                conn.executemany(
-                    "UPDATE sessions SET live_notes = ?, pending_notes = ?, updated_at = ? WHERE name = ?",
-                    notes,
+                last = {name: (live, pending) for live, pending, name in notes}  # in order: the last wins
+                conn.execute(
+                    "UPDATE sessions SET live_notes = json_extract(j.value, '$[1]'),"
+                    " pending_notes = json_extract(j.value, '$[2]'), updated_at = ?1"
+                    " FROM json_each(?2) AS j WHERE sessions.name = json_extract(j.value, '$[0]')",
+                    (now, orjson.dumps([(name, *kept) for name, kept in last.items()]).decode()),
                 )
+            if noted:
+                index = RecallWrites(recall_states(conn, {saved.name for saved in noted}))
                 for saved in noted:  # in order: the notes of one session take their keys in turn
                     assert saved.doc is not None
-                    saved.stats = index_note(conn, saved.name, saved.doc)
+                    saved.stats = index.note(saved.name, saved.doc)
+                index.write(conn)
             if self.before_commit is not None:
                 self.before_commit([item.op.where for item in batch if item.error is None])
 
@@ -187,57 +213,11 @@ class IndexNote:
 Index = IndexTurns | IndexNote
 
 
-def index_turns(conn: sqlite3.Connection, op: IndexTurns, total: int) -> RecallStats:
-    """Index the turns of ``op`` that follow the last one indexed and are stored (in a write)."""
-    sid, stats = recall_state(conn, op.name)
-    turns, added, length = stats.turns, 0, 0
-    rows: list[tuple[str, int, int, int]] = []
-    for offset, doc in enumerate(op.docs):
-        key = op.start + offset
-        if key < turns:
-            continue
-        if key > turns + added or key >= total:
-            break
-        rows.extend((term, key, tf, doc.length) for term, tf in doc.terms)
-        added += 1
-        length += doc.length
-    if not added:
-        return stats
-    add_postings(conn, sid, rows)
-    conn.execute(
-        "UPDATE recall_state SET docs = docs + ?, length = length + ?, turns = turns + ? WHERE sid = ?",
-        (added, length, added, sid),
-    )
-    return RecallStats(stats.docs + added, stats.length + length, turns + added, stats.notes)
-
-
-def index_note(conn: sqlite3.Connection, name: str, doc: IndexedDoc) -> RecallStats:
-    """Index a screen note under the next note key (in a write)."""
-    sid, stats = recall_state(conn, name)
-    key = -(stats.notes + 1)
-    p = doc.passage
-    conn.execute(
-        "INSERT INTO recall_notes (sid, key, at, speaker, text) VALUES (?, ?, ?, ?, ?)",
-        (sid, key, p.at, p.speaker, p.text),
-    )
-    add_postings(conn, sid, [(term, key, tf, doc.length) for term, tf in doc.terms])
-    conn.execute(
-        "UPDATE recall_state SET docs = docs + 1, length = length + ?, notes = notes + 1 WHERE sid = ?",
-        (doc.length, sid),
-    )
-    return RecallStats(stats.docs + 1, stats.length + doc.length, stats.turns, stats.notes + 1)
-
-
-def turn_counts(conn: sqlite3.Connection, names: set[str]) -> dict[str, int]:
-    """The turn count of each of these sessions the store holds."""
-    out: dict[str, int] = {}
-    ordered = list(names)
-    for start in range(0, len(ordered), 500):  # SQLite limits the parameters of one statement
-        chunk = ordered[start : start + 500]
-        marks = ",".join("?" * len(chunk))
-        rows = conn.execute(f"SELECT name, total_turns FROM sessions WHERE name IN ({marks})", chunk)
-        out.update((name, int(total)) for name, total in rows)
-    return out
+def postings(op: Index) -> int:
+    """The postings an index write adds (at most: a turn indexed already adds none)."""
+    if isinstance(op, IndexTurns):
+        return sum(len(doc.terms) for doc in op.docs)
+    return len(op.doc.terms)
 
 
 def stored_turn(

@@ -10,20 +10,30 @@ up to the interpreter's switch interval (5 ms). A search of some forty rows wait
 forty of those; as one row a statement, through a handful. SQLite writes a ``REAL`` into JSON
 with 15 digits, which loses the last bits of a time: a time comes back as ``quote(at)``, a text
 that reads back as the very same float.
+
+Writes are shaped the same way, for a second reason: a write transaction holds the file's write
+lock through each of those waits, and another process's writer (``serve --workers 2``,
+replicas on one file) waits on the lock meanwhile. A group's turns go in multi-row ``VALUES``
+statements (:func:`insert_values`), its counts, notes and recall index in one statement over a
+JSON array each (:class:`RecallWrites`): a group of hundreds of writes is a dozen statements, where
+a statement run once a row (``executemany``) held the lock through hundreds of waits. Times are
+bound as parameters, never read from JSON: SQLite's JSON parser rounds most of them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import orjson
 
-from voice_context.core.recalled import Passage, Posting, RecallStats
+from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStats
 from voice_context.core.turns import Turn
 from voice_context.errors import SessionNotStored
 from voice_context.store.base import ChooseTerms
@@ -47,8 +57,11 @@ _sleep = time.sleep  # the writer thread's pause between two tries (a seam for t
 
 @contextlib.contextmanager
 def writing(conn: sqlite3.Connection) -> Iterator[None]:
-    """One write transaction, holding the write lock from its first statement."""
-    begin_immediate(conn)
+    """One write transaction, holding the write lock from its first statement to its
+    ``COMMIT``. A ``WriterConnection``'s busy timeout, set aside while it waits for the lock
+    (:func:`begin_immediate`), is put back after the ``COMMIT``: a statement run under the lock
+    is one more wait for the interpreter's lock while another process waits for the file's."""
+    timeout = begin_immediate(conn)
     try:
         yield
         conn.execute("COMMIT")
@@ -57,13 +70,18 @@ def writing(conn: sqlite3.Connection) -> Iterator[None]:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
         raise
+    finally:
+        if timeout is not None:
+            conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
 
 
-def begin_immediate(conn: sqlite3.Connection) -> None:
+def begin_immediate(conn: sqlite3.Connection) -> float | None:
     """``BEGIN IMMEDIATE``: the file's write lock, taken up front. On a ``WriterConnection``,
     while another connection (another process on the same file, say) holds the lock, try again
     after 0.1, 0.2, 0.4, 0.8 ms and then every ``LOCK_STEP``, until ``lock_timeout`` has
-    passed (then SQLite's "database is locked" is raised, as its busy handler would).
+    passed (then SQLite's "database is locked" is raised, as its busy handler would). Returns
+    the busy timeout (seconds) the caller puts back once the transaction ends, SQLite's own
+    set to 0 meanwhile; None on another connection.
 
     SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20, 25, ... up to 100 ms between tries.
     Two processes that both write all the time (``serve --workers 2``, replicas on one file)
@@ -72,7 +90,7 @@ def begin_immediate(conn: sqlite3.Connection) -> None:
     timeout = getattr(conn, "lock_timeout", None)
     if timeout is None:
         conn.execute("BEGIN IMMEDIATE")
-        return
+        return None
     conn.execute("PRAGMA busy_timeout = 0")  # the tries below are the wait
     try:
         deadline = 0.0
@@ -80,7 +98,7 @@ def begin_immediate(conn: sqlite3.Connection) -> None:
         while True:
             try:
                 conn.execute("BEGIN IMMEDIATE")
-                return
+                return float(timeout)
             except sqlite3.OperationalError as exc:
                 if getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_BUSY:
                     raise
@@ -90,8 +108,9 @@ def begin_immediate(conn: sqlite3.Connection) -> None:
                     raise
             _sleep(min(step, deadline - now))
             step = min(2 * step, LOCK_STEP)
-    finally:
+    except BaseException:
         conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+        raise
 
 
 @contextlib.contextmanager
@@ -149,28 +168,146 @@ def recall_state(conn: sqlite3.Connection, name: str) -> tuple[int, RecallStats]
     return int(row[0]), RecallStats(*row[1:])
 
 
-def add_postings(conn: sqlite3.Connection, sid: int, rows: Sequence[tuple[str, int, int, int]]) -> None:
-    """Postings (term, key, tf, length) of session ``sid`` into the index, each word's doc count
-    with them (a doc holds a word once).
+VALUES_ROWS = 64
+"""The most rows one statement of :func:`insert_values` binds: with at most eight columns, 512
+parameters, under the 999 of SQLite's older builds."""
 
-    Two statements, each over a JSON array, whatever the rows: SQLite runs each in one call
-    without the interpreter's lock. A statement run once per row takes the lock back after
-    every row, and while the event loop is busy each of those waits for it (up to the switch
-    interval): a batch of a few hundred postings then held the writer, and the turns' acks
-    queued behind it, for a long time."""
-    conn.execute(
-        "INSERT INTO recall_terms (sid, term, key, tf, length)"
-        " SELECT ?, json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),"
-        " json_extract(value, '$[3]') FROM json_each(?)",
-        (sid, orjson.dumps(rows).decode()),
+
+def insert_values(conn: sqlite3.Connection, head: str, width: int, rows: Sequence[Sequence[object]]) -> None:
+    """``head`` (``INSERT INTO t (a, b)``) of ``width`` columns for every row, bound as
+    parameters, in multi-row ``VALUES`` statements of 64, 32, ..., 1 rows: a few statements for
+    any number of rows, each one step (see the module's docstring). Bound, a ``REAL`` keeps
+    every bit; SQLite's JSON parser rounds most times, so rows with times do not go by JSON."""
+    start = 0
+    while start < len(rows):
+        size = min(VALUES_ROWS, 1 << (len(rows) - start).bit_length() - 1)
+        chunk = rows[start : start + size]
+        conn.execute(_values_sql(head, width, size), [value for row in chunk for value in row])
+        start += size
+
+
+@functools.cache
+def _values_sql(head: str, width: int, size: int) -> str:
+    row = "(" + ", ".join("?" * width) + ")"
+    return f"{head} VALUES " + ", ".join([row] * size)
+
+
+def turn_counts(conn: sqlite3.Connection, names: Iterable[str]) -> dict[str, int]:
+    """The turn count of each of these sessions the store holds (one statement, one step)."""
+    out = orjson.loads(
+        conn.execute(
+            "SELECT json_group_object(name, total_turns) FROM sessions"
+            " WHERE name IN (SELECT value FROM json_each(?))",
+            (orjson.dumps(list(names)).decode(),),
+        ).fetchone()[0]
     )
-    counts = Counter(term for term, _, _, _ in rows)
-    conn.execute(
-        "INSERT INTO recall_df (sid, term, df)"
-        " SELECT ?, json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?) WHERE true"
-        " ON CONFLICT (sid, term) DO UPDATE SET df = df + excluded.df",
-        (sid, orjson.dumps(list(counts.items())).decode()),
-    )
+    return cast(dict[str, int], out)
+
+
+def recall_states(conn: sqlite3.Connection, names: Collection[str]) -> dict[str, tuple[int, RecallStats]]:
+    """The recall index number and stats of each of these sessions, created empty for those
+    without one (in a write; the sessions are stored). Two or four statements for any number."""
+
+    def select(wanted: Collection[str]) -> dict[str, tuple[int, RecallStats]]:
+        rows = rows_of(
+            conn,
+            "SELECT json_group_array(json_array(session, sid, docs, length, turns, notes))"
+            " FROM recall_state WHERE session IN (SELECT value FROM json_each(?))",
+            (orjson.dumps(list(wanted)).decode(),),
+        )
+        return {row[0]: (int(row[1]), RecallStats(*row[2:])) for row in rows}
+
+    states = select(names)
+    missing = [name for name in names if name not in states]
+    if missing:
+        conn.execute(
+            "INSERT INTO recall_state (session) SELECT value FROM json_each(?)",
+            (orjson.dumps(missing).decode(),),
+        )
+        states.update(select(missing))
+    return states
+
+
+@dataclass(slots=True)
+class RecallWrites:
+    """The recall index writes of a transaction (many sessions' turns and notes), gathered in
+    order and then written in a handful of statements whatever their number
+    (:meth:`write`): each session's next turn and note keys follow the writes before them."""
+
+    states: dict[str, tuple[int, RecallStats]]
+    """Each session's index number and stats, as of the writes gathered so far."""
+    postings: list[tuple[int, str, int, int, int]] = field(default_factory=list)
+    """(sid, term, key, tf, length)"""
+    notes: list[tuple[int, int, float, str, str]] = field(default_factory=list)
+    """(sid, key, at, speaker, text)"""
+    changed: set[str] = field(default_factory=set)
+
+    def turns(self, name: str, start: int, docs: Sequence[IndexedDoc], total: int) -> RecallStats:
+        """Index the docs of the turns from ``start`` that follow the last one indexed and are
+        stored (``total`` turns)."""
+        sid, stats = self.states[name]
+        turns, added, length = stats.turns, 0, 0
+        for offset, doc in enumerate(docs):
+            key = start + offset
+            if key < turns:
+                continue
+            if key > turns + added or key >= total:
+                break
+            self.postings.extend((sid, term, key, tf, doc.length) for term, tf in doc.terms)
+            added += 1
+            length += doc.length
+        if added:
+            stats = RecallStats(stats.docs + added, stats.length + length, turns + added, stats.notes)
+            self._set(name, sid, stats)
+        return stats
+
+    def note(self, name: str, doc: IndexedDoc) -> RecallStats:
+        """Index a screen note under the session's next note key."""
+        sid, stats = self.states[name]
+        key = -(stats.notes + 1)
+        p = doc.passage
+        self.notes.append((sid, key, p.at, p.speaker, p.text))
+        self.postings.extend((sid, term, key, tf, doc.length) for term, tf in doc.terms)
+        stats = RecallStats(stats.docs + 1, stats.length + doc.length, stats.turns, stats.notes + 1)
+        self._set(name, sid, stats)
+        return stats
+
+    def _set(self, name: str, sid: int, stats: RecallStats) -> None:
+        self.states[name] = (sid, stats)
+        self.changed.add(name)
+
+    def write(self, conn: sqlite3.Connection) -> None:
+        """The postings, each word's doc count (a doc holds a word once), the notes' passages
+        and the sessions' stats: a statement each, over a JSON array (no time goes by JSON)."""
+        if self.postings:
+            conn.execute(
+                "INSERT INTO recall_terms (sid, term, key, tf, length) SELECT json_extract(value, '$[0]'),"
+                " json_extract(value, '$[1]'), json_extract(value, '$[2]'), json_extract(value, '$[3]'),"
+                " json_extract(value, '$[4]') FROM json_each(?)",
+                (orjson.dumps(self.postings).decode(),),
+            )
+            counts = Counter((sid, term) for sid, term, _, _, _ in self.postings)
+            conn.execute(
+                "INSERT INTO recall_df (sid, term, df) SELECT json_extract(value, '$[0]'),"
+                " json_extract(value, '$[1]'), json_extract(value, '$[2]') FROM json_each(?) WHERE true"
+                " ON CONFLICT (sid, term) DO UPDATE SET df = df + excluded.df",
+                (orjson.dumps([(sid, term, n) for (sid, term), n in counts.items()]).decode(),),
+            )
+        if self.notes:
+            insert_values(conn, "INSERT INTO recall_notes (sid, key, at, speaker, text)", 5, self.notes)
+        if self.changed:
+            rows = []
+            for name in self.changed:
+                sid, stats = self.states[name]
+                rows.append((sid, stats.docs, stats.length, stats.turns, stats.notes))
+            conn.execute(
+                "UPDATE recall_state SET docs = json_extract(j.value, '$[1]'),"
+                " length = json_extract(j.value, '$[2]'), turns = json_extract(j.value, '$[3]'),"
+                " notes = json_extract(j.value, '$[4]')"
+                " FROM json_each(?) AS j WHERE recall_state.sid = json_extract(j.value, '$[0]')",
+                (orjson.dumps(rows).decode(),),
+            )
+        self.postings, self.notes, self.changed = [], [], set()
 
 
 def select_postings(
