@@ -929,6 +929,40 @@ async def test_a_python_built_with_a_sqlite_older_than_3_33_is_told_so_before_an
     assert not (tmp_path / "vc.db").exists()
 
 
+def test_two_workers_opening_a_new_file_at_once_both_open_it(tmp_path: Path) -> None:
+    """``serve --workers 2`` on a new file: both workers' first requests open it at once. The one
+    that loses the race to switch the file to WAL is told "database is locked" at once (SQLite's
+    busy handler is not asked); the store waits for the file as it does for a write. Each pair
+    here is two connections in two threads, as two processes would race (without the wait, some
+    ten pairs in 300 failed)."""
+    from voice_context.store.sqlite_db import Connections
+
+    failures: list[str] = []
+
+    def open_and_read(db: Connections, start: threading.Barrier) -> None:
+        start.wait()
+        try:
+            db.call("load", lambda conn: conn.execute("SELECT count(*) FROM sessions").fetchone())
+        except StoreError as exc:
+            failures.append(str(exc))
+        finally:
+            if db.writer is not None:
+                db.writer.close()
+
+    for pair in range(300):
+        path = tmp_path / f"new-{pair}.db"
+        start = threading.Barrier(2)
+        workers = [
+            threading.Thread(target=open_and_read, args=(Connections(path, 5.0), start)) for _ in range(2)
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+
+    assert failures == []
+
+
 @pytest.mark.asyncio
 async def test_the_sqlite_file_is_in_wal_mode_with_a_schema_version(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "vc.db")

@@ -3,9 +3,11 @@ file, under a supervisor that starts them, passes signals on, and stops them all
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import sqlite3
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -138,6 +140,11 @@ async def test_both_workers_serve_one_port_a_bot_moves_between_them_and_a_signal
     tmp_path: Path,
 ) -> None:
     async with supervised(tmp_path) as running:
+        # worker 0 made the new file's schema before it listened, alone (the others then opened it)
+        made = f"file:{tmp_path / 'voice-context.db'}?mode=ro"
+        with contextlib.closing(sqlite3.connect(made, uri=True)) as db:
+            assert db.execute("SELECT version FROM schema_version").fetchone() is not None
+
         # each request on a fresh connection, which the kernel gives either worker
         answered: set[int] = set()
         for _ in range(200):

@@ -47,6 +47,7 @@ from voice_context.server.recording import Recorder
 from voice_context.sources import HTTPSource, with_sources
 from voice_context.store import open_store
 from voice_context.store.base import Store
+from voice_context.store.sqlite import SQLiteStore
 from voice_context.summarizers.base import Summarizer
 
 if TYPE_CHECKING:
@@ -207,6 +208,8 @@ class Server:
                     sqlite_reads=self.settings.store.sqlite_reads,
                 )
                 owned.push_async_callback(store.aclose)
+            if isinstance(store, SQLiteStore):
+                await store.open()  # a new file's schema made before the server listens
             aclose = getattr(self.summarizer, "aclose", None)
             if self._owns_summarizer and aclose is not None:
                 owned.push_async_callback(aclose)

@@ -53,6 +53,10 @@ waiter on SQLite's schedule slept past the other's commits again and again
 Several processes on one machine may share one file: creating a session (which
 reads back its owner), leases and conditional commits are single transactions, so
 they are exclusive across processes too.
+Two processes opening a new file at once both open it: the one that loses the race to switch
+the file to WAL is told "database is locked" at once, without SQLite's busy handler, and tries
+again on the same schedule as a write (:func:`~voice_context.store.sqlite_rows.until_free`). A
+server opens its file before it listens (:meth:`SQLiteStore.open`).
 (Not on a network file system: WAL needs shared memory between the processes.)
 
 Retention: with ``session_ttl``, :meth:`SQLiteStore.expire` deletes the sessions
@@ -179,6 +183,12 @@ class SQLiteStore:
         self.group = self._writer.group
         #: the recall index's writes, grouped the same way across sessions (without an fsync)
         self.derived = self._writer.derived
+
+    async def open(self) -> None:
+        """Open the file now (in WAL mode, the schema made or migrated), rather than at the
+        first operation: a server does so before it listens, so that of ``serve --workers N``
+        worker 0, started alone first, makes a new file's schema before the others open it."""
+        await self.db.run("open", lambda conn: None)
 
     @property
     def operations(self) -> int:

@@ -28,7 +28,7 @@ import anyio
 import structlog
 
 from voice_context.errors import StoreError
-from voice_context.store.sqlite_rows import WriterConnection
+from voice_context.store.sqlite_rows import WriterConnection, until_free
 from voice_context.store.sqlite_schema import migrate
 from voice_context.worker import Worker
 
@@ -157,7 +157,9 @@ class Connections:
         )
         conn.lock_timeout = self.busy_timeout
         try:
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            # two processes opening a new file at once: the one that loses the race to switch
+            # it to WAL is told "database is locked" at once, without SQLite's busy handler
+            mode = until_free(conn, "PRAGMA journal_mode = WAL", self.busy_timeout).fetchone()[0]
             if str(mode).lower() != "wal":
                 raise StoreError(f"sqlite store: {self.path} cannot use WAL (got {mode!r})", retryable=False)
             conn.execute("PRAGMA synchronous = FULL")

@@ -93,24 +93,31 @@ def begin_immediate(conn: sqlite3.Connection) -> float | None:
         return None
     conn.execute("PRAGMA busy_timeout = 0")  # the tries below are the wait
     try:
-        deadline = 0.0
-        step = _FIRST_STEP
-        while True:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                return float(timeout)
-            except sqlite3.OperationalError as exc:
-                if getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_BUSY:
-                    raise
-                now = time.monotonic()
-                deadline = deadline or now + timeout
-                if now >= deadline:
-                    raise
-            _sleep(min(step, deadline - now))
-            step = min(2 * step, LOCK_STEP)
+        until_free(conn, "BEGIN IMMEDIATE", timeout)
     except BaseException:
         conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
         raise
+    return float(timeout)
+
+
+def until_free(conn: sqlite3.Connection, sql: str, timeout: float) -> sqlite3.Cursor:
+    """Run ``sql``, trying again while SQLite answers that the file is busy: after 0.1, 0.2,
+    0.4, 0.8 ms and then every ``LOCK_STEP``, until ``timeout`` seconds have passed (then the
+    last "database is locked" is raised)."""
+    deadline = 0.0
+    step = _FIRST_STEP
+    while True:
+        try:
+            return conn.execute(sql)
+        except sqlite3.OperationalError as exc:
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_BUSY:
+                raise
+            now = time.monotonic()
+            deadline = deadline or now + timeout
+            if now >= deadline:
+                raise
+        _sleep(min(step, deadline - now))
+        step = min(2 * step, LOCK_STEP)
 
 
 @contextlib.contextmanager
