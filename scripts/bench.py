@@ -69,6 +69,16 @@ only recall's postings walk, over a SQLite store (``scripts/load --keep`` leaves
    time (as a served session's are): the bytes the process hands the kernel to write
    (``wchar`` in ``/proc/self/io``: the log's frames and the checkpoints' copies) and
    its write calls per turn, and the CPU per turn, with the ratios to a turn at a time.
+
+``--group-writes`` measures only a SQLite group's writes:
+
+15. A group of 10, 100 and 400 sessions' turns written by the store's group commit, and
+   their recall docs by its index group, against the same turns written one statement a
+   row (``executemany``, as before), with another thread idle and then running pure Python
+   (as the event loop does under load): ms a group at p50 and p99, and the statements it ran.
+   CPython's ``sqlite3`` lets go of the interpreter's lock for every row a statement steps
+   over; with the other thread busy, each taking back waits up to the switch interval, while
+   the transaction holds the file's write lock.
 """
 
 from __future__ import annotations
@@ -1006,6 +1016,110 @@ async def bench_index_writes(words: list[Path], sessions: int, lengths: list[int
             )
 
 
+def bench_group_writes(rounds: int, sizes: list[int]) -> None:
+    """15. (see the module docstring)."""
+    import threading
+
+    busy = threading.Event()
+    done = threading.Event()
+
+    def spin() -> None:  # pure Python, as a busy event loop runs it
+        while not done.is_set():
+            if busy.wait(0.01):
+                sum(range(1000))
+
+    threading.Thread(target=spin, daemon=True).start()
+    print(
+        "== a group's writes in a SQLite store, with another thread idle and running pure Python (as the"
+        " event loop does under load): ms a group, and the statements in it"
+    )
+    heads = ("group", "written", "statements", "idle p50", "busy p50", "busy p99", "busy/idle")
+    print("{:>6} {:<22} {:>10} {:>9} {:>9} {:>9} {:>9}".format(*heads))
+    try:
+        for size in sizes:
+            for how in ("one statement a row", "the store's", "the store's index"):
+                count, idle, contended = group_times(how, size, rounds, busy)
+                p50 = pct(contended, 0.5)
+                print(
+                    f"{size:>6} {how:<22} {count:>10} {pct(idle, 0.5) * 1e3:>9.2f} {p50 * 1e3:>9.2f}"
+                    f" {pct(contended, 0.99) * 1e3:>9.2f} {p50 / pct(idle, 0.5):>8.1f}x"
+                )
+    finally:
+        done.set()
+
+
+def group_times(how: str, size: int, rounds: int, busy: Any) -> tuple[int, list[float], list[float]]:
+    """Groups of ``size`` sessions' next turn (or their recall docs) written ``how``, in turn with
+    the other thread idle and busy: the statements of one group, and the seconds each took."""
+    import sqlite3
+    import tempfile
+
+    from voice_context.recall.index import indexed, turn_passage
+    from voice_context.store import SessionRecord
+    from voice_context.store.common import turn_fields
+    from voice_context.store.group import Pending
+    from voice_context.store.sqlite import SQLiteStore
+    from voice_context.store.sqlite_groups import AppendTurn, Index, IndexTurns, Write
+    from voice_context.store.sqlite_rows import writing
+
+    said = recorded_turns()
+
+    def one_a_row(conn: sqlite3.Connection, batch: list[Pending[Write]]) -> None:
+        """The same group as one statement a row (``executemany``), as before."""
+        with writing(conn):
+            ops = [item.op for item in batch if isinstance(item.op, AppendTurn)]
+            conn.executemany(
+                "INSERT INTO turns (session, idx, speaker, role, text, at, id, tool)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(op.name, op.index, *op.fields) for op in ops],
+            )
+            conn.executemany(
+                "UPDATE sessions SET total_turns = ?, updated_at = ? WHERE name = ?",
+                [(op.index + 1, time.time(), op.name) for op in ops],
+            )
+
+    times: dict[bool, list[float]] = {False: [], True: []}
+    with tempfile.TemporaryDirectory() as folder:
+        store = SQLiteStore(Path(folder) / "groups.db")
+        names = [f"s{k}" for k in range(size)]
+
+        async def create() -> None:
+            for name in names:
+                await store.create(SessionRecord(name))
+
+        anyio.run(create)
+        conn = store.db._connection()
+        statements: list[str] = []
+        conn.set_trace_callback(statements.append)
+        for index in range(2 * rounds):
+            contended = index % 2 == 1
+            (busy.set if contended else busy.clear)()
+            turns = [said[(k * 31 + index) % len(said)] for k in range(size)]
+            batch: list[Pending[Write]] = [
+                Pending(AppendTurn(name, index, turn_fields(made)))
+                for name, made in zip(names, turns, strict=True)
+            ]
+            docs: list[Pending[Index]] = [
+                Pending(IndexTurns(name, index, (indexed(turn_passage(index, made)),)))
+                for name, made in zip(names, turns, strict=True)
+            ]
+            if how == "the store's index":
+                one_a_row(conn, batch)
+            statements.clear()
+            started = time.perf_counter()
+            if how == "the store's index":
+                store._writer._commit_derived(conn, docs)
+            elif how == "the store's":
+                store._writer._commit_group(conn, batch)
+            else:
+                one_a_row(conn, batch)
+            times[contended].append(time.perf_counter() - started)
+        busy.clear()
+        count = len(statements)
+        anyio.run(store.aclose)
+    return count, times[False], times[True]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -1037,8 +1151,16 @@ def main() -> None:
         metavar="FILE",
         help="LoCoMo-format dialogue for --index-writes",
     )
+    parser.add_argument(
+        "--group-writes",
+        action="store_true",
+        help="only a SQLite group's writes, idle and contended (see above)",
+    )
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    if args.group_writes:
+        bench_group_writes(20, [10, 100, 400])
+        return
     if args.index_writes:
         anyio.run(bench_index_writes, args.words, 40, [60, 600, 3000], 64)
         return
