@@ -29,9 +29,9 @@ from voice_context.store.sqlite_rows import (
 DERIVED_YIELD = 0.2
 INDEX_POSTINGS = 4096
 """The most postings one recall index transaction writes (beyond its first write's own): some
-15 ms of SQLite's work on a small machine, about 3.5 us a posting. The file's write lock is
-held that long at most, while the other process's turns (``--workers 2``) wait on it; a
-transaction of a whole burst's or opening's index held it for up to 0.9 s."""
+15 ms of SQLite's work on a small machine, about 3.3 us a posting. The file's write lock is
+held about that long at most, while the other process's turns (``--workers 2``) wait on it; a
+transaction of a whole burst's or opening's index held it for up to 0.86 s."""
 
 CommitHook = Callable[[Sequence[Sequence[object]]], None]
 """Called in the writer's thread with the writes of a group (each ``[session, index]`` or

@@ -62,6 +62,7 @@ def writing(conn: sqlite3.Connection) -> Iterator[None]:
     (:func:`begin_immediate`), is put back after the ``COMMIT``: a statement run under the lock
     is one more wait for the interpreter's lock while another process waits for the file's."""
     timeout = begin_immediate(conn)
+    restore = f"PRAGMA busy_timeout = {int(timeout * 1000)}" if timeout is not None else ""
     try:
         yield
         conn.execute("COMMIT")
@@ -69,10 +70,12 @@ def writing(conn: sqlite3.Connection) -> Iterator[None]:
         if conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
+        if restore:
+            with contextlib.suppress(sqlite3.Error):  # the write's own error is the one to raise
+                conn.execute(restore)
         raise
-    finally:
-        if timeout is not None:
-            conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+    if restore:
+        conn.execute(restore)
 
 
 def begin_immediate(conn: sqlite3.Connection) -> float | None:
