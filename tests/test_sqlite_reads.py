@@ -21,7 +21,7 @@ from helpers import TIMEOUT, turns, wait_until
 
 from voice_context.core.turns import Turn
 from voice_context.manager import CompactionEvent, SessionManager
-from voice_context.recall.index import indexed, turn_passage
+from voice_context.recall.index import MAX_OLDER_TURNS, indexed, turn_passage
 from voice_context.recall.stored import search_store
 from voice_context.store import SessionRecord
 from voice_context.store.sqlite import LOOP_READ_TURNS, SQLiteStore
@@ -255,7 +255,9 @@ async def test_a_reply_s_reads_run_on_the_event_loop_s_thread_unless_kept_on_a_t
     assert ran_on[1] != loop_thread, "kept on the reader's thread"
     assert on_loop.db.reader is None, "nothing went to the reader's thread"
 
-    # a run of turns longer than a context reads (a tier's roll reads a day) goes to the thread
+    # a run of turns longer than a context reads (a tier's roll reads a day) goes to the thread;
+    # the most a context reads of the turns before its cursor stays on the loop
+    assert MAX_OLDER_TURNS <= LOOP_READ_TURNS
     assert await on_loop.read_turns("gym", 0, LOOP_READ_TURNS + 1) == GYM
     assert on_loop.db.reader is not None
     for store in (on_loop, on_thread):

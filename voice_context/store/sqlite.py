@@ -148,8 +148,8 @@ __all__ = [
 
 BUSY_TIMEOUT = 5.0
 #: The most turns a read of turns takes on the event loop's thread (with ``reads="loop"``): a
-#: context's turns before the cursor are at most 400 (about 1 ms to read); longer runs are read in
-#: the reader's thread.
+#: context's turns before the cursor are at most ``recall.index.MAX_OLDER_TURNS`` (400, about
+#: 1 ms to read; a test keeps this above it); longer runs are read in the reader's thread.
 LOOP_READ_TURNS = 512
 #: Sessions deleted per transaction by ``expire`` (each with all its turns): 25 sessions of 200
 #: turns hold the write lock for about 8 ms (100 held it for 36 ms), so a turn append waits little.
