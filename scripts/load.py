@@ -566,7 +566,8 @@ class Talker:
     next_note: float = 0.0
     #: calls ended (``--call-seconds``): the session is the call's, ``name`` then ends in ``~calls``
     calls: int = 0
-    call_ends: float = float("inf")
+    #: when the call ends (None: its end is not drawn yet)
+    call_ends: float | None = None
     ended_turns: int = 0  # said in the calls that ended
     words: Words = field(default_factory=lambda: WORDS)
     seed: int = field(init=False)
@@ -899,7 +900,7 @@ class Harness:
             if not call:
                 return
             now = loop.time()
-            if t.call_ends == float("inf"):  # the first call began at a random point of its length
+            if t.call_ends is None:  # the first call began at a random point of its length
                 t.call_ends = now + rng.uniform(0, 2 * call)
             elif now >= t.call_ends:
                 await t.next_call()
