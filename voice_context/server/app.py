@@ -47,7 +47,6 @@ from voice_context.server.recording import Recorder
 from voice_context.sources import HTTPSource, with_sources
 from voice_context.store import open_store
 from voice_context.store.base import Store
-from voice_context.store.sqlite import SQLiteStore
 from voice_context.summarizers.base import Summarizer
 
 if TYPE_CHECKING:
@@ -208,8 +207,7 @@ class Server:
                     sqlite_reads=self.settings.store.sqlite_reads,
                 )
                 owned.push_async_callback(store.aclose)
-            if isinstance(store, SQLiteStore):
-                await store.open()  # a new file's schema made before the server listens
+            await store.open()  # a new SQLite file's schema made before the server listens
             aclose = getattr(self.summarizer, "aclose", None)
             if self._owns_summarizer and aclose is not None:
                 owned.push_async_callback(aclose)

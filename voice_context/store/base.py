@@ -270,4 +270,9 @@ class Store(Protocol):
         """The session's rolled summaries, by tier and period start (none for an unknown session)."""
         ...
 
+    async def open(self) -> None:
+        """Make the store ready now rather than at its first operation (a server calls it before
+        it listens): a file's schema made or migrated. Nothing, where there is nothing to make."""
+        ...
+
     async def aclose(self) -> None: ...

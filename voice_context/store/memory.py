@@ -226,6 +226,9 @@ class MemoryStore:
             return ()
         return tuple(entry.landmarks[i] for i in sorted(entry.landmarks))
 
+    async def open(self) -> None:
+        return None  # nothing to make
+
     async def aclose(self) -> None:
         return None
 

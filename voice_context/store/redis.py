@@ -780,6 +780,9 @@ class RedisStore:
         found = [decode_tier(value) for value in raw.values()]
         return tuple(sorted(found, key=lambda s: s.key))
 
+    async def open(self) -> None:
+        return None  # no schema; the client connects at its first command (and again after a restart)
+
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True

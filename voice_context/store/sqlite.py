@@ -187,7 +187,8 @@ class SQLiteStore:
     async def open(self) -> None:
         """Open the file now (in WAL mode, the schema made or migrated), rather than at the
         first operation: a server does so before it listens, so that of ``serve --workers N``
-        worker 0, started alone first, makes a new file's schema before the others open it."""
+        worker 0, started alone first, makes a new file's schema before the others open it.
+        Calling it again does nothing."""
         await self.db.run("open", lambda conn: None)
 
     @property
