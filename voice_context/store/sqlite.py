@@ -127,7 +127,7 @@ from voice_context.store.sqlite_rows import (
     derived,
     forget,
     reading,
-    recall_state,
+    recall_states,
     select_passages,
     select_postings,
     select_turns,
@@ -471,7 +471,7 @@ class SQLiteStore:
             with derived(conn), writing(conn):
                 if total_turns(conn, name) < 0:
                     raise SessionNotStored(name)
-                sid, _ = recall_state(conn, name)
+                [(sid, _)] = recall_states(conn, [name]).values()
                 conn.executemany(
                     "INSERT OR REPLACE INTO recall_vectors (sid, key, vector) VALUES (?, ?, ?)",
                     [(sid, key, vector) for key, vector in vectors.items()],

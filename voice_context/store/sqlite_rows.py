@@ -166,18 +166,6 @@ def forget(conn: sqlite3.Connection, name: str) -> None:
             conn.execute(f"DELETE FROM {table} WHERE sid = ?", (row[0],))
 
 
-def recall_state(conn: sqlite3.Connection, name: str) -> tuple[int, RecallStats]:
-    """The session's recall index number and stats, created empty when it has none (in a write)."""
-    row = conn.execute(
-        "SELECT sid, docs, length, turns, notes FROM recall_state WHERE session = ?", (name,)
-    ).fetchone()
-    if row is None:
-        sid = conn.execute("INSERT INTO recall_state (session) VALUES (?)", (name,)).lastrowid
-        assert sid is not None  # (sid is the table's rowid)
-        return sid, RecallStats()
-    return int(row[0]), RecallStats(*row[1:])
-
-
 VALUES_ROWS = 64
 """The most rows one statement of :func:`insert_values` binds: with at most eight columns, 512
 parameters, under the 999 of SQLite's older builds."""
