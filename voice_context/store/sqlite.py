@@ -11,7 +11,8 @@ context is never queued behind a group's fsync. Each store method is a single fu
 runs a whole transaction, from ``BEGIN`` to ``COMMIT``; no transaction ever spans an
 ``await``. A cancelled caller therefore never leaves a transaction open: the thread finishes
 (or rolls back) before the cancellation is delivered, and a read on the loop's thread runs
-to its end before anything else does. Nothing beyond the standard library is needed.
+to its end before anything else does. Nothing beyond the standard library and orjson (a
+statement's rows as one JSON array) is needed.
 
 Durability: ``journal_mode=WAL`` with ``synchronous=FULL``. In WAL mode a
 commit appends to the write-ahead log; with ``FULL`` every commit also
@@ -86,6 +87,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from voice_context.core.landmarks import Landmark
 from voice_context.core.recalled import IndexedDoc, Passage, Posting, RecallStats
@@ -376,9 +379,9 @@ class SQLiteStore:
 
         def op(conn: sqlite3.Connection) -> None:
             with writing(conn):
-                now = self._clock()
-                conn.executemany(
-                    "UPDATE sessions SET updated_at = ? WHERE name = ?", [(now, name) for name in names]
+                conn.execute(  # one statement for every name (see sqlite_rows: never a row a statement)
+                    "UPDATE sessions SET updated_at = ? WHERE name IN (SELECT value FROM json_each(?))",
+                    (self._clock(), orjson.dumps(list(names)).decode()),
                 )
 
         await self.db.run("touch", op)
