@@ -64,7 +64,6 @@ from types import TracebackType
 from typing import Any, Self
 
 import anyio
-import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from websockets.asyncio.client import ClientConnection, connect
@@ -93,9 +92,10 @@ from voice_context.core.budget import Format
 from voice_context.core.handoff import LAST_TURNS
 from voice_context.core.turns import Note, Role, Turn
 from voice_context.errors import ClientError, ConnectionLost, RequestTimeout
+from voice_context.logs import get_logger
 from voice_context.released import ReleasedClientConnection
 
-log = structlog.get_logger("voice_context.client")
+log = get_logger("voice_context.client")
 
 EVENT_BUFFER = 256
 MAX_REPLY_BYTES = 16 * 1024 * 1024

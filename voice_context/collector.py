@@ -45,9 +45,10 @@ from enum import Enum
 from typing import cast
 
 import anyio
-import structlog
 
-log = structlog.get_logger("voice_context.collector")
+from voice_context.logs import get_logger
+
+log = get_logger("voice_context.collector")
 
 FREEZE_SECONDS = 1.0
 """How often what survived is frozen, by default (``server.gc_freeze_seconds``). The collection

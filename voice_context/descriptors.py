@@ -33,11 +33,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
 from voice_context.codec import RATE_LIMITED, ErrorReply, encode_reply
+from voice_context.logs import get_logger
 
-log = structlog.get_logger("voice_context.server")
+log = get_logger("voice_context.server")
 
 #: Descriptors kept free for the work of the connections already served (an eighth of the
 #: limit when that is less).

@@ -32,11 +32,11 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
-import structlog
 
 from voice_context.core.landmarks import stamp
 from voice_context.core.text import clip, condense_summary
 from voice_context.errors import ConfigError
+from voice_context.logs import get_logger
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 from voice_context.summarizers.prompt import neutralise
 
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ContextSource", "HTTPSource", "SourceWindow", "SourcedSummarizer", "source_line", "with_sources"]
 
-log = structlog.get_logger("voice_context.sources")
+log = get_logger("voice_context.sources")
 
 MAX_SOURCE_CHARS = 400
 """A source's answer is clipped to this many chars in the summary."""

@@ -20,8 +20,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import structlog
-
 from voice_context.core.config import SessionConfig
 from voice_context.core.tiers import (
     TIERS,
@@ -35,10 +33,11 @@ from voice_context.core.tiers import (
 )
 from voice_context.core.tools import for_summary
 from voice_context.core.turns import Turn
+from voice_context.logs import get_logger
 from voice_context.store.base import Store
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 
-log = structlog.get_logger("voice_context.tiers")
+log = get_logger("voice_context.tiers")
 
 #: At most this many passes of one call (a pass makes every roll due at once).
 MAX_PASSES = 4

@@ -26,12 +26,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from voice_context.core.tokens import TOKENIZERS, CachedCounter, CharEstimate, FunctionCounter, TokenCounter
 from voice_context.errors import ConfigError
+from voice_context.logs import get_logger
 
-log = structlog.get_logger("voice_context")
+log = get_logger("voice_context")
 
 #: The SHA-256 tiktoken checks each file against (``tiktoken_ext.openai_public``).
 EXPECTED_SHA256 = {

@@ -42,17 +42,17 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
-import structlog
 from anyio.abc import Process, TaskGroup
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from voice_context.config import ENV_PREFIX, Settings
 from voice_context.errors import ConfigError
+from voice_context.logs import get_logger
 from voice_context.server.app import replica_name
 from voice_context.server.connection import SHUTDOWN_GRACE
 from voice_context.server.listener import Loads, bind
 
-log = structlog.get_logger("voice_context.serve")
+log = get_logger("voice_context.serve")
 
 ORPHAN_POLL_SECONDS = 1.0
 """How often a worker checks that its supervisor is still there."""

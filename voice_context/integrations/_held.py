@@ -14,15 +14,14 @@ import asyncio
 import time
 from collections.abc import Callable
 
-import structlog
-
 from voice_context.client import Client, SessionHandle
 from voice_context.core.breaker import CircuitBreaker
 from voice_context.errors import ConnectionLost
+from voice_context.logs import get_logger
 
 __all__ = ["HeldSession"]
 
-log = structlog.get_logger("voice_context.integrations")
+log = get_logger("voice_context.integrations")
 
 
 class HeldSession:

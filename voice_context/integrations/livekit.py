@@ -54,7 +54,6 @@ from dataclasses import replace
 from typing import Any
 
 import anyio
-import structlog
 from livekit.agents import AgentSession, llm
 
 from voice_context.client import SessionHandle
@@ -62,10 +61,11 @@ from voice_context.codec import TurnAppend
 from voice_context.core.turns import Turn
 from voice_context.errors import ClientError, VoiceContextError
 from voice_context.integrations._held import HeldSession
+from voice_context.logs import get_logger
 
 __all__ = ["VoiceContextMemory"]
 
-log = structlog.get_logger("voice_context.integrations.livekit")
+log = get_logger("voice_context.integrations.livekit")
 
 #: How much of a turn longer than the server takes is stored (its head, and how long it was).
 CUT_CHARS = 2000

@@ -52,10 +52,10 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import anyio
 import anyio.abc
-import structlog
 
 from voice_context.client import SessionHandle
 from voice_context.errors import VoiceContextError
+from voice_context.logs import get_logger
 
 __all__ = [
     "BOT_EVENTS",
@@ -67,7 +67,7 @@ __all__ = [
     "sideband_url",
 ]
 
-log = structlog.get_logger("voice_context.integrations.openai_realtime")
+log = get_logger("voice_context.integrations.openai_realtime")
 
 USER_EVENTS = frozenset({"conversation.item.input_audio_transcription.completed"})
 """Server events carrying a finalized transcript of what the user said (``transcript``)."""

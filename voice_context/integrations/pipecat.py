@@ -74,7 +74,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import anyio
-import structlog
 from pipecat.frames.frames import (
     CancelFrame,
     EndFrame,
@@ -96,10 +95,11 @@ from voice_context.codec import TurnAppend
 from voice_context.core.turns import Role, Turn
 from voice_context.errors import ClientError, VoiceContextError
 from voice_context.integrations._held import HeldSession
+from voice_context.logs import get_logger
 
 __all__ = ["RESULT_CHARS", "ContextLedger", "VoiceContextProcessor"]
 
-log = structlog.get_logger("voice_context.integrations.pipecat")
+log = get_logger("voice_context.integrations.pipecat")
 
 INSTRUCTION_ROLES = frozenset({"system", "developer"})
 WORD_ROLES = frozenset({"user", "assistant"})

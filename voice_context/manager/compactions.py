@@ -22,6 +22,7 @@ from voice_context.core.session import (
 )
 from voice_context.core.window import FillBudget, Skip, SkipReason
 from voice_context.errors import StoreError, SummarizerError
+from voice_context.logs import get_logger
 from voice_context.manager.leases import Leases
 from voice_context.manager.live import Lease, Live
 from voice_context.manager.outcomes import Outcomes
@@ -29,7 +30,7 @@ from voice_context.manager.registry import Registry
 from voice_context.store.base import FoldCommit
 from voice_context.summarizers.base import SummaryRequest
 
-log = structlog.get_logger("voice_context")
+log = get_logger("voice_context")
 
 
 class Compactions:

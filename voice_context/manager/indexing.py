@@ -7,16 +7,16 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-import structlog
 
 from voice_context.core.recalled import IndexedDoc, RecallStats
 from voice_context.core.turns import Note, Turn
+from voice_context.logs import get_logger
 from voice_context.manager.live import Live, RecallState
 from voice_context.manager.registry import Registry
 from voice_context.recall.index import indexed, note_passage, turn_passage
 from voice_context.recall.stored import HeldTurns
 
-log = structlog.get_logger("voice_context")
+log = get_logger("voice_context")
 
 EMBED_BATCH = 256
 """At most this many docs embedded by one model call in the background."""

@@ -5,17 +5,17 @@ from __future__ import annotations
 import contextlib
 
 import anyio
-import structlog
 from anyio.abc import TaskStatus
 
 from voice_context.core.session import CompactionAbandoned, CompactionPlan, Session
 from voice_context.errors import StoreError, UnknownSession
+from voice_context.logs import get_logger
 from voice_context.manager.live import Lease, Live
 from voice_context.manager.outcomes import Outcomes
 from voice_context.manager.registry import Registry
 from voice_context.manager.replicas import Replicas
 
-log = structlog.get_logger("voice_context")
+log = get_logger("voice_context")
 
 RELEASE_TIMEOUT = 2.0
 """The longest (seconds) a lease's release may take, shielded; it expires on its own anyway."""

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import structlog
-
 from voice_context.core.session import Applied, CompactionFailed, CompactionPlan, Failed, Session
+from voice_context.logs import get_logger
 from voice_context.manager.live import CompactionEvent, Live
 from voice_context.manager.registry import Registry
 
-log = structlog.get_logger("voice_context")
+log = get_logger("voice_context")
 
 
 class Outcomes:

@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import anyio
 import anyio.to_thread
-import structlog
 
 from voice_context.core.recalled import Offered, Recalled
 from voice_context.core.turns import Turn, TurnRun
 from voice_context.errors import StoreError
+from voice_context.logs import get_logger
 from voice_context.manager.indexing import Indexing
 from voice_context.manager.live import Ahead, Basis, Live
 from voice_context.manager.registry import Registry
@@ -19,7 +19,7 @@ from voice_context.manager.tiers import Tiers
 from voice_context.recall.index import DEFAULT_QUERY_COMMON, MAX_OLDER_TURNS, SummaryIndex, query_time
 from voice_context.recall.stored import NOTHING_FOUND, find_in_store
 
-log = structlog.get_logger("voice_context")
+log = get_logger("voice_context")
 
 OLDER_READS = 3
 """How many times a context reads the turns before the cursor when folds keep moving it

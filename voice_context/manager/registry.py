@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVarTuple
 
 import anyio
-import structlog
 from anyio.abc import TaskGroup
 
 from voice_context.config import AheadMode, ServerSettings, SummarizerSettings, session_defaults
 from voice_context.core.config import SessionConfig
 from voice_context.core.session import SessionEnding
 from voice_context.errors import UnknownSession
+from voice_context.logs import get_logger
 from voice_context.manager.live import CompactionEvent, Listener, Live
 from voice_context.store.base import Store
 from voice_context.store.memory import MemoryStore
@@ -25,7 +25,7 @@ from voice_context.summarizers.base import Summarizer
 if TYPE_CHECKING:  # (numpy loads only with an embedder)
     from voice_context.recall.embedding import Embedder
 
-log = structlog.get_logger("voice_context")
+log = get_logger("voice_context")
 
 SERVER = ServerSettings()
 SUMMARIZER = SummarizerSettings()

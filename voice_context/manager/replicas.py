@@ -8,18 +8,18 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anyio
-import structlog
 
 from voice_context.core.session import Reconfigured, Session, SessionEnding, TurnAppended
 from voice_context.core.turns import Note
 from voice_context.errors import SessionClosed, StoreError, UnknownSession
+from voice_context.logs import get_logger
 from voice_context.manager.indexing import Indexing
 from voice_context.manager.live import Live, Opened, restore
 from voice_context.manager.registry import Registry
 from voice_context.manager.tiers import Tiers
 from voice_context.store.base import SessionRecord
 
-log = structlog.get_logger("voice_context")
+log = get_logger("voice_context")
 
 OPEN_ATTEMPTS = 3
 """An open that finds no session, fails to create it (another replica did, for the same owner)

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 
 import anyio
 import anyio.to_thread
-import structlog
 
 from voice_context.core.budget import Context, Format, build_context
 from voice_context.core.emergency import safety_start
@@ -24,6 +23,7 @@ from voice_context.core.session import (
 from voice_context.core.tokens import TokenCounter
 from voice_context.core.window import FillBudget
 from voice_context.errors import ContextOverflow
+from voice_context.logs import get_logger
 from voice_context.manager.compactions import Compactions
 from voice_context.manager.indexing import Indexing
 from voice_context.manager.live import Live
@@ -34,7 +34,7 @@ from voice_context.recall.index import default_query
 from voice_context.summarizers.fallback import emergency_fold
 from voice_context.tokenizers import load_tokenizer
 
-log = structlog.get_logger("voice_context")
+log = get_logger("voice_context")
 
 
 class Replies:

@@ -9,7 +9,6 @@ from types import TracebackType
 from typing import Any, Self
 
 import anyio
-import structlog
 
 from voice_context.core.budget import Context, Format
 from voice_context.core.handoff import LAST_TURNS, Handoff
@@ -31,6 +30,7 @@ from voice_context.core.session import (
 from voice_context.core.tiers import TIERS, Tier
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import ConfigError, StoreError, TurnConflict, UnknownSession
+from voice_context.logs import get_logger
 from voice_context.manager.compactions import Compactions
 from voice_context.manager.indexing import Indexing
 from voice_context.manager.leases import Leases
@@ -43,7 +43,7 @@ from voice_context.manager.replies import Replies
 from voice_context.manager.tiers import Tiers
 from voice_context.tiering import RollReport
 
-log = structlog.get_logger("voice_context")
+log = get_logger("voice_context")
 
 
 class SessionManager(Registry):

@@ -7,8 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-import structlog
-
 from voice_context.core.session import ContextView, Restored, Session, TiersRolled
 from voice_context.core.tiers import (
     TIERS,
@@ -19,12 +17,13 @@ from voice_context.core.tiers import (
     rolled_through,
     tiered_summary,
 )
+from voice_context.logs import get_logger
 from voice_context.manager.live import Live
 from voice_context.manager.registry import Registry
 from voice_context.recall.index import SummaryIndex
 from voice_context.tiering import RollReport, roll_tiers
 
-log = structlog.get_logger("voice_context")
+log = get_logger("voice_context")
 
 TIER_CHECK_SECONDS = 60.0
 """How often (by the manager's clock) a session with tiers on checks for rolls made due by the

@@ -45,9 +45,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import structlog
-
 from voice_context.errors import ConfigError
+from voice_context.logs import get_logger
 
 with contextlib.suppress(ImportError):  # without the ``recall`` extra nothing below is loadable
     import numpy as np
@@ -57,7 +56,7 @@ if TYPE_CHECKING:
 
     Vectors = npt.NDArray[np.float32]
 
-log = structlog.get_logger("voice_context.recall")
+log = get_logger("voice_context.recall")
 
 KINDS = ("auto", "none", "minilm", "minilm-static")
 MODEL_PACKAGE = "all_minilm_l6_v2"

@@ -35,6 +35,7 @@ from voice_context.collector import Load
 from voice_context.config import Settings, make_summarizer
 from voice_context.descriptors import DescriptorGuard
 from voice_context.errors import StoreError
+from voice_context.logs import get_logger
 from voice_context.manager import SessionManager
 from voice_context.metrics import Metrics
 from voice_context.released import ReleasedConnection
@@ -52,7 +53,7 @@ from voice_context.summarizers.base import Summarizer
 if TYPE_CHECKING:
     from voice_context.recall.embedding import Embedder
 
-log = structlog.get_logger("voice_context.server")
+log = get_logger("voice_context.server")
 
 TICK_SECONDS = 15.0
 """How often the server starts the tier rolls the time of day made due (see ``SessionManager.tick``)."""

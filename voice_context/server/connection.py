@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
-import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from websockets.asyncio.server import ServerConnection
@@ -38,10 +37,11 @@ from websockets.frames import CloseCode
 from voice_context import codec
 from voice_context.codec import INTERNAL, ClientMessage, DecodeError, ErrorReply
 from voice_context.config import ServerSettings
+from voice_context.logs import get_logger
 from voice_context.manager import CompactionEvent
 from voice_context.metrics import Metrics
 
-log = structlog.get_logger("voice_context.server")
+log = get_logger("voice_context.server")
 
 
 OUTBOX_FRAMES = 256

@@ -58,13 +58,14 @@ from voice_context.core.session import Session
 from voice_context.core.turns import Turn
 from voice_context.errors import ConfigError, RateLimited, SessionClosed, StoreError, UnknownSession
 from voice_context.errors import ContextOverflow as Overflowed
+from voice_context.logs import get_logger
 from voice_context.manager import SessionManager
 from voice_context.metrics import Metrics
 from voice_context.server.connection import SHUTDOWN_GRACE, Connection
 from voice_context.server.limits import Limits, SessionLimits
 from voice_context.server.recording import Recorder
 
-log = structlog.get_logger("voice_context.server")
+log = get_logger("voice_context.server")
 
 DUPLICATE_LOOKBACK = 32
 

@@ -18,7 +18,6 @@ from typing import Any, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import orjson
-import structlog
 from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
@@ -35,12 +34,13 @@ from voice_context.codec import (
 from voice_context.config import ServerSettings
 from voice_context.descriptors import DescriptorGuard, refusal_body
 from voice_context.errors import StoreError, UnknownSession
+from voice_context.logs import get_logger
 from voice_context.manager import SessionManager
 from voice_context.metrics import CONTENT_TYPE, Metrics
 from voice_context.server.limits import Limits
 from voice_context.store.base import Store
 
-log = structlog.get_logger("voice_context.server")
+log = get_logger("voice_context.server")
 
 PATH = "/v1"
 

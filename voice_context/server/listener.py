@@ -39,15 +39,15 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol, Self
 
-import structlog
 from anyio.abc import TaskGroup
 from websockets.asyncio.server import Server as WebsocketServer
 from websockets.asyncio.server import ServerConnection
 
 from voice_context.core.balance import wait_before_accepting
 from voice_context.descriptors import ACCEPT_FAILED, OUT_OF_DESCRIPTORS
+from voice_context.logs import get_logger
 
-log = structlog.get_logger("voice_context.server")
+log = get_logger("voice_context.server")
 
 BACKLOG = 2048
 """The listen backlog (the kernel caps it at ``net.core.somaxconn``), every ``serve`` socket's:

@@ -23,9 +23,10 @@ from urllib.parse import quote
 import anyio
 import anyio.to_thread
 import orjson
-import structlog
 
-log = structlog.get_logger("voice_context.server")
+from voice_context.logs import get_logger
+
+log = get_logger("voice_context.server")
 
 #: Worker threads writing recordings at once, at most.
 WRITERS = 8

@@ -41,13 +41,13 @@ from typing import Generic, TypeVar
 
 import anyio
 import anyio.lowlevel
-import structlog
 
 from voice_context.errors import StoreError
+from voice_context.logs import get_logger
 
 T = TypeVar("T")
 
-log = structlog.get_logger("voice_context.store")
+log = get_logger("voice_context.store")
 
 MAX_GROUP = 1000
 """At most this many writes in one group (the rest go in the next)."""

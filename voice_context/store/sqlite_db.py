@@ -25,16 +25,16 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 import anyio
-import structlog
 
 from voice_context.errors import StoreError
+from voice_context.logs import get_logger
 from voice_context.store.sqlite_rows import WriterConnection, until_free
 from voice_context.store.sqlite_schema import migrate
 from voice_context.worker import Worker
 
 T = TypeVar("T")
 
-log = structlog.get_logger("voice_context.store")
+log = get_logger("voice_context.store")
 
 OLDEST_SQLITE = (3, 33, 0)
 """The oldest SQLite the store runs on (``UPDATE ... FROM``, which a group's writes use)."""

@@ -17,17 +17,17 @@ from dataclasses import replace
 from functools import partial
 
 import anyio
-import structlog
 
 from voice_context.core.emergency import halves
 from voice_context.core.session import CompactionPlan
 from voice_context.core.tokens import TokenCounter
 from voice_context.errors import SummarizerError
+from voice_context.logs import get_logger
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 from voice_context.summarizers.compress import compress, line_of
 from voice_context.summarizers.deterministic import FOLD_THREAD, DeterministicSummarizer
 
-_log = structlog.get_logger("voice_context.summarizer")
+_log = get_logger("voice_context.summarizer")
 
 
 def deterministic_fold(request: SummaryRequest, folder: DeterministicSummarizer | None = None) -> str:

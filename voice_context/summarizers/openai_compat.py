@@ -50,7 +50,6 @@ from typing import Literal, Self
 import anyio
 import anyio.lowlevel
 import openai
-import structlog
 from openai.types.chat import (
     ChatCompletionMessageParam,
     ChatCompletionSystemMessageParam,
@@ -60,13 +59,14 @@ from openai.types.chat import (
 from voice_context.core.session import MAX_REPLY_FACTOR
 from voice_context.core.text import normalize
 from voice_context.errors import SummarizerError
+from voice_context.logs import get_logger
 from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.check import missing_batch, rewritten_lines
 from voice_context.summarizers.compress import compress
 from voice_context.summarizers.deterministic import FOLD_THREAD, DeterministicSummarizer
 from voice_context.summarizers.prompt import build_line_messages, build_messages
 
-_log = structlog.get_logger("voice_context.summarizer")
+_log = get_logger("voice_context.summarizer")
 
 DIGEST_CHARS = 4000
 """The most a batch's digest may take in the prompt."""
