@@ -1,25 +1,20 @@
-"""OpenAI Realtime sessions kept briefed: a local stand-in for the realtime service on 127.0.0.1
-plays a conversation the way server VAD orders it (the user's audio committed, the response started
-at once unless ``create_response`` is off, the transcript after), serves a call's sideband
-connection by ``call_id`` and expires sessions; a real voice-context server remembers. Each reply
-is shown to carry the memory of the turn it answers, and a fresh provider session starts with the
-handoff; plus ``session.handoff`` itself."""
+"""OpenAI Realtime sessions kept briefed: the stand-in for the realtime service on 127.0.0.1
+(``voice_context.testing.realtime_server``) plays a conversation the way server VAD orders it
+(the user's audio committed, the response started at once unless ``create_response`` is off, the
+transcript after), serves a call's sideband connection by ``call_id`` and expires sessions; a real
+voice-context server remembers. Each reply is shown to carry the memory of the turn it answers,
+and a fresh provider session starts with the handoff; plus ``session.handoff`` itself."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import anyio
-import orjson
 import pytest
 from serving import TIMEOUT, running, settings, wire
-from websockets.asyncio.server import ServerConnection, serve
-from websockets.datastructures import Headers
 
 from voice_context.client import Client
 from voice_context.core.handoff import OPEN_QUESTIONS_HEADER, open_questions
@@ -34,6 +29,7 @@ from voice_context.integrations.openai_realtime import (
 )
 from voice_context.server import Server
 from voice_context.summarizers.deterministic import DeterministicSummarizer
+from voice_context.testing.realtime_server import StandInRealtime, User, committed, failed, heard
 
 T0 = 1714572187.0
 
@@ -66,151 +62,11 @@ def test_a_question_is_open_until_someone_else_speaks() -> None:
     )
 
 
-@dataclass(frozen=True)
-class User:
-    """One user turn on the call: ``said`` (the transcript server VAD's audio gets), then the
-    model's ``reply`` (``None``: the session ends before the model's words come)."""
-
-    said: str
-    reply: str | None = "Sure."
-
-
-@dataclass
-class RealtimeSession:
-    """One realtime session as the stand-in service holds it: its instructions and turn detection
-    as the client's events left them, what the client sent, and, for each user turn, the
-    instructions the response that answered it ran with."""
-
-    script: list[User | dict[str, Any]]
-    instructions: str = ""
-    create_response: bool = True  # server VAD's default
-    received: list[dict[str, Any]] = field(default_factory=list)
-    answered: list[tuple[str, str]] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    path: str = ""
-    headers: Headers = field(default_factory=Headers)
-    briefed: anyio.Event = field(default_factory=anyio.Event)
-
-    def __post_init__(self) -> None:
-        self.responses, self.requested = anyio.create_memory_object_stream[str](16)
-
-    def apply(self, event: dict[str, Any]) -> None:
-        """A client event, as the service takes it: a ``session.update`` changes the session,
-        a ``response.create`` asks for a response with its own instructions or the session's."""
-        self.received.append(event)
-        if event.get("type") == "session.update":
-            update = event["session"]
-            if update.get("type") != "realtime":
-                self.errors.append(f"session.update without type realtime: {update}")
-            if "instructions" in update:
-                self.instructions = update["instructions"]
-            detection = update.get("audio", {}).get("input", {}).get("turn_detection")
-            if detection is not None:
-                self.create_response = detection.get("create_response", True)
-            self.briefed.set()
-        elif event.get("type") == "response.create":
-            instructions = event.get("response", {}).get("instructions", self.instructions)
-            self.responses.send_nowait(instructions)
-        else:
-            self.errors.append(f"unexpected client event: {event}")
-
-
-class StandInRealtime:
-    """Stands in for the OpenAI Realtime service. A connection to ``/v1/realtime?model=...`` is a
-    fresh session playing the next of ``scripts``; one to ``/v1/realtime?call_id=ID`` is the
-    sideband of the WebRTC or SIP call ``ID`` the test started. A session waits for
-    the client's briefing, then plays its script as server VAD orders a turn: speech started and
-    stopped, the audio committed, the response started at once unless ``create_response`` is
-    off, the transcript completed, then (with ``create_response`` off) the response the client
-    asks for; the model's words close each turn. A script's dicts are sent as they are."""
-
-    def __init__(self, scripts: Sequence[list[User | dict[str, Any]]] = ()) -> None:
-        self.scripts = list(scripts)
-        self.sessions: list[RealtimeSession] = []
-        self.calls: dict[str, RealtimeSession] = {}
-
-    def call(self, call_id: str, script: list[User | dict[str, Any]]) -> RealtimeSession:
-        """A call a WebRTC client (or a SIP trunk) started, waiting for its sideband."""
-        session = self.calls[call_id] = RealtimeSession(script)
-        return session
-
-    async def handler(self, ws: ServerConnection) -> None:
-        assert ws.request is not None
-        call_id = parse_qs(urlsplit(ws.request.path).query).get("call_id", [None])[0]
-        if call_id is not None:
-            session = self.calls[call_id]
-        else:
-            session = RealtimeSession(self.scripts.pop(0))
-            await self._send(ws, {"type": "session.created", "session": {"type": "realtime"}})
-        session.path, session.headers = ws.request.path, ws.request.headers
-        self.sessions.append(session)
-        async with session.responses, session.requested, anyio.create_task_group() as tg:
-            tg.start_soon(self._listen, ws, session)
-            with anyio.fail_after(TIMEOUT):
-                await session.briefed.wait()
-            await self._play(ws, session)
-            await ws.close()
-            tg.cancel_scope.cancel()
-
-    async def _listen(self, ws: ServerConnection, session: RealtimeSession) -> None:
-        async for raw in ws:
-            session.apply(orjson.loads(raw))
-
-    async def _play(self, ws: ServerConnection, session: RealtimeSession) -> None:
-        for k, step in enumerate(session.script):
-            if isinstance(step, dict):
-                await self._send(ws, step)
-                continue
-            item = f"item_{k}"
-            await self._send(ws, {"type": "input_audio_buffer.speech_started", "item_id": item})
-            await self._send(ws, {"type": "input_audio_buffer.speech_stopped", "item_id": item})
-            await self._send(ws, committed(item))
-            if session.create_response:  # the response starts now, before the transcript is done
-                instructions = session.instructions
-                await self._send(ws, {"type": "response.created"})
-            await self._send(ws, heard(step.said, item))
-            if not session.create_response:
-                with anyio.fail_after(TIMEOUT):
-                    instructions = await session.requested.receive()
-                await self._send(ws, {"type": "response.created"})
-            session.answered.append((step.said, instructions))
-            if step.reply is not None:
-                await self._send(ws, said(step.reply))
-                await self._send(ws, {"type": "response.done"})
-
-    @staticmethod
-    async def _send(ws: ServerConnection, event: dict[str, Any]) -> None:
-        await ws.send(orjson.dumps(event).decode())
-
-
-def heard(text: str, item: str) -> dict[str, Any]:
-    return {
-        "type": "conversation.item.input_audio_transcription.completed",
-        "item_id": item,
-        "transcript": text,
-    }
-
-
-def committed(item: str) -> dict[str, Any]:
-    return {"type": "input_audio_buffer.committed", "item_id": item}
-
-
-def failed(item: str) -> dict[str, Any]:
-    return {"type": "conversation.item.input_audio_transcription.failed", "item_id": item}
-
-
-def said(text: str) -> dict[str, Any]:
-    return {"type": "response.output_audio_transcript.done", "transcript": text}
-
-
 @asynccontextmanager
 async def serving(realtime: StandInRealtime) -> AsyncIterator[tuple[Server, str]]:
     """A real voice-context server beside the stand-in realtime service, and the service's URL."""
-    async with (
-        running(settings(), summarizer=DeterministicSummarizer()) as server,
-        serve(realtime.handler, "127.0.0.1", 0) as service,
-    ):
-        yield server, f"ws://127.0.0.1:{service.sockets[0].getsockname()[1]}/v1/realtime"
+    async with running(settings(), summarizer=DeterministicSummarizer()) as server, realtime:
+        yield server, realtime.url
 
 
 @pytest.mark.asyncio
@@ -228,7 +84,7 @@ async def test_with_server_vad_each_reply_carries_the_memory_of_the_turn_it_answ
         ],
         User("What was my booking code again?", "It is QX7-ALPHA."),
     ]
-    realtime = StandInRealtime([call])
+    realtime = StandInRealtime([call], timeout=TIMEOUT)
     async with serving(realtime) as (server, service_url):
         with anyio.fail_after(TIMEOUT * 4):
             memory = await run(
@@ -264,7 +120,7 @@ async def test_with_server_vad_each_reply_carries_the_memory_of_the_turn_it_answ
 async def test_a_webrtc_call_is_served_over_its_sideband_connection_by_call_id(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    realtime = StandInRealtime()
+    realtime = StandInRealtime(timeout=TIMEOUT)
     call = realtime.call("rtc_u1_9c6574da", [User("Is my window seat still booked?", "Yes, 14A.")])
     monkeypatch.setenv("OPENAI_API_KEY", "sk-server-key")
     async with serving(realtime) as (server, service_url):
@@ -357,7 +213,7 @@ async def test_a_realtime_session_is_briefed_after_each_user_turn_and_the_next_o
         User("Two of us. Which flight leaves first?", None),
         {"type": "error", "error": {"type": "invalid_request_error", "code": "session_expired"}},
     ]
-    realtime = StandInRealtime([first, []])
+    realtime = StandInRealtime([first, []], timeout=TIMEOUT)
     async with serving(realtime) as (server, service_url):
         with anyio.fail_after(TIMEOUT * 4):
             await run(
