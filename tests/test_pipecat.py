@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import warnings
-from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -15,20 +14,15 @@ import anyio
 import pytest
 from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
 from pipecat.frames.frames import (
-    EndWorkerFrame,
     Frame,
-    LLMContextAssistantTurnFrame,
     LLMContextFrame,
-    LLMMessagesAppendFrame,
     LLMMessagesUpdateFrame,
     LLMUpdateSettingsFrame,
-    StartFrame,
     VisionTextFrame,
 )
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
-from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.services.llm_service import FunctionCallParams
 from pipecat.services.openai.llm import OpenAILLMService
 from pipecat.services.settings import LLMSettings
@@ -49,6 +43,7 @@ from voice_context.integrations.pipecat import (
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 from voice_context.testing.openai_server import CallTool, OpenAIServer, Reply
+from voice_context.testing.pipecat_caller import Caller, says
 
 NOVA = "You are Nova, a travel agent."
 SYSTEM = {"role": "system", "content": NOVA}
@@ -156,29 +151,6 @@ async def test_when_voice_context_is_down_the_llm_gets_the_pipelines_own_context
 # -- HTTP server speaking the OpenAI API, and the memory around the LLM
 
 
-class Caller(FrameProcessor):
-    """The person on the call, at the top of the pipeline: says each line (the frames a user
-    turn, or a reset, puts in the pipeline) once the bot's answer to the one before is in
-    the context (the assistant aggregator announces it up the pipeline), then hangs up."""
-
-    def __init__(self, *lines: Sequence[Frame]) -> None:
-        super().__init__()
-        self.lines = deque(lines)
-
-    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
-        await super().process_frame(frame, direction)
-        await self.push_frame(frame, direction)
-        if isinstance(frame, StartFrame | LLMContextAssistantTurnFrame):
-            await self.say_next()
-
-    async def say_next(self) -> None:
-        if not self.lines:
-            await self.push_frame(EndWorkerFrame(), FrameDirection.UPSTREAM)
-            return
-        for frame in self.lines.popleft():
-            await self.push_frame(frame)
-
-
 class OpenAILLM(OpenAILLMService):
     """pipecat's OpenAI service, which closes its HTTP client when the pipeline is cleaned up
     (pipecat's own leaves it to the garbage collector)."""
@@ -190,11 +162,6 @@ class OpenAILLM(OpenAILLMService):
     async def cleanup(self) -> None:
         await super().cleanup()
         await self.http.close()
-
-
-def says(text: str) -> list[Frame]:
-    """A user turn put in the context with pipecat's own frame: appended, then an LLM run."""
-    return [LLMMessagesAppendFrame(messages=[{"role": "user", "content": text}], run_llm=True)]
 
 
 async def call(
@@ -212,7 +179,7 @@ async def call(
         settings=OpenAILLM.Settings(model="scripted", system_instruction=prompt),
     )
     aggregators = LLMContextAggregatorPair(context)
-    pipeline = Pipeline([Caller(*lines), aggregators.user(), memory.around(llm), aggregators.assistant()])
+    pipeline = Pipeline([Caller(lines), aggregators.user(), memory.around(llm), aggregators.assistant()])
     with anyio.fail_after(TIMEOUT * 4):
         await run_test(pipeline, frames_to_send=[], send_end_frame=False)
 
