@@ -1,7 +1,8 @@
 """The person on a pipecat call, typing: a frame processor that stands at the top of a pipeline,
 where a voice bot has its transport and speech-to-text, so that a bot runs with no audio device.
 
-    pipeline = Pipeline([Caller(["Hi.", "What did I say?"]), aggregators.user(), llm, aggregators.assistant()])
+    caller = Caller(["Hi, I'm Ana.", "What is my name?"], echo=True)
+    pipeline = Pipeline([caller, aggregators.user(), llm, aggregators.assistant()])
 
 Needs the ``pipecat`` extra (``pip install 'voice-context[pipecat]'``).
 """
