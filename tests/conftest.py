@@ -42,7 +42,10 @@ def logs() -> Iterator[list[MutableMapping[str, Any]]]:
 
 
 #: Files whose tests start first: the longest, so that no worker is left with one at the end.
-FIRST = ("test_embedding.py",)  # distils the static embedding table, half a minute of one core
+FIRST = (
+    "test_embedding.py",  # distils the static embedding table, half a minute of one core
+    "test_examples.py",  # runs every example in a process of its own, a few seconds each
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
