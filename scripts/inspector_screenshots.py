@@ -1,4 +1,4 @@
-"""Screenshots of the inspector for the README, taken from a real server.
+"""Screenshots of the inspector for docs/inspector.md, taken from a real server.
 
 Usage: scripts/inspector-screenshots [--out docs]
 

@@ -1,4 +1,6 @@
-"""The README's examples are code a new user will paste first: each must run, and say what it claims."""
+"""The README and the reference in docs/: the code a new user pastes first must run and say what it
+claims (the library's example in docs/library.md, the bot's in docs/service.md; the quick starts are
+the examples', see test_examples.py), and every link between them must reach its page and heading."""
 
 from __future__ import annotations
 
@@ -11,15 +13,19 @@ from pathlib import Path
 import pytest
 from serving import TIMEOUT, clean_env
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
+def python_blocks(page: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.DOTALL)
 
 
 def test_the_library_example_runs_folds_the_first_batch_and_prints_only_what_it_says() -> None:
-    example = next(block for block in python_blocks() if "SessionManager(" in block)
+    example = next(
+        block for block in python_blocks(ROOT / "docs" / "library.md") if "SessionManager(" in block
+    )
     done = subprocess.run(
         [sys.executable, "-c", example],
         capture_output=True,
@@ -43,7 +49,7 @@ def test_the_readme_names_the_two_commands() -> None:
 def test_the_readme_bot_example_talks_to_a_real_server(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    bot = next(block for block in python_blocks() if "Client(URL)" in block)
+    bot = next(block for block in python_blocks(ROOT / "docs" / "service.md") if "Client(URL)" in block)
     command = [sys.executable, "-m", "voice_context", "serve", "--port", "0", "--store", "memory"]
     env = clean_env()
     with subprocess.Popen(
@@ -64,3 +70,40 @@ def test_the_readme_bot_example_talks_to_a_real_server(
     printed = [line for line in capsys.readouterr().out.splitlines() if re.match(r"\d+ ", line)]
     assert printed[0] == "0 True"
     assert printed[1].startswith("4 [")
+
+
+def outside_fences(text: str) -> str:
+    """``text`` without its fenced code blocks, where a ``#`` starts no heading."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors of a page's headings, as GitHub makes them (a repeated one gets -1, -2, ...)."""
+    made: set[str] = set()
+    for heading in re.findall(r"^#+ (.*)$", outside_fences(page.read_text(encoding="utf-8")), re.MULTILINE):
+        anchor = re.sub(r"[^\w\- ]", "", heading.replace("`", "").strip().lower()).replace(" ", "-")
+        candidate, n = anchor, 0
+        while candidate in made:
+            n += 1
+            candidate = f"{anchor}-{n}"
+        made.add(candidate)
+    return made
+
+
+@pytest.mark.parametrize("page", [README, *DOCS], ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_link_reaches_its_page_and_heading(page: Path) -> None:
+    broken = []
+    text = re.sub(r"`[^`\n]*`", "", outside_fences(page.read_text(encoding="utf-8")))  # code is no link
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue  # a web address
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists() or (anchor and anchor not in anchors(linked)):
+            broken.append(target)
+    assert broken == [], f"{page.name} links to what is not there"
+
+
+def test_the_readme_points_to_every_page_of_the_reference() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert [page.name for page in DOCS if f"](docs/{page.name}" not in text] == []

@@ -21,7 +21,7 @@ without it, and no reply ever waits for a source.
 
 A source is any object with a ``name``, a ``timeout`` and an async
 ``summary(window) -> str`` (:class:`ContextSource`); :class:`HTTPSource` is one
-over HTTP, configured in TOML as ``[[sources]]`` (see the README).
+over HTTP, configured in TOML as ``[[sources]]`` (see docs/model.md, "Context sources").
 """
 
 from __future__ import annotations
