@@ -4,15 +4,18 @@ own testing API), its LLM the OpenAI plugin pointed at a real OpenAI-compatible 
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib
 import re
+import time
 from collections.abc import MutableMapping
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
 from serving import running, settings
 
+import voice_context.client
 from voice_context.client import Client
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 from voice_context.testing.openai_server import CallTool, OpenAIServer, Reply, ReplyWith
@@ -99,11 +102,26 @@ def stop(k: int) -> str:
     return f"Stop {k}: we walk from the harbour to the old market and eat at cafe {k}."
 
 
+def said_on(day: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Date the turns the client stores as said on ``day`` (``"2 December 2026"``), from 09:00 on:
+    a date's written length moves what a dated tail of the transcript holds, and with it where the
+    protected window ends."""
+    start = dt.datetime.strptime(f"{day} 09:00", "%d %B %Y %H:%M").replace(tzinfo=dt.UTC).timestamp()
+    began = time.monotonic()
+    clock = SimpleNamespace(time=lambda: start + time.monotonic() - began, monotonic=time.monotonic)
+    monkeypatch.setattr(voice_context.client, "time", clock)
+
+
 @pytest.mark.asyncio
-@pytest.mark.parametrize("truncate", [None, 10], ids=["whole", "truncated"])
+@pytest.mark.parametrize(
+    ("truncate", "day"),
+    [(None, "2 December 2026"), (10, "28 November 2026"), (None, "23 September 2027")],
+    ids=["whole", "truncated", "a-long-date"],
+)
 async def test_a_long_call_gets_a_bounded_context_with_every_turn_in_the_summary_or_shown_once(
-    truncate: int | None, livekit: ModuleType
+    truncate: int | None, day: str, livekit: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    said_on(day, monkeypatch)
     budget = 3000
     runs = 60
     async with (

@@ -183,9 +183,9 @@ class SessionConfig:
     fill_trigger: float = _setting(
         0.7,
         "share",
-        "a context asked for under a budget also starts a compaction when the verbatim turns from the "
-        "cursor on pass this share of that budget (chars or tokens), whatever their count; 0 turns "
-        "it off",
+        "a context asked for under a budget also starts a compaction when the turns from the cursor "
+        "on take more than this share of the room its layout protects for the newest turns (chars or "
+        "tokens), whatever their count: they fold until half of that is left; 0 turns it off",
         most=1,
     )
     landmarks: bool = _setting(
