@@ -3,6 +3,7 @@ how it shrinks (coarser with age, never past the budget)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from dataclasses import replace
 
@@ -14,9 +15,9 @@ from voice_context.core.budget import Format, build_context
 from voice_context.core.config import SessionConfig
 from voice_context.core.recalled import Recalled
 from voice_context.core.session import ContextView, Session, TurnAppended
-from voice_context.core.text import condense_summary
+from voice_context.core.text import condense_summary, summary_before
 from voice_context.core.times import stamp
-from voice_context.core.turns import Note, Turn
+from voice_context.core.turns import Note, Turn, TurnRun
 
 LINES = [
     f"[{day} May 2023, 10:00] Alice: We booked {city} for {day} nights. Bob: The ferry leaves at {day} pm. "
@@ -355,3 +356,43 @@ def test_what_a_context_shows_of_the_summary_is_the_summary_cut_once() -> None:
         for budget in range(1000, 1500, 10):
             summary = build_context(shown, "instructions", budget_chars=budget).summary
             assert summary == condense_summary(ONE_DAY_AT_A_TIME, len(summary)), budget
+
+
+# -- what the verbatim turns show, the summary does not say again -----------------------------
+
+
+def at(day: int, hour: int = 10) -> float:
+    return dt.datetime(2023, 5, day, hour, tzinfo=dt.UTC).timestamp()
+
+
+def test_a_summary_line_whose_whole_time_the_verbatim_turns_show_is_not_shown_twice() -> None:
+    summary = "\n".join(
+        [
+            "[1 May 2023, 10:00] Alice: We booked Lisbon.",
+            "[2 May 2023, 10:00] Bob: The ferry leaves at 9.",
+            "[3 May 2023, 10:00] Alice: My cousin lives near the harbour.",
+        ]
+    )
+    # a fold came soon after the 3 May talk (turns 40-45): the summary tells of it, and a context
+    # with room still shows those turns
+    talk = [Turn("Alice", "user", f"line {k} of the 3 May talk", at(3) + 60 * k) for k in range(7)]
+    view = ContextView(46, summary, (talk[-1],), (), SessionConfig(recent_floor=0.0, recent_share=0.0))
+    folded = TurnRun.of(40, talk[:-1])
+    ctx = build_context(view, "instructions", budget_chars=4000, older=folded)
+    assert ctx.first_turn == 40 and ctx.summary == "\n".join(summary.split("\n")[:2])
+
+    # when the turns the context protects start after the first of them, the line tells of one
+    # they do not show: it stays
+    fewer = replace(view, config=replace(view.config, priority_turns=6))
+    ctx = build_context(fewer, "instructions", budget_chars=4000, older=folded)
+    assert "near the harbour" in ctx.summary
+
+
+def test_only_the_newest_lines_dated_within_the_verbatim_turns_time_are_left_out() -> None:
+    lines = ["[1 May 2023, 10:00] A: one.", "[2 May 2023, 10:00] B: two.", "[3 May 2023, 10:00] C: three."]
+    summary = "\n".join(lines)
+    assert summary_before(summary, at(2), at(9)) == lines[0]
+    assert summary_before(summary, at(2) + 1, at(9)) == "\n".join(lines[:2]), "a minute's head is its start"
+    assert summary_before(summary, at(1), at(2, 9)) == summary, "dated after the newest turn: not told twice"
+    assert summary_before("[31 February 2023, 10:00] X: a day no calendar has.", 0, 1e12).startswith("[31")
+    assert summary_before("A paragraph with no dates.", 0, 1e12) == "A paragraph with no dates."

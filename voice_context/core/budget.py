@@ -46,7 +46,9 @@ budget):
 5. recall: the passages of older history that bear on the query, best first,
    up to ``recall_share`` of the budget (``default_recall_share`` when no query
    was asked and the query is the newest user turn: ``asked`` is false),
-6. the session summary, up to ``summary_share`` of the budget plus whatever
+6. the session summary (without its newest lines whose whole time the verbatim
+   run shows: a line is dated by the first turn it tells of), up to
+   ``summary_share`` of the budget plus whatever
    of recall's share recall left unused (and at most ``summary_priority_chars``;
    ``default_summary_share`` when no query was asked),
 7. the live screen notes, newest first,
@@ -89,7 +91,7 @@ from voice_context.core.config import SessionConfig
 from voice_context.core.landmarks import Landmark, render
 from voice_context.core.recalled import Offered, Recalled
 from voice_context.core.session import ContextView
-from voice_context.core.text import clip, condense_summary
+from voice_context.core.text import clip, condense_summary, summary_before
 from voice_context.core.times import stamp
 from voice_context.core.tokens import CachedCounter, CharEstimate, TokenCounter
 from voice_context.core.tools import placeholder, tool_iterations, units
@@ -690,6 +692,7 @@ def _assemble(
     assembly.add_landmarks_share()  # 2b.
     assembly.add_recent_window()  # 3.
     assembly.add_unfolded_turns()  # 3b.
+    assembly.summary = assembly.unshown_summary()
     # recall's passages, rendered now that the turns shown verbatim are known (they only grow
     # older from here: a passage of one of them is never shown, and needs no rendering)
     recalled: Sequence[Recalled] = ()
@@ -822,6 +825,7 @@ class _Assembly:
     next_turn: int = -1  # the newest turn not yet shown
     stopped: bool = True  # the verbatim run can grow no older
     window: Size = (0, 0)  # what the protected recent window took (step 3)
+    summary: str = ""  # the summary as this context may show it (see unshown_summary)
     pinned: list[Landmark] = field(default_factory=list)  # landmarks not yet shown, newest first
     shown_landmarks: list[Landmark] = field(default_factory=list)
     chosen: list[Recalled] = field(default_factory=list)
@@ -1001,6 +1005,17 @@ class _Assembly:
                 fill.remove("turns", len(fill.items["turns"]) - 1)
             self.next_turn, self.stopped = next_turn, False
 
+    def unshown_summary(self) -> str:
+        """The summary without its newest lines whose whole time the verbatim run shows (from
+        its first turn to the newest): a line is dated by the first turn it tells of, and a fold
+        that came soon after (the fill trigger folds turns while a context still shows them)
+        would otherwise say twice what the newest turns say, in room that older history needs."""
+        shown = len(self.fill.items["turns"])
+        if not shown or not self.view.summary:
+            return self.view.summary
+        turns = self.transcript.turns
+        return summary_before(self.view.summary, turns[len(turns) - shown].at, turns[-1].at)
+
     def measured(self) -> FillBudget:
         """What the fill trigger weighs after this context: the protected window, what the turns
         from the cursor on take as this context renders them (shown or not), and the room."""
@@ -1058,8 +1073,7 @@ class _Assembly:
 
     def add_summary_head(self, fraction: float, unused_recall: Size) -> None:
         """6. The summary, up to its share and what recall left of its own."""
-        view, fill, tokens = self.view, self.fill, self.tokens
-        summary = view.summary
+        view, fill, tokens, summary = self.view, self.fill, self.tokens, self.summary
         if not summary:
             return
         first = summary
@@ -1117,7 +1131,7 @@ class _Assembly:
     def add_the_rest(self) -> None:
         """9. The rest of a longer summary, then the landmarks left out, then more recall, in the
         room left; a recalled summary line the summary shows anyway is not shown twice."""
-        fill, dropped, summary = self.fill, self.dropped, self.view.summary
+        fill, dropped, summary = self.fill, self.dropped, self.summary
         if "summary_head" in dropped:
             if fill.items["summary"]:
                 fill.grow("summary", summary, _condense)
