@@ -221,7 +221,10 @@ class SessionConfig:
         1800.0, "positive", "a silence this long ends a conversation", most=7 * 86_400
     )
     time_zone: str = _setting(
-        "UTC", "name", "the IANA zone days and weeks are counted in", form="an IANA zone name"
+        "UTC",
+        "name",
+        "the IANA zone days and weeks are counted in",
+        form="an IANA zone name such as Europe/Berlin (at most 64 characters)",
     )
     day_roll_at: str = _setting("03:00", "name", "when a day is rolled, the next morning", form="HH:MM")
     week_roll_at: str = _setting(
