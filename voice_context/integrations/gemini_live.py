@@ -604,6 +604,8 @@ class GeminiLive:
         try:
             switch_at = None if deadline is None else deadline - self.switch_margin
             await self._until(old, lambda link: link.settled, switch_at)
+            if self._closing:
+                return
             self._holding = True  # from here on what the bot sends waits for the next connection
             await self._store_within_timeout()
             new = await self._resume(old)
