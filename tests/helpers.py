@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from dataclasses import replace
+from typing import Any, TypeVar
 
 import anyio
 
+from voice_context.core.budget import Context, Format, build_context
 from voice_context.core.session import (
     Applied,
     CommitCompaction,
     CompactionPlan,
     CompactionStored,
     ContextRequested,
+    ContextView,
     Effect,
     Event,
     NoteReceived,
@@ -26,7 +29,7 @@ from voice_context.core.session import (
     StartCompaction,
     SummaryReturned,
 )
-from voice_context.core.turns import Note, Role, Turn
+from voice_context.core.turns import Note, Role, Turn, TurnRun
 from voice_context.core.window import FillBudget
 from voice_context.store.base import ChooseTerms, PickPassages, RecallSearch, Store
 
@@ -97,6 +100,23 @@ def landed(session: Session, plan_id: int, text: str, at: float) -> Applied:
     effect = summarized(session, plan_id, text, at)
     assert isinstance(effect, Applied), effect
     return effect
+
+
+def folded(view: ContextView, unfolded: int = 2) -> tuple[ContextView, TurnRun]:
+    """The same conversation with all but its newest ``unfolded`` turns folded: the summary covers
+    them and the store keeps them, so a context shows them only as its budget has room (the turns
+    from the cursor on come before recall and the summary). Its view, and those older turns."""
+    keep = min(unfolded, len(view.turns))
+    cut = len(view.turns) - keep
+    older = TurnRun.of(view.cursor, view.turns[:cut])
+    return replace(view, cursor=view.cursor + cut, turns=view.turns[cut:]), older
+
+
+def build_folded(view: ContextView, format: Format, unfolded: int = 2, **options: Any) -> Context:
+    """:func:`build_context` for ``view`` with all but its newest ``unfolded`` turns folded
+    (see :func:`folded`)."""
+    shown, older = folded(view, unfolded)
+    return build_context(shown, format, older=older, **options)
 
 
 def noted(session: Session, note: Note) -> NotesChanged:

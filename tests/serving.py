@@ -163,6 +163,38 @@ class Proxy:
         scope.cancel()
 
 
+class Hung:
+    """A server that hangs: it listens on 127.0.0.1 (port 0) and takes every connection, then
+    never answers a byte nor closes it, as a sidecar whose event loop is stuck. ``accepted``
+    counts the connections a client made."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.accepted = 0
+        self._stack = AsyncExitStack()
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1"
+
+    async def __aenter__(self) -> Hung:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+        await self._stack.enter_async_context(listener)
+        self.port = listener.extra(SocketAttribute.local_port)
+        tg = await self._stack.enter_async_context(anyio.create_task_group())
+        self._stack.callback(tg.cancel_scope.cancel)
+        tg.start_soon(listener.serve, self._take)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    async def _take(self, client: anyio.abc.SocketStream) -> None:
+        self.accepted += 1
+        async with client:
+            await anyio.sleep_forever()
+
+
 def turn_body(index: int, *, speaker: str | None = None, **extra: Any) -> dict[str, Any]:
     who = speaker or ("Alice", "Bob")[index % 2]
     body: dict[str, Any] = {"speaker": who, "role": "user", "text": f"turn {index}", "at": T0 + index}

@@ -263,39 +263,74 @@ def test_a_dropped_current_turn_is_not_also_reported_as_older_turns() -> None:
     assert ctx.dropped == ("current_turn",)
 
 
+def folded_behind(
+    conversation: list[Turn],
+    unfolded: int,
+    *,
+    summary: str,
+    live_notes: tuple[Note, ...],
+    config: SessionConfig,
+) -> tuple[ContextView, TurnRun]:
+    """A session whose newest ``unfolded`` turns are from the cursor on, and the turns before
+    them folded (the summary covers them; the store still keeps them): its view, and those."""
+    cursor = 10 + len(conversation) - unfolded
+    view = ContextView(cursor, summary, tuple(conversation[-unfolded:]), live_notes, config)
+    return view, TurnRun.of(10, conversation[:-unfolded])
+
+
 def test_newest_turns_outrank_facts_which_outrank_the_summary_which_outranks_older_turns() -> None:
     config = SessionConfig(priority_turns=2, **COUNTED_PRIORITY)
-    view = view_of(turns(6, start_at=10), summary=SUMMARY, live_notes=(), config=config)
-    two_newest = build_context(view_of(view.turns[-2:], summary="", live_notes=(), config=config), "messages")
+    view, older = folded_behind(turns(6, start_at=10), 2, summary=SUMMARY, live_notes=(), config=config)
+    two_newest = build_context(view_of(view.turns, summary="", live_notes=(), config=config), "messages")
 
-    ctx = build_context(view, "messages", budget_chars=two_newest.chars + 5, facts=FACTS)
+    ctx = build_context(view, "messages", budget_chars=two_newest.chars + 5, facts=FACTS, older=older)
     assert (ctx.turns_shown, ctx.summary) == (2, "")
     assert [m for m in ctx.messages if m["content"].startswith(FACTS_HEADER)] == []
 
     facts_only = len(FACTS_HEADER) + sum(len(f"\n- {f}") for f in FACTS)
-    ctx = build_context(view, "messages", budget_chars=two_newest.chars + facts_only, facts=FACTS)
+    ctx = build_context(
+        view, "messages", budget_chars=two_newest.chars + facts_only, facts=FACTS, older=older
+    )
     assert (ctx.turns_shown, ctx.summary) == (2, "")
     assert ctx.messages[0]["content"] == FACTS_HEADER + "\n- Alice is vegetarian.\n- Bob lives in Porto."
 
     with_summary = two_newest.chars + facts_only + FENCE + len(SUMMARY)
-    ctx = build_context(view, "messages", budget_chars=with_summary + len("Bob: turn 13") - 1, facts=FACTS)
+    budget = with_summary + len("Bob: turn 13") - 1
+    ctx = build_context(view, "messages", budget_chars=budget, facts=FACTS, older=older)
     assert (ctx.turns_shown, ctx.summary) == (2, SUMMARY)
-    assert ctx.dropped == ("older_turns",)
-    ctx = build_context(view, "messages", budget_chars=with_summary + len("Bob: turn 13"), facts=FACTS)
+    assert ctx.dropped == ()  # every turn from the cursor on is shown: the summary has the rest
+    budget = with_summary + len("Bob: turn 13")
+    ctx = build_context(view, "messages", budget_chars=budget, facts=FACTS, older=older)
     assert (ctx.turns_shown, ctx.first_turn, ctx.summary) == (3, 13, SUMMARY)
+
+
+def test_turns_from_the_cursor_on_outrank_facts_the_summary_and_notes() -> None:
+    """No summary covers them yet: a context that left one out would show it nowhere."""
+    config = SessionConfig(priority_turns=2, **COUNTED_PRIORITY)
+    view = view_of(turns(6, start_at=10), summary=SUMMARY, live_notes=NOTES, config=config)
+    all_turns = build_context(view_of(view.turns, summary="", live_notes=(), config=config), "messages")
+
+    ctx = build_context(view, "messages", budget_chars=all_turns.chars, facts=FACTS)
+    assert (ctx.turns_shown, ctx.first_turn, ctx.summary) == (6, view.cursor, "")
+    assert set(ctx.dropped) == {"facts", "summary", "notes"}
+    # a char less, and they cannot all be shown whatever the context gives up: it gives up
+    # nothing for them, and they take what is left after the rest, as older turns do
+    ctx = build_context(view, "messages", budget_chars=all_turns.chars - 1, facts=FACTS)
+    assert "older_turns" in ctx.dropped and ctx.messages[0]["content"].startswith(FACTS_HEADER)
 
 
 def test_notes_outrank_older_turns() -> None:
     config = SessionConfig(priority_turns=1, **COUNTED_PRIORITY)
-    view = view_of(turns(4), summary="Short summary.", live_notes=NOTES, config=config)
-    everything = build_context(view, "instructions", budget_chars=10_000)
+    view, older_run = folded_behind(turns(4), 1, summary="Short summary.", live_notes=NOTES, config=config)
+    everything = build_context(view, "instructions", budget_chars=10_000, older=older_run)
+    assert everything.turns_shown == 4
     older = len("\nAlice: turn 2") + len("\nBob: turn 1") + len("\nAlice: turn 0")
-    ctx = build_context(view, "instructions", budget_chars=everything.chars - older)
+    ctx = build_context(view, "instructions", budget_chars=everything.chars - older, older=older_run)
     assert ctx.turns_shown == 1  # every older turn went before any note did
     assert ctx.summary == "Short summary."
     assert "- Screen: a map" in ctx.instructions
     assert "spreadsheet" in ctx.instructions
-    ctx = build_context(view, "instructions", budget_chars=everything.chars - older - 1)
+    ctx = build_context(view, "instructions", budget_chars=everything.chars - older - 1, older=older_run)
     assert "- Screen: a map" in ctx.instructions  # the newest note stays
     assert "spreadsheet" not in ctx.instructions
     assert "notes" in ctx.dropped
@@ -309,23 +344,26 @@ def body_of(ctx: Context) -> str:
 def test_every_budget_keeps_the_priority_order(fmt: Format) -> None:
     """Parts are taken greedily in priority order: whatever is missing did not fit when its turn came."""
     config = SessionConfig(priority_turns=2, **COUNTED_PRIORITY)
-    view = view_of(turns(6, start_at=10), summary=SUMMARY, live_notes=NOTES, config=config)
-    n = len(view.turns)
+    whole = view_of(turns(6, start_at=10), summary=SUMMARY, live_notes=NOTES, config=config)
+    # the two newest turns are from the cursor on; the four before them are folded, and shown
+    # only as the budget has room
+    view, older = folded_behind(list(whole.turns), 2, summary=SUMMARY, live_notes=NOTES, config=config)
+    n = len(whole.turns)
 
     def cost(shown: int, facts: tuple[str, ...], summary: str, notes: tuple[Note, ...]) -> int:
         """The exact size of a context holding just these parts."""
         part = view_of(
-            view.turns[n - shown :] if shown else (), summary=summary, live_notes=notes, config=config
+            whole.turns[n - shown :] if shown else (), summary=summary, live_notes=notes, config=config
         )
         return build_context(part, fmt, budget_chars=10**9, facts=facts).chars
 
-    full = build_context(view, fmt, budget_chars=10**9, facts=FACTS)
+    full = build_context(view, fmt, budget_chars=10**9, facts=FACTS, older=older)
     assert full.dropped == ()
     assert full.chars == cost(n, FACTS, SUMMARY, NOTES)
     for budget in range(full.chars + 2):
-        ctx = build_context(view, fmt, budget_chars=budget, facts=FACTS)
+        ctx = build_context(view, fmt, budget_chars=budget, facts=FACTS, older=older)
         assert ctx.chars == real_size(ctx) <= budget
-        assert_turns_contiguous(ctx, view)
+        assert_turns_contiguous(ctx, whole)
         body = body_of(ctx)
         facts = tuple(f for f in FACTS if f"- {f}" in body)
         notes = tuple(note for note in NOTES if f"- {note.render()}" in body)
@@ -350,7 +388,7 @@ def test_every_budget_keeps_the_priority_order(fmt: Format) -> None:
             assert cost(ctx.turns_shown + 1, facts, ctx.summary, notes) > budget, budget
         if ctx.chars and body.endswith(view.turns[-1].text):  # the current turn is whole
             assert ctx.chars == cost(ctx.turns_shown, facts, ctx.summary, notes), budget
-    exact = build_context(view, fmt, budget_chars=full.chars, facts=FACTS)
+    exact = build_context(view, fmt, budget_chars=full.chars, facts=FACTS, older=older)
     assert (exact.chars, exact.dropped, exact.messages, exact.instructions) == (
         full.chars,
         (),

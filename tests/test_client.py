@@ -9,9 +9,9 @@ from typing import Any
 import anyio
 import pytest
 from helpers import ManualClock
-from serving import T0, TIMEOUT, GatedStore, Proxy, running, settings, wait_until
+from serving import T0, TIMEOUT, GatedStore, Hung, Proxy, running, settings, wait_until
 
-from voice_context.client import Client, ClientError, ConnectionLost
+from voice_context.client import Client, ClientError, ConnectionLost, SessionHandle
 from voice_context.core.breaker import CircuitBreaker
 from voice_context.integrations._held import HeldSession
 from voice_context.store.memory import MemoryStore
@@ -321,8 +321,7 @@ async def test_a_held_session_waits_for_a_down_server_once_then_fails_at_once_un
         assert proxy.refused == 1
 
         proxy.come_back()
-        clock.advance(LONG)
-        room = await held.open()
+        room = await after_the_probe(held, clock)
         await room.append_turn("Alice", "user", "Let's book Lisbon.", at=T0)
 
         proxy.go_down()  # and down again mid-call
@@ -331,11 +330,69 @@ async def test_a_held_session_waits_for_a_down_server_once_then_fails_at_once_un
         assert proxy.refused == 2
 
         proxy.come_back()
-        clock.advance(LONG)
-        room = await held.open()
+        room = await after_the_probe(held, clock)
         assert (await room.state())["turns"] == 1, "connected again, to the same session"
         await held.close()
     assert circuit(logs) == ["voice_context_client_circuit_opened", "voice_context_client_circuit_closed"] * 2
+
+
+async def after_the_probe(held: HeldSession, clock: ManualClock) -> SessionHandle:
+    """The session once the backoff has passed: the next call starts the probe and fails at
+    once, without waiting for it; once the probe has opened the session, calls get it."""
+    clock.advance(LONG)
+    with pytest.raises(ConnectionLost, match="trying it in the background"):
+        await held.open()
+    await wait_until(lambda: held.connected)
+    return await held.open()
+
+
+@pytest.mark.asyncio
+async def test_a_held_session_waits_for_a_hung_server_once_then_fails_at_once_while_it_hangs(
+    clock: ManualClock, logs: list[MutableMapping[str, Any]]
+) -> None:
+    """A server that takes the connection and never answers: the first call waits its timeout
+    and opens the circuit; the next calls fail at once, and try nothing new, until the probe
+    goes (the connection the first call waited on is still being made: it is the probe)."""
+    breaker = CircuitBreaker(base=LONG, cap=LONG, jitter=0.0)
+    async with Hung() as hung:
+        held = HeldSession(hung.url, "call-7", breaker=breaker, clock=clock)
+        with pytest.raises(TimeoutError):
+            async with held.within(0.2):
+                pytest.fail("a hung server never opened the session")
+        assert breaker.state == "open"
+        for _ in range(3):
+            with pytest.raises(ConnectionLost, match="trying it in the background"):
+                async with held.within(TIMEOUT):
+                    pytest.fail("the circuit is open")
+        clock.advance(LONG)
+        with pytest.raises(ConnectionLost, match="trying it in the background"):
+            await held.open()  # the connection first tried is still being made: no second one
+        assert hung.accepted == 1
+        await held.close()
+    assert circuit(logs) == ["voice_context_client_circuit_opened"]
+
+
+@pytest.mark.asyncio
+async def test_a_held_session_whose_server_stops_answering_lets_the_connection_go_and_probes_a_new_one(
+    clock: ManualClock, logs: list[MutableMapping[str, Any]]
+) -> None:
+    breaker = CircuitBreaker(base=LONG, cap=LONG, jitter=0.0)
+    async with running() as server, Proxy(server.port) as proxy:
+        held = HeldSession(proxy.url, "call-7", breaker=breaker, clock=clock, close_timeout=TIMEOUT)
+        async with held.within(TIMEOUT) as room:
+            await room.append_turn("Alice", "user", "Let's book Lisbon.", at=T0)
+        proxy.stall()  # connected, and no reply comes any more
+        with pytest.raises(TimeoutError):
+            async with held.within(0.2) as room:
+                await room.context()
+        assert (breaker.state, held.connected) == ("open", False), "that connection is let go"
+        await turns_while_down(held)
+
+        proxy.come_back()
+        room = await after_the_probe(held, clock)
+        assert (await room.state())["turns"] == 1, "a new connection, to the same session"
+        await held.close()
+    assert circuit(logs) == ["voice_context_client_circuit_opened", "voice_context_client_circuit_closed"]
 
 
 @pytest.mark.asyncio

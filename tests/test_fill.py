@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
-from helpers import skipped, started, summarized
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from helpers import summarized
 from serving import T0, running, wire
 from structlog.testing import capture_logs
 
-from voice_context.core.budget import build_context
+from voice_context.core.budget import Context, build_context
 from voice_context.core.config import SessionConfig
 from voice_context.core.session import (
     Applied,
@@ -21,14 +21,12 @@ from voice_context.core.session import (
     TurnAppended,
 )
 from voice_context.core.tokens import CharEstimate
-from voice_context.core.turns import Turn
-from voice_context.core.window import FillBudget, SkipReason, fill_end
+from voice_context.core.turns import Turn, TurnRun
+from voice_context.core.window import FillBudget, Skip, SkipReason, fill_end
 from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.deterministic import DeterministicSummarizer
-from voice_context.tokenizers import load_tokenizer
 
 SUMMARIZER = DeterministicSummarizer()
-BUDGET = FillBudget(chars=5200)
 
 
 def long_turn(i: int, size: int = 400) -> Turn:
@@ -49,50 +47,99 @@ def land(session: Session, plan: CompactionPlan, now: float) -> Applied:
 # -- the rule ---------------------------------------------------------------------------------
 
 
-def test_below_the_fill_line_nothing_is_due() -> None:
-    sizes = [(100, 0)] * 36  # 3,600 chars: under 0.7 of 5,200 (3,640)
-    assert fill_end(0, sizes, 0.7, BUDGET) is None
+ROOM = 100_000
 
 
-def test_past_the_fill_line_the_oldest_turns_fold_until_half_of_it_is_left() -> None:
-    sizes = [(100, 0)] * 37  # 3,700 chars: over 3,640
-    end = fill_end(20, sizes, 0.7, BUDGET)
-    assert end == 20 + 37 - 18, "18 turns of 100 chars are at most 1,820, half the line"
+def measured(window: int, unfolded: int, tokens: tuple[int, int] | None = None) -> FillBudget:
+    """What a context laid out in a char budget (and a token one, given ``tokens``) measured,
+    with room to spare."""
+    if tokens is None:
+        return FillBudget((window, 0), (unfolded, 0), (ROOM, 0))
+    return FillBudget(
+        (window, tokens[0]), (unfolded, tokens[1]), (ROOM, ROOM), tokens=True, counter=CharEstimate()
+    )
+
+
+def test_while_the_turns_from_the_cursor_fit_the_protected_window_nothing_is_due() -> None:
+    sizes = [(100, 0)] * 36
+    assert fill_end(0, sizes, 1.0, measured(3600, 3600)) is None
+
+
+def test_once_they_outgrow_it_the_oldest_fold_until_half_of_it_is_left() -> None:
+    sizes = [(100, 0)] * 37
+    end = fill_end(20, sizes, 1.0, measured(3600, 3700))
+    assert end == 20 + 37 - 18, "18 turns of 100 chars are 1,800, half the window"
+
+
+def test_a_smaller_fill_trigger_folds_before_they_reach_the_window_edge() -> None:
+    sizes = [(100, 0)] * 30
+    assert fill_end(0, sizes, 0.7, measured(4000, 3000)) == 30 - 14, "14 turns: at most half of 2,800"
+    assert fill_end(0, sizes, 0.0, measured(4000, 9000)) is None, "0 turns it off"
 
 
 def test_the_newest_turn_always_stays_however_large() -> None:
-    assert fill_end(5, [(100, 0), (9000, 0)], 0.7, BUDGET) == 6
-    assert fill_end(5, [(9000, 0)], 0.7, BUDGET) is None, "one turn alone: nothing older to fold"
+    assert fill_end(5, [(100, 0), (9000, 0)], 1.0, measured(3000, 9100)) == 6
+    alone = fill_end(5, [(9000, 0)], 1.0, measured(3000, 9000))
+    assert alone is None, "one turn alone: nothing older to fold"
 
 
-def test_a_token_budget_fires_on_tokens_and_off_turns_it_off() -> None:
+def test_a_token_budget_fires_on_tokens() -> None:
     sizes = [(40, 30)] * 10  # 400 chars, 300 tokens
-    assert fill_end(0, sizes, 0.7, FillBudget(chars=5200)) is None
-    assert fill_end(0, sizes, 0.7, FillBudget(tokens=400, counter=CharEstimate())) == 10 - 4
-    assert fill_end(0, sizes, 0.0, FillBudget(tokens=400, counter=CharEstimate())) is None
-    assert fill_end(0, sizes, 0.7, FillBudget()) is None, "no budget, no fill line"
+    assert fill_end(0, sizes, 1.0, measured(5000, 400, tokens=(400, 300))) is None
+    assert fill_end(0, sizes, 1.0, measured(5000, 400, tokens=(280, 300))) == 10 - 4
+    only_tokens = FillBudget(
+        (0, 280), (400, 300), (0, ROOM), chars=False, tokens=True, counter=CharEstimate()
+    )
+    assert fill_end(0, sizes, 1.0, only_tokens) == 10 - 4, "no char budget: chars do not count"
+    assert fill_end(0, sizes, 1.0, FillBudget((0, 0), (400, 300), (0, 0), chars=False)) is None, "none kept"
+
+
+def test_the_line_leaves_room_for_as_many_turns_as_came_while_the_last_fold_was_in_flight() -> None:
+    sizes = [(100, 0)] * 30  # 3,000 chars, under 0.7 of a window of 4,500 (3,150)
+    room = FillBudget((4500, 0), (3000, 0), (4000, 0))
+    assert fill_end(0, sizes, 0.7, room) is None
+    # ten turns came while the last fold was in flight: as many may come while the next one is,
+    # and 3,000 + 1,000 would fill the room; the line moves to 3,000 - so 2,900 after a fold
+    assert fill_end(0, sizes, 0.7, room, arriving=10) is None, "3,000 is the line itself"
+    assert fill_end(0, sizes, 0.7, room, arriving=11) == 30 - 14, "the line is 2,900: at most 1,450 stay"
 
 
 # -- a session of long turns ---------------------------------------------------------------
 
 
+def ask(
+    session: Session, now: float, said: Sequence[Turn] = (), budget: int = 5200
+) -> tuple[Context, Skip | CompactionPlan]:
+    """A bot asks for its context: built from the session as it is (and the turns ``said`` before
+    its cursor, which the store keeps), then the trigger weighs what that context measured, as
+    the server does."""
+    older = TurnRun.of(0, said[: session.cursor])
+    ctx = build_context(session.view(), "instructions", budget_chars=budget, older=older)
+    [decision] = session.receive(ContextRequested(now, ctx.fill))
+    if isinstance(decision, StartCompaction):
+        return ctx, decision.plan
+    assert isinstance(decision, Skip)
+    return ctx, decision
+
+
 def test_long_turns_fold_by_fill_long_before_the_count_rule_and_nothing_falls_into_a_gap() -> None:
     session = Session("long", SessionConfig())  # recent_window 50, batch 10: the count rule waits for 61
-    folds = []
+    folds, said = [], []
     for i in range(40):
-        session.receive(TurnAppended(long_turn(i)))
-        now = T0 + i
-        ctx = build_context(session.view(), "instructions", budget_chars=5200)
-        assert ctx.first_turn <= session.cursor, (
-            f"turns {session.cursor}..{ctx.first_turn - 1} in no one's hands"
-        )
-        [decision] = session.receive(ContextRequested(now, BUDGET))
-        if isinstance(decision, StartCompaction):
-            assert decision.plan.trigger == "fill"
-            folds.append((decision.plan.start, decision.plan.end))
-            land(session, decision.plan, now)
-    # a line is 408 chars: the 9th turn passes 3,640 (0.7 of 5,200), and 4 turns (1,632) stay
-    assert folds[:2] == [(0, 5), (5, 10)], folds
+        said.append(long_turn(i))
+        session.receive(TurnAppended(said[-1]))
+        ctx, decision = ask(session, T0 + i, said)
+        gap = f"turns {session.cursor}..{ctx.first_turn - 1} in no one's hands"
+        assert ctx.first_turn <= session.cursor, gap
+        if isinstance(decision, CompactionPlan):
+            assert decision.trigger == "fill"
+            folds.append((decision.start, decision.end))
+            land(session, decision, T0 + i)
+    # a line is 408 chars. Until the transcript reaches past the protected window, the window
+    # could take the whole room: the 9th turn passes 0.7 of 5,200 chars, and the newest 4 (1,632)
+    # are at most half of that line. From then on the window holds 11 turns (4,476 chars): a fold
+    # is due when 8 are unfolded (3,256, past 3,133), and the newest 3 stay
+    assert folds[:3] == [(0, 5), (5, 10), (10, 15)], folds
     assert session.cursor >= 30
 
 
@@ -100,7 +147,8 @@ def test_without_the_fill_trigger_the_same_session_has_a_gap() -> None:
     session = Session("long", SessionConfig(fill_trigger=0.0))
     for i in range(40):
         session.receive(TurnAppended(long_turn(i)))
-        skipped(session, T0 + i, BUDGET)  # the count rule waits, and nothing else fires
+        _, decision = ask(session, T0 + i)
+        assert isinstance(decision, Skip)  # the count rule waits, and nothing else fires
     ctx = build_context(session.view(), "instructions", budget_chars=5200)
     assert session.cursor == 0 and ctx.first_turn > 20, "turns 0..20 are neither summarized nor shown"
 
@@ -109,48 +157,27 @@ def test_the_fill_trigger_waits_for_a_fold_in_flight_and_for_a_backoff() -> None
     session = Session("long")
     for i in range(12):
         session.receive(TurnAppended(long_turn(i)))
-    plan = started(session, T0, BUDGET)
-    assert skipped(session, T0, BUDGET).reason is SkipReason.ALREADY_IN_FLIGHT
+    _, plan = ask(session, T0)
+    assert isinstance(plan, CompactionPlan)
+    ctx, skip = ask(session, T0)
+    assert isinstance(skip, Skip) and skip.reason is SkipReason.ALREADY_IN_FLIGHT
+    assert ctx.first_turn == 0, "while the fold is in flight, the turns it folds are still shown"
     session.receive(CompactionFailed(plan.plan_id, "timeout", True, T0))
-    assert skipped(session, T0 + 1, BUDGET).reason is SkipReason.BACKING_OFF
-    assert started(session, T0 + 3, BUDGET).trigger == "fill"
+    _, skip = ask(session, T0 + 1)
+    assert isinstance(skip, Skip) and skip.reason is SkipReason.BACKING_OFF
+    _, again = ask(session, T0 + 3)
+    assert isinstance(again, CompactionPlan) and again.trigger == "fill"
 
 
 def test_when_the_count_rule_and_the_fill_line_both_fire_the_longer_fold_wins() -> None:
     session = Session("both", SessionConfig(recent_window=4, batch_size=2))
     for i in range(7):
         session.receive(TurnAppended(long_turn(i, 900)))
-    plan = started(session, T0, BUDGET)
-    # 908-char lines: two of them (1,816) fit under 1,820, half the fill line
-    assert (plan.end, plan.trigger) == (5, "fill"), "the count rule alone would fold 0..1"
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    sizes=st.lists(st.integers(10, 500), min_size=1, max_size=60),
-    budget=st.integers(5000, 12_000),
-    tokens=st.booleans(),
-)
-def test_with_a_context_per_turn_no_turn_ever_falls_into_a_gap(
-    sizes: list[int], budget: int, tokens: bool
-) -> None:
-    """Turns of up to a tenth of the budget, a context after each, folds landing at once."""
-    counter = load_tokenizer("o200k_base")
-    fill = FillBudget(tokens=budget // 4, counter=counter) if tokens else FillBudget(chars=budget)
-    session = Session("prop", SessionConfig(max_summary_chars=400))
-    for i, size in enumerate(sizes):
-        session.receive(TurnAppended(long_turn(i, size)))
-        ctx = build_context(
-            session.view(),
-            "instructions",
-            budget_chars=fill.chars or 100_000,
-            budget_tokens=fill.tokens,
-            tokens=counter if tokens else None,
-        )
-        assert ctx.first_turn <= session.cursor
-        [decision] = session.receive(ContextRequested(T0 + i, fill))
-        if isinstance(decision, StartCompaction):
-            land(session, decision.plan, T0 + i)
+    _, plan = ask(session, T0)
+    assert isinstance(plan, CompactionPlan)
+    # 908-char lines: the window holds the newest 5 (the floor, 0.9 of 5 dated lines, and one
+    # within the share), 0.7 of it is 3,178 chars, and only the newest turn is at most half that
+    assert (plan.end, plan.trigger) == (6, "fill"), "the count rule alone would fold 0..1"
 
 
 # -- over the wire --------------------------------------------------------------------------
@@ -173,3 +200,31 @@ async def test_a_token_budgeted_context_over_a_real_server_starts_a_fill_fold() 
         later = await bot.request("context.get", session="room-1", format="messages", budget_tokens=800)
         assert later["cursor"] == pushed["cursor"] and later["summary"]
         assert later["tokens"] <= 800
+
+
+def unfolded_when_a_fold_is_due_after(burst: int) -> int:
+    """A session of 408-char lines whose first fold is in flight while ``burst`` more turns
+    arrive, and whose folds land at once from then on: how many turns are unfolded when the
+    third fold is due."""
+    session, said = Session("burst"), []
+    folds = 0
+    while True:
+        said.append(long_turn(len(said)))
+        session.receive(TurnAppended(said[-1]))
+        _, decision = ask(session, T0, said)
+        if not isinstance(decision, CompactionPlan):
+            continue
+        folds += 1
+        if folds == 3:
+            return session.total_turns - session.cursor
+        for _ in range(burst if folds == 1 else 0):
+            said.append(long_turn(len(said)))
+            session.receive(TurnAppended(said[-1]))
+        land(session, decision, T0)
+
+
+def test_turns_that_piled_up_during_a_fold_make_the_next_ones_start_sooner() -> None:
+    calm, after_a_burst = unfolded_when_a_fold_is_due_after(0), unfolded_when_a_fold_is_due_after(6)
+    # as many turns may come while the next fold is in flight: the line moves from 0.7 of the
+    # window (3,133 chars) to the room less six lines (5,200 - 2,448 = 2,752)
+    assert (calm, after_a_burst) == (8, 7)

@@ -965,3 +965,39 @@ async def test_a_large_backlog_folds_several_batches_per_compaction() -> None:
         # four to eight batches of two at once: at most 12 folds (one batch at a time: 44 or more)
         assert all(8 <= n <= 16 and n % 2 == 0 for n in folded), folded
         assert len(folded) <= 100 // 8
+
+
+# -- a time zone that names no zone is a bad_request, not an internal error -----------------------
+
+NOT_ZONES = ("x" * 300, "💥" * 100, "../../etc/passwd", "Europe\x00Berlin", "America/Argentina")
+"""Looked up as files in the zone database (the tzdata package): a name too long for a file
+name, a path out of the database, a NUL, a directory of zones."""
+
+
+@pytest.mark.asyncio
+async def test_a_time_zone_that_names_no_zone_is_a_bad_request_for_a_new_or_a_reopened_session() -> None:
+    store = MemoryStore()
+    async with running(store=store) as server, wire(server) as bot, wire(server) as other:
+        await other.open("room-9", config={"time_zone": "Europe/Berlin"})
+        await bot.open("room-1", config={"time_zone": "Europe/Lisbon"})
+        await bot.append("room-1", 0)
+        with capture_logs() as logs:
+            for zone in NOT_ZONES:
+                new = await bot.open("room-2", config={"time_zone": zone})
+                again = await bot.open("room-1", config={"time_zone": zone})  # open on this connection
+                for refused in (new, again):
+                    assert (refused["type"], refused["code"]) == ("error", "bad_request"), refused
+                    assert refused["message"].startswith("config.time_zone must be an IANA zone name")
+            await bot.request("session.close", session="room-1")
+            stored = await bot.open("room-1", config={"time_zone": "💥" * 100})  # resumed from the store
+            assert stored["code"] == "bad_request"
+        assert not [e for e in logs if e["log_level"] == "error"], "nothing failed inside the server"
+        # the connection, the session, and the other connection's session all go on
+        assert (await bot.request("session.state", session="room-2"))["code"] == "unknown_session"
+        reopened = await bot.open("room-1")
+        assert (reopened["resumed"], reopened["turns"]) == (True, 1)
+        assert (await bot.append("room-1", 1))["index"] == 1
+        assert (await other.append("room-9", 0))["index"] == 0
+    record = await store.load("room-1")
+    assert record is not None and record.config == {"time_zone": "Europe/Lisbon"}, "its zone unchanged"
+    assert await store.load("room-2") is None, "a refused open creates nothing"

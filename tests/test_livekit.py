@@ -4,16 +4,21 @@ own testing API), its LLM the OpenAI plugin pointed at a real OpenAI-compatible 
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib
 import re
+import time
 from collections.abc import MutableMapping
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
-from serving import running, settings
+from helpers import ManualClock
+from serving import Hung, running, settings
 
+import voice_context.client
 from voice_context.client import Client
+from voice_context.core.breaker import CircuitBreaker
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 from voice_context.testing.openai_server import CallTool, OpenAIServer, Reply, ReplyWith
 
@@ -22,6 +27,10 @@ from voice_context.testing.openai_server import CallTool, OpenAIServer, Reply, R
 def livekit() -> ModuleType:
     """The agent and the call (``livekit_agent.py``), with LiveKit, loaded by the first story run."""
     return importlib.import_module("livekit_agent")
+
+
+#: A backoff no story outlives: only a clock the story moves would end it.
+LONG = 1000.0
 
 
 def sent_messages(model: OpenAIServer) -> list[dict[str, Any]]:
@@ -91,6 +100,26 @@ async def test_when_voice_context_is_down_the_reply_uses_the_sessions_own_contex
     assert memory.fallbacks == 1
 
 
+@pytest.mark.asyncio
+async def test_a_hung_voice_context_costs_the_call_one_timeout_and_then_no_wait(
+    livekit: ModuleType, logs: list[MutableMapping[str, Any]]
+) -> None:
+    """A sidecar that takes the connection and never answers: the first reply waits ``timeout``
+    for it, and that opens the circuit; the next replies go on at once, with no new try (the
+    breaker's clock stands still)."""
+    breaker = CircuitBreaker(base=LONG, cap=LONG, jitter=0.0)
+    async with Hung() as hung, OpenAIServer(default=Reply("Sure.")) as model:
+        memory = livekit.VoiceContextMemory(
+            hung.url, session="call-7", timeout=0.3, breaker=breaker, clock=ManualClock()
+        )
+        await livekit.call(model, memory, livekit.Assistant(memory), "Hello?", "Lisbon, please.", "May 3rd.")
+    waited = [e["error"].split("(")[0] for e in logs if e["event"] == "voice_context_livekit_fallback"]
+    assert waited == ["TimeoutError", "ConnectionLost", "ConnectionLost"], "one wait, then none"
+    assert (memory.fallbacks, memory.updates) == (3, 0)
+    assert (hung.accepted, breaker.state) == (1, "open")
+    assert len(model.completions) == 3, "every reply went on with the session's own context"
+
+
 PASSPORT = "Please keep this on file: my passport number ends 4417."
 QUESTION = "Which passport number did I give you?"
 
@@ -99,11 +128,26 @@ def stop(k: int) -> str:
     return f"Stop {k}: we walk from the harbour to the old market and eat at cafe {k}."
 
 
+def said_on(day: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Date the turns the client stores as said on ``day`` (``"2 December 2026"``), from 09:00 on:
+    a date's written length moves what a dated tail of the transcript holds, and with it where the
+    protected window ends."""
+    start = dt.datetime.strptime(f"{day} 09:00", "%d %B %Y %H:%M").replace(tzinfo=dt.UTC).timestamp()
+    began = time.monotonic()
+    clock = SimpleNamespace(time=lambda: start + time.monotonic() - began, monotonic=time.monotonic)
+    monkeypatch.setattr(voice_context.client, "time", clock)
+
+
 @pytest.mark.asyncio
-@pytest.mark.parametrize("truncate", [None, 10], ids=["whole", "truncated"])
+@pytest.mark.parametrize(
+    ("truncate", "day"),
+    [(None, "2 December 2026"), (10, "28 November 2026"), (None, "23 September 2027")],
+    ids=["whole", "truncated", "a-long-date"],
+)
 async def test_a_long_call_gets_a_bounded_context_with_every_turn_in_the_summary_or_shown_once(
-    truncate: int | None, livekit: ModuleType
+    truncate: int | None, day: str, livekit: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    said_on(day, monkeypatch)
     budget = 3000
     runs = 60
     async with (

@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
+from helpers import ManualClock
 from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
 from pipecat.frames.frames import (
     Frame,
@@ -28,10 +29,11 @@ from pipecat.services.openai.llm import OpenAILLMService
 from pipecat.services.settings import LLMSettings
 from pipecat.tests.utils import run_test
 from pipecat.utils import deprecation
-from serving import TIMEOUT, running, settings
+from serving import TIMEOUT, Hung, running, settings
 from structlog.testing import capture_logs
 
 from voice_context.client import Client
+from voice_context.core.breaker import CircuitBreaker
 from voice_context.core.turns import Turn
 from voice_context.integrations.pipecat import (
     RESULT_CHARS,
@@ -87,6 +89,10 @@ def deprecated_context_layouts_fail(monkeypatch: pytest.MonkeyPatch) -> Iterator
     with context_deprecations() as heard:
         yield
     assert not heard, "pipecat warned about the context the LLM was given"
+
+
+#: A backoff no story outlives: only a clock the story moves would end it.
+LONG = 1000.0
 
 
 def frame(messages: list[dict[str, Any]]) -> LLMContextFrame:
@@ -450,3 +456,28 @@ def test_the_pipelines_instructions_keep_their_order_and_only_a_leading_system_m
     ], "a system message after the words would be the first message of the copy: a developer one"
     assert task["role"] == "system", "the pipeline's own messages are left as they were"
     assert own_instructions(words) == []
+
+
+@pytest.mark.asyncio
+async def test_a_hung_voice_context_costs_the_call_one_timeout_and_then_no_wait() -> None:
+    """A sidecar that takes the connection and never answers: the first run waits ``timeout``
+    for it, and that opens the circuit; every later run, the stores of the words and the last
+    one at the end go on at once, with no new try (the breaker's clock stands still)."""
+    breaker = CircuitBreaker(base=LONG, cap=LONG, jitter=0.0)
+    async with Hung() as hung, OpenAIServer(default=Reply("Noted.")) as model:
+        memory = VoiceContextProcessor(
+            hung.url, session="call-7", timeout=0.3, breaker=breaker, clock=ManualClock()
+        )
+        with capture_logs() as logs:
+            await call(memory, model, LLMContext(), *(says(f"Stop {k}, please.") for k in range(4)))
+    waited = [
+        e["error"].split("(")[0]
+        for e in logs
+        if e["event"] in ("voice_context_pipecat_fallback", "voice_context_pipecat_unsent")
+    ]
+    assert waited[0] == "TimeoutError", "the first run waits for the sidecar once"
+    assert set(waited[1:]) == {"ConnectionLost"}, "the rest fail at once, not after a timeout"
+    assert len(waited) >= 4 + 1, "each run fell back, and the last words were not stored"
+    assert (memory.fallbacks, memory.replaced) == (4, 0)
+    assert (hung.accepted, breaker.state) == (1, "open")
+    assert len(model.completions) == 4, "every run reached the LLM with the pipeline's own context"

@@ -7,19 +7,24 @@ and a fresh provider session starts with the handoff; plus ``session.handoff`` i
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import orjson
 import pytest
 from serving import TIMEOUT, running, settings, wire
+from websockets.asyncio.server import ServerConnection, serve
 
 from voice_context.client import Client
 from voice_context.core.handoff import OPEN_QUESTIONS_HEADER, open_questions
 from voice_context.core.turns import Turn
 from voice_context.integrations.openai_realtime import (
+    ROLLOVER_BEFORE,
+    SESSION_LIMIT,
     RealtimeMemory,
     main,
     response_create,
@@ -28,10 +33,22 @@ from voice_context.integrations.openai_realtime import (
     sideband_url,
 )
 from voice_context.server import Server
+from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.deterministic import DeterministicSummarizer
-from voice_context.testing.realtime_server import StandInRealtime, User, committed, failed, heard
+from voice_context.testing.clock import ManualClock
+from voice_context.testing.realtime_server import (
+    RealtimeSession,
+    StandInRealtime,
+    User,
+    committed,
+    failed,
+    heard,
+    play_turn,
+    send_event,
+)
 
 T0 = 1714572187.0
+PROMPT = "You are Nova, a travel agent."
 
 
 def turns(*said: tuple[str, str]) -> list[Turn]:
@@ -295,3 +312,112 @@ def test_a_sideband_url_addresses_the_call_and_not_a_model() -> None:
     assert (
         sideband_url("ws://127.0.0.1:9/v1/realtime", "rtc_2") == "ws://127.0.0.1:9/v1/realtime?call_id=rtc_2"
     )
+
+
+class RollingCall:
+    """Stands in for the realtime service over one long call, on the test's clock: every
+    connection is a fresh provider session, which the service expires an hour after it began
+    (``session_expired``, then it closes it), and the caller speaks (:meth:`say`) into the newest
+    session that was briefed."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self.sessions: list[RealtimeSession] = []
+        self.active: tuple[RealtimeSession, ServerConnection] | None = None
+        self.turns = itertools.count()
+        self.briefed = [anyio.Event() for _ in range(8)]
+        """``briefed[k]`` is set once the ``k+1``-th session was briefed."""
+
+    async def handler(self, ws: ServerConnection) -> None:
+        session = RealtimeSession([], began=self.clock.now())
+        self.sessions.append(session)
+        number = len(self.sessions)
+        await send_event(ws, {"type": "session.created", "session": {"type": "realtime"}})
+        try:
+            async with session.responses, session.requested, anyio.create_task_group() as tg:
+                tg.start_soon(self._expire, ws, session)
+                async for raw in ws:
+                    session.apply(orjson.loads(raw))
+                    if session.briefed.is_set() and not self.briefed[number - 1].is_set():
+                        self.active = (session, ws)
+                        self.briefed[number - 1].set()
+                tg.cancel_scope.cancel()
+        finally:
+            session.closed_at = self.clock.now()
+
+    async def _expire(self, ws: ServerConnection, session: RealtimeSession) -> None:
+        await self.clock.sleep_until(session.began + SESSION_LIMIT)
+        session.expired = True
+        expired = {"type": "invalid_request_error", "code": "session_expired"}
+        await send_event(ws, {"type": "error", "error": expired})
+        await ws.close()
+
+    async def say(self, step: User) -> None:
+        """The caller says ``step.said`` into the active session; returns once it is answered."""
+        assert self.active is not None
+        session, ws = self.active
+        await play_turn(ws, session, f"item_{next(self.turns)}", step)
+
+    async def hang_up(self) -> None:
+        assert self.active is not None
+        await self.active[1].close()
+
+
+def utterance(k: int) -> str:
+    """What the caller says in the call's ``k``-th half minute: the booking code first."""
+    return "My booking code is QX7-ALPHA, keep it handy." if k == 0 else f"On stop {k} we see museum {k}."
+
+
+@pytest.mark.asyncio
+async def test_a_seventy_minute_call_rolls_over_to_a_fresh_session_before_the_hour_and_loses_no_turn() -> (
+    None
+):
+    clock, store = ManualClock(T0), MemoryStore()
+    call = RollingCall(clock)
+    exchanges = [(utterance(k), f"Noted, stop {k}.") for k in range(140)]  # one every half minute
+    async with (
+        running(settings(), summarizer=DeterministicSummarizer(), store=store) as server,
+        serve(call.handler, "127.0.0.1", 0) as service,
+        anyio.create_task_group() as tg,
+    ):
+        url = f"ws://127.0.0.1:{service.sockets[0].getsockname()[1]}/v1/realtime?model=gpt-realtime"
+        finished = anyio.Event()
+
+        async def calling() -> None:
+            await run(url, server.url, "call-7", base_instructions=PROMPT, provider_sessions=2, clock=clock)
+            finished.set()
+
+        tg.start_soon(calling)
+        with anyio.fail_after(TIMEOUT):
+            await call.briefed[0].wait()
+        for k, (said_now, reply) in enumerate(exchanges):
+            clock.advance_to(T0 + 15 + 30 * k)
+            if clock.now() >= T0 + SESSION_LIMIT - ROLLOVER_BEFORE:
+                with anyio.fail_after(TIMEOUT):  # the rollover is due: the caller goes on in the new one
+                    await call.briefed[1].wait()
+            with anyio.fail_after(TIMEOUT):
+                await call.say(User(said_now, reply))
+        await call.hang_up()
+        with anyio.fail_after(TIMEOUT):
+            await finished.wait()
+        stored = await store.read_turns("call-7", 0, 1000)
+
+    one, two = call.sessions
+    # the fresh session began two minutes before the hour (at the first turn after), and the old one
+    # was closed by the bot, not expired by the service
+    assert T0 + SESSION_LIMIT - ROLLOVER_BEFORE <= two.began < T0 + SESSION_LIMIT - ROLLOVER_BEFORE + 30
+    assert not one.expired and one.closed_at is not None and one.closed_at < T0 + SESSION_LIMIT
+    assert one.errors == two.errors == []
+    # every turn said, on either side of the rollover, is stored once, in order
+    assert [said_now for said_now, _ in one.answered + two.answered] == [
+        said_now for said_now, _ in exchanges
+    ]
+    assert [(t.role, t.text) for t in stored] == [
+        turn for said_now, reply in exchanges for turn in (("user", said_now), ("assistant", reply))
+    ]
+    # the fresh session was briefed with the handoff, and every reply after the rollover was created
+    # with instructions holding the booking code said seventy minutes before
+    handoff = two.received[0]["session"]["instructions"]
+    assert handoff.startswith(PROMPT) and "QX7-ALPHA" in handoff
+    assert len(two.answered) == 24
+    assert all("QX7-ALPHA" in instructions for _, instructions in two.answered)

@@ -36,6 +36,10 @@ def line(obj: dict[str, Any]) -> str:
     return json.dumps(obj)
 
 
+#: The first line of a recording of room-1: a server records nothing of a session before it.
+OPEN = json.dumps({"type": "session.open", "session": "room-1"})
+
+
 def turn(i: int, session: str = "room-1") -> str:
     speaker = ("Alice", "Bob")[i % 2]
     body = {
@@ -94,7 +98,7 @@ def test_a_replay_sees_exactly_what_a_server_accepts() -> None:
         "a text too long": {"speaker": "Alice", "role": "user", "text": "x" * 9000, "at": T0},
     }
     lines = [line({"type": "turn.append", "session": "room-1", "turn": body}) for body in refused.values()]
-    rec = recording(*lines, turn(0), "not json")
+    rec = recording(OPEN, *lines, turn(0), "not json")
     assert [m.turn.text for m in rec.decoded if isinstance(m, TurnAppend)] == ["turn 0 about Porto"]
     reasons = [skip.split(": ", 2)[1:] for skip in rec.skipped]
     assert [code for code, _ in reasons] == [
@@ -105,9 +109,9 @@ def test_a_replay_sees_exactly_what_a_server_accepts() -> None:
         "bad_request",
     ]
     assert "milliseconds" in reasons[0][1] and "not valid JSON" in reasons[4][1]
-    result = replay(recording(*lines, turn(0), get("cp")))
+    result = replay(recording(OPEN, *lines, turn(0), get("cp")))
     assert result.contexts[0]["state"]["turns"] == 1
-    assert parse_recording(lines[3:], max_text_chars=10_000).skipped == [], "the server's own limit"
+    assert parse_recording([OPEN, *lines[3:]], max_text_chars=10_000).skipped == [], "the server's own limit"
 
 
 def test_compactions_start_where_the_batch_rule_says_and_land_before_the_next_event() -> None:
@@ -138,9 +142,9 @@ def test_compactions_start_where_the_batch_rule_says_and_land_before_the_next_ev
 
 def test_each_checkpoint_carries_its_request_response_turn_index_and_time() -> None:
     request = get("cp-1", budget_chars=300, base_instructions="You are Nova.", facts=["Alice is vegan."])
-    result = replay(recording(turn(0), turn(1), request))
+    result = replay(recording(OPEN, turn(0), turn(1), request))
     (record,) = result.contexts
-    assert record["seq"] == 2 and record["session"] == "room-1" and record["request_id"] == "cp-1"
+    assert record["seq"] == 3 and record["session"] == "room-1" and record["request_id"] == "cp-1"
     assert (record["turn_index"], record["at"]) == (1, T0 + 10)
     assert record["request"] == json.loads(request)
     response = record["response"]
@@ -173,13 +177,13 @@ def test_settings_apply_defaults_then_the_recordings_own_then_the_callers() -> N
 def test_a_closed_session_opened_again_resumes_where_it_was() -> None:
     close = line({"type": "session.close", "session": "room-1"})
     reopen = line({"type": "session.open", "session": "room-1"})
-    result = replay(recording(turn(0), turn(1), close, reopen, turn(2), get("after")))
+    result = replay(recording(OPEN, turn(0), turn(1), close, reopen, turn(2), get("after")))
     assert result.contexts[0]["turn_index"] == 2
     assert result.contexts[0]["response"]["instructions"].count("about Porto") == 3
 
 
 def test_a_failing_summarizer_backs_off_in_recorded_time() -> None:
-    lines = [*(turn(i) for i in range(61)), get("a"), get("b"), turn(61), get("c")]
+    lines = [OPEN, *(turn(i) for i in range(61)), get("a"), get("b"), turn(61), get("c")]
     result = replay(recording(*lines), FailingSummarizer(), config=SessionConfig(retry_base_seconds=5))
     assert [(c["turn_index"], c["outcome"]) for c in result.compactions] == [
         (60, "failed:connection"),  # at T0+600; retry not before T0+605
@@ -222,7 +226,7 @@ def test_bad_settings_and_missing_recordings_are_refused(tmp_path: Path, capsys:
 @pytest.mark.asyncio
 async def test_a_recording_replays_against_a_live_server(tmp_path: Path) -> None:
     path = tmp_path / "room-1.jsonl"
-    path.write_text("\n".join([*(turn(i) for i in range(3)), get("live", budget_chars=200)]) + "\n")
+    path.write_text("\n".join([OPEN, *(turn(i) for i in range(3)), get("live", budget_chars=200)]) + "\n")
     async with running(Settings().with_values("server", {"host": "127.0.0.1", "port": 0})) as server:
         result = await replay_live(path, server.url, prefix="replay-")
     (record,) = result.contexts
@@ -242,7 +246,7 @@ def test_a_realtime_replay_runs_the_session_manager_and_lets_compactions_land_on
 
 
 def test_the_deterministic_summarizer_gives_dated_lines_in_a_replay() -> None:
-    lines = [*(turn(i) for i in range(61)), get("a"), get("b")]
+    lines = [OPEN, *(turn(i) for i in range(61)), get("a"), get("b")]
     result = replay(recording(*lines), DeterministicSummarizer())
     assert result.contexts[1]["response"]["summary"].startswith("[1 May 2024, 14:03] ")
 
@@ -261,6 +265,7 @@ def overflow(request_id: str, limit_tokens: int) -> str:
 
 
 LANDMARK_STORY = [
+    OPEN,
     *(turn(i) for i in range(70)),
     pin(2, reason="the venue"),
     get("pinned", budget_chars=600),
@@ -276,19 +281,19 @@ def test_a_landmark_pinned_in_a_recording_shows_until_it_is_unpinned() -> None:
     assert [lm["turn"] for lm in pinned["landmarks"]] == [2]
     assert "turn 2 about Porto" in pinned["instructions"] and pinned["first_turn"] > 2
     assert unpinned["landmarks"] == [] and "turn 2 about Porto" not in unpinned["instructions"]
-    assert result.skipped == ["message 72: landmark.pin: session 'room-1' has no turn 999 (it has 70)"]
+    assert result.skipped == ["message 73: landmark.pin: session 'room-1' has no turn 999 (it has 70)"]
 
 
 def test_a_context_overflow_in_a_recording_folds_at_once_and_answers_within_its_limit() -> None:
-    result = replay(recording(*(turn(i) for i in range(80)), overflow("too-long", 300)))
+    result = replay(recording(OPEN, *(turn(i) for i in range(80)), overflow("too-long", 300)))
     (emergency,) = result.compactions
     assert emergency["emergency"] and emergency["outcome"] == "applied"
     (record,) = result.contexts
     response = record["response"]
     assert response["cursor"] == emergency["end"] > 0
     assert response["tokens"] <= 300 and response["budget_tokens"] == 300
-    refused = replay(recording(*(turn(i) for i in range(3)), overflow("hopeless", 2)))
-    assert refused.contexts == [] and refused.skipped[0].startswith("message 3: context.overflow: the base")
+    refused = replay(recording(OPEN, *(turn(i) for i in range(3)), overflow("hopeless", 2)))
+    assert refused.contexts == [] and refused.skipped[0].startswith("message 4: context.overflow: the base")
     assert refused.skipped[0].endswith("take 10 tokens, over the limit of 2")  # as the server answers
 
 
@@ -361,3 +366,86 @@ async def test_a_file_that_is_not_a_recording_is_refused_with_why(tmp_path: Path
     empty.write_text("")
     code, _, err = await replay_command(str(empty))
     assert code == 2 and "is not a recording: it is empty" in err
+
+
+# -- a recording the replay cannot follow ---------------------------------------------------------
+
+
+def note(session: str = "room-1") -> str:
+    body = {"text": "a seat map of an A320", "at": T0 + 5, "source": "screen"}
+    return line({"type": "note.append", "session": session, "note": body})
+
+
+#: Lines no server records, each with what the refusal says of it.
+BAD_LINES = {
+    "not JSON": ("this is not json", "bad_request: not valid JSON"),
+    "not an object": ("[1, 2]", "bad_request: a message must be a JSON object"),
+    "an unknown type": (line({"type": "turn.spoken", "session": "room-1"}), "unknown_type"),
+    "a missing field": (line({"type": "turn.append", "session": "room-1"}), "bad_request: turn is required"),
+    "a turn for a session never opened": (turn(1, session="ghost"), "session 'ghost', which no session.open"),
+    "a note for a session never opened": (note("ghost"), "note.append for session 'ghost'"),
+    "a context for a session never opened": (get("cp", session="ghost"), "context.get for session 'ghost'"),
+    "a ping": (line({"type": "ping"}), "ping is never recorded"),
+}
+
+
+def write_lines(path: Path, *lines: str) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("bad", list(BAD_LINES), ids=list(BAD_LINES))
+def test_a_recording_with_a_line_the_replay_cannot_follow_is_refused_with_where_and_why(
+    bad: str, tmp_path: Path, capsys: Any
+) -> None:
+    text, said = BAD_LINES[bad]
+    path = write_lines(tmp_path / "room-1.jsonl", OPEN, turn(0), text, note(), get("end"))
+    assert main(["replay", str(path), "--no-progress"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "", "nothing replayed, no table"
+    assert err.startswith(f"voice-context replay: {path}: line 3: ")
+    assert said in err and "--skip-bad-lines" in err
+
+
+def test_a_turn_for_a_session_never_opened_and_a_line_that_is_not_json_are_not_passed_over(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """What a hand-made recording got: exit 0, a table of zeros and not a word."""
+    path = write_lines(tmp_path / "call.jsonl", turn(0, session="ghost"), "{oops", get("cp", session="ghost"))
+    assert main(["replay", str(path), "--no-progress"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert f"{path} is not a recording" in err
+    assert "line 1: turn.append for session 'ghost', which no session.open before it opened" in err
+    assert "(and 2 more)" in err
+
+
+def test_skip_bad_lines_replays_the_rest_and_says_how_many_lines_it_skipped_and_which(
+    tmp_path: Path, capsys: Any
+) -> None:
+    good = [OPEN, *(turn(i) for i in range(6)), note(), get("end")]
+    bad = [text for text, _ in BAD_LINES.values()][:5]
+    mixed = [good[0], bad[0], good[1], bad[1], *good[2:5], bad[2], bad[3], *good[5:], bad[4]]
+    (tmp_path / "clean").mkdir()
+    clean = write_lines(tmp_path / "clean" / "room-1.jsonl", *good)
+    broken = write_lines(tmp_path / "room-1.jsonl", *mixed)
+    assert (
+        main(["replay", str(clean), "--no-progress", "--out", str(tmp_path / "a"), "--report", "none"]) == 0
+    )
+    capsys.readouterr()
+    argv = ["replay", str(broken), "--no-progress", "--skip-bad-lines", "--out", str(tmp_path / "b")]
+    assert main([*argv, "--report", "none"]) == 0
+    out, err = capsys.readouterr()
+    assert "contexts" in out, "the table"
+    said, named = err.rstrip("\n").split(": skipped 5 bad lines: ")
+    assert said == f"voice-context replay: {broken}"
+    first, second, third, more = named.split("; ")
+    assert first.startswith("line 2: bad_request: not valid JSON")
+    assert second == "line 4: bad_request: a message must be a JSON object"
+    assert third == "line 8: unknown_type: unknown message type 'turn.spoken'"
+    assert more == "and 2 more"
+    for kind in ("contexts.jsonl", "compactions.jsonl"):
+        replayed = (tmp_path / "b" / f"room-1.{kind}").read_text()
+        assert replayed == (tmp_path / "a" / f"room-1.{kind}").read_text(), "the good lines, as if alone"
+    (context,) = read_contexts(tmp_path / "b" / "room-1.contexts.jsonl")
+    assert (context["request_id"], context["state"]["turns"]) == ("end", 6)

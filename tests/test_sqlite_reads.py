@@ -148,7 +148,8 @@ async def test_a_fold_landing_while_a_context_reads_the_older_turns_leaves_no_ho
                 landed.set()
 
         manager.add_listener(on_compaction)
-        summarizer.release = store.watch(landed)  # the second fold lands as the context reads
+        summarizer.release = store.watch(landed)  # the second fold lands as the next context reads
+        await manager.context("room", "messages")  # starts the second fold: turns 6-11
         with anyio.fail_after(TIMEOUT):
             ctx = await manager.context("room", "instructions", budget_chars=4000)
 

@@ -3,10 +3,11 @@ how it shrinks (coarser with age, never past the budget)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from dataclasses import replace
 
-from helpers import noted
+from helpers import build_folded, noted
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,9 +15,9 @@ from voice_context.core.budget import Format, build_context
 from voice_context.core.config import SessionConfig
 from voice_context.core.recalled import Recalled
 from voice_context.core.session import ContextView, Session, TurnAppended
-from voice_context.core.text import condense_summary
+from voice_context.core.text import condense_summary, summary_before
 from voice_context.core.times import stamp
-from voice_context.core.turns import Note, Turn
+from voice_context.core.turns import Note, Turn, TurnRun
 
 LINES = [
     f"[{day} May 2023, 10:00] Alice: We booked {city} for {day} nights. Bob: The ferry leaves at {day} pm. "
@@ -49,25 +50,25 @@ def view(summary: str = SUMMARY, n: int = 40, **config: float) -> ContextView:
 
 
 def test_a_summary_longer_than_its_share_gives_way_to_older_turns_then_takes_the_room_left() -> None:
-    everything = len(build_context(view(), "instructions", budget_chars=100_000).instructions)
-    turns_only = build_context(view(summary=""), "instructions", budget_chars=100_000).chars
+    everything = len(build_folded(view(), "instructions", budget_chars=100_000).instructions)
+    turns_only = build_folded(view(summary=""), "instructions", budget_chars=100_000).chars
 
     # a budget that cannot hold every turn and the whole summary: the summary keeps its share,
-    # the turns take the rest
-    tight = build_context(view(summary_priority_chars=1000), "instructions", budget_chars=2000)
+    # the older turns (the summary covers them) take the rest
+    tight = build_folded(view(summary_priority_chars=1000), "instructions", budget_chars=2000)
     assert len(tight.summary) <= 1000
     assert 0 < tight.turns_shown < 40
     assert tight.chars <= 2000
-    assert {"summary_head", "older_turns"} <= set(tight.dropped)
+    assert "summary_head" in tight.dropped
 
     # room for every turn: the summary grows into whatever they leave
-    roomy = build_context(view(summary_priority_chars=1000), "instructions", budget_chars=turns_only + 3000)
+    roomy = build_folded(view(summary_priority_chars=1000), "instructions", budget_chars=turns_only + 3000)
     assert roomy.turns_shown == 40
     assert 2000 < len(roomy.summary) < len(SUMMARY)
     assert roomy.chars <= turns_only + 3000
 
     # room for everything: nothing is left out
-    whole = build_context(view(summary_priority_chars=1000), "instructions", budget_chars=everything)
+    whole = build_folded(view(summary_priority_chars=1000), "instructions", budget_chars=everything)
     assert (whole.summary, whole.turns_shown, whole.dropped) == (SUMMARY, 40, ())
 
 
@@ -201,14 +202,14 @@ def test_a_long_summary_and_recall_take_only_what_the_floor_leaves_them() -> Non
         for i in range(60)
     )
     default = ContextView(100, SUMMARY, talk, (), SessionConfig(max_summary_chars=20_000))
-    ctx = build_context(default, "instructions", budget_chars=4000, recalled=recalled(20), query="ferry")
+    ctx = build_folded(default, "instructions", budget_chars=4000, recalled=recalled(20), query="ferry")
     tail = plain_tail(talk, "instructions", 4000)
     assert ctx.turns_shown >= math.ceil(0.9 * tail)
     assert ctx.recalled and ctx.summary  # both still get the room the floor leaves
     assert ctx.chars <= 4000
 
     no_floor = ContextView(100, SUMMARY, talk, (), SessionConfig(max_summary_chars=20_000, recent_floor=0.0))
-    crowded = build_context(no_floor, "instructions", budget_chars=4000, recalled=recalled(20), query="ferry")
+    crowded = build_folded(no_floor, "instructions", budget_chars=4000, recalled=recalled(20), query="ferry")
     assert crowded.turns_shown < ctx.turns_shown  # the shares alone let them crowd the turns out
 
 
@@ -258,7 +259,7 @@ def test_the_floor_counts_every_screen_note_a_plain_tail_shows_not_only_the_live
     assert len(session.live_notes) == 8 and len(session.view().seen_notes) == 20
 
     budget = 3500
-    ctx = build_context(session.view(), "instructions", budget_chars=budget, recalled=recalled(60), query="x")
+    ctx = build_folded(session.view(), "instructions", budget_chars=budget, recalled=recalled(60), query="x")
     tail_turns = 0  # the newest lines of the transcript that fit, counting only turns
     size = len("Recent conversation:")
     for line in reversed(transcript):
@@ -271,7 +272,7 @@ def test_the_floor_counts_every_screen_note_a_plain_tail_shows_not_only_the_live
     # counted with its live notes alone, the tail looks longer: the floor would keep more turns
     # than 0.9 of what the transcript's tail shows, and give recall less
     live_only = ContextView(0, "", session.verbatim_turns, session.live_notes, hungry)
-    overcounted = build_context(
+    overcounted = build_folded(
         live_only, "instructions", budget_chars=budget, recalled=recalled(60), query="x"
     )
     assert overcounted.turns_shown > ctx.turns_shown
@@ -293,8 +294,8 @@ def test_without_a_query_the_summary_takes_the_room_an_asked_query_gives_recall(
         for k in range(1, 9)
     ]
 
-    asked = build_context(seen, "instructions", budget_chars=4000, recalled=found, query="ferry ticket")
-    default = build_context(
+    asked = build_folded(seen, "instructions", budget_chars=4000, recalled=found, query="ferry ticket")
+    default = build_folded(
         seen, "instructions", budget_chars=4000, recalled=found, query="ferry ticket", asked=False
     )
 
@@ -309,7 +310,7 @@ def test_a_small_recall_share_still_holds_one_passage() -> None:
     seen = ContextView(100, "", conversation(60), (), config)
     locker = Recalled("turn", 3, "[2 May 2023, 10:00] Ana: My gym locker code is 4417.", 5.0)
 
-    ctx = build_context(seen, "instructions", budget_chars=1500, recalled=[locker], asked=False)
+    ctx = build_folded(seen, "instructions", budget_chars=1500, recalled=[locker], asked=False)
 
     assert [r.turn for r in ctx.recalled] == [3]  # 0.1 of 1,500 chars: 150, less than header and line
     assert "locker code is 4417" in ctx.instructions
@@ -355,3 +356,43 @@ def test_what_a_context_shows_of_the_summary_is_the_summary_cut_once() -> None:
         for budget in range(1000, 1500, 10):
             summary = build_context(shown, "instructions", budget_chars=budget).summary
             assert summary == condense_summary(ONE_DAY_AT_A_TIME, len(summary)), budget
+
+
+# -- what the verbatim turns show, the summary does not say again -----------------------------
+
+
+def at(day: int, hour: int = 10) -> float:
+    return dt.datetime(2023, 5, day, hour, tzinfo=dt.UTC).timestamp()
+
+
+def test_a_summary_line_whose_whole_time_the_verbatim_turns_show_is_not_shown_twice() -> None:
+    summary = "\n".join(
+        [
+            "[1 May 2023, 10:00] Alice: We booked Lisbon.",
+            "[2 May 2023, 10:00] Bob: The ferry leaves at 9.",
+            "[3 May 2023, 10:00] Alice: My cousin lives near the harbour.",
+        ]
+    )
+    # a fold came soon after the 3 May talk (turns 40-45): the summary tells of it, and a context
+    # with room still shows those turns
+    talk = [Turn("Alice", "user", f"line {k} of the 3 May talk", at(3) + 60 * k) for k in range(7)]
+    view = ContextView(46, summary, (talk[-1],), (), SessionConfig(recent_floor=0.0, recent_share=0.0))
+    folded = TurnRun.of(40, talk[:-1])
+    ctx = build_context(view, "instructions", budget_chars=4000, older=folded)
+    assert ctx.first_turn == 40 and ctx.summary == "\n".join(summary.split("\n")[:2])
+
+    # when the turns the context protects start after the first of them, the line tells of one
+    # they do not show: it stays
+    fewer = replace(view, config=replace(view.config, priority_turns=6))
+    ctx = build_context(fewer, "instructions", budget_chars=4000, older=folded)
+    assert "near the harbour" in ctx.summary
+
+
+def test_only_the_newest_lines_dated_within_the_verbatim_turns_time_are_left_out() -> None:
+    lines = ["[1 May 2023, 10:00] A: one.", "[2 May 2023, 10:00] B: two.", "[3 May 2023, 10:00] C: three."]
+    summary = "\n".join(lines)
+    assert summary_before(summary, at(2), at(9)) == lines[0]
+    assert summary_before(summary, at(2) + 1, at(9)) == "\n".join(lines[:2]), "a minute's head is its start"
+    assert summary_before(summary, at(1), at(2, 9)) == summary, "dated after the newest turn: not told twice"
+    assert summary_before("[31 February 2023, 10:00] X: a day no calendar has.", 0, 1e12).startswith("[31")
+    assert summary_before("A paragraph with no dates.", 0, 1e12) == "A paragraph with no dates."

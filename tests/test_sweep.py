@@ -32,7 +32,7 @@ def test_a_two_by_two_sweep_prints_a_table_and_writes_a_report(tmp_path: Path, c
             "replay",
             str(FIXTURE),
             "--set",
-            "recent_window=20,50",
+            "recent_window=10,50",
             "--set",
             "max_summary_chars=800,3000",
             "--out",
@@ -43,8 +43,8 @@ def test_a_two_by_two_sweep_prints_a_table_and_writes_a_report(tmp_path: Path, c
     assert code == 0
     printed = capsys.readouterr().out
     for label in (
-        "recent_window=20 max_summary_chars=800",
-        "recent_window=20 max_summary_chars=3000",
+        "recent_window=10 max_summary_chars=800",
+        "recent_window=10 max_summary_chars=3000",
         "recent_window=50 max_summary_chars=800",
         "recent_window=50 max_summary_chars=3000",
     ):
@@ -53,8 +53,8 @@ def test_a_two_by_two_sweep_prints_a_table_and_writes_a_report(tmp_path: Path, c
 
     slugs = sorted(p.name for p in out.iterdir() if p.name != "report")
     assert slugs == [
-        "recent_window-20_max_summary_chars-3000",
-        "recent_window-20_max_summary_chars-800",
+        "recent_window-10_max_summary_chars-3000",
+        "recent_window-10_max_summary_chars-800",
         "recent_window-50_max_summary_chars-3000",
         "recent_window-50_max_summary_chars-800",
     ]
@@ -72,14 +72,14 @@ def test_a_two_by_two_sweep_prints_a_table_and_writes_a_report(tmp_path: Path, c
     ):
         assert (report / png).read_bytes().startswith(b"\x89PNG"), png
     index = (report / "index.html").read_text(encoding="utf-8")
-    assert "<img src='context_chars.png'" in index and "recent_window=20 max_summary_chars=800" in index
+    assert "<img src='context_chars.png'" in index and "recent_window=10 max_summary_chars=800" in index
 
     rows = json.loads((report / "sweep.json").read_text(encoding="utf-8"))
     assert len(rows) == 4
     by_point = {row["point"]: row for row in rows}
-    # a shorter recent window folds more turns into the summary
+    # a recent window shorter than the one the fill trigger keeps folds more turns into the summary
     assert (
-        by_point["recent_window=20 max_summary_chars=800"]["compactions"]
+        by_point["recent_window=10 max_summary_chars=800"]["compactions"]
         > by_point["recent_window=50 max_summary_chars=800"]["compactions"]
     )
     assert all(row["summary_chars_final"] <= 800 for p, row in by_point.items() if p.endswith("=800"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import zoneinfo
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -19,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import hypothesis
 import pytest
 from helpers import ManualClock, given, landed, started, wait_until
+from hypothesis import strategies as st
 
 from voice_context.core.config import SessionConfig
 from voice_context.core.session import (
@@ -162,6 +165,24 @@ def test_a_settings_typo_is_refused_with_the_field_named() -> None:
             SessionConfig(**bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="conversation_gap_seconds"):
         SessionConfig(conversation_gap_seconds=0)
+
+
+@hypothesis.given(st.text(max_size=300) | st.sampled_from(sorted(zoneinfo.available_timezones())))
+@hypothesis.example("x" * 300)  # too long for a file name
+@hypothesis.example("💥" * 100)
+@hypothesis.example("../../etc/passwd")
+@hypothesis.example("/etc/localtime")
+@hypothesis.example("Europe\x00Berlin")
+@hypothesis.example("America/Argentina")  # a directory of zones
+@hypothesis.example("Europe/")
+def test_a_time_zone_is_a_zone_or_a_config_error_whatever_the_string(name: str) -> None:
+    try:
+        zone = parse_zone(name)
+    except ConfigError as refused:
+        assert "time_zone" in str(refused)
+        assert len(str(refused)) < 200, "a long name is not echoed back whole"
+    else:
+        assert zone.key == name
 
 
 def test_a_context_shows_the_coarsest_summary_of_each_part_never_two_and_none_past_the_cursor() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+from helpers import build_folded
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from serving import T0, running, wire
@@ -137,7 +138,7 @@ def test_a_summary_is_shrunk_by_whole_sentences_to_its_token_share() -> None:
     )
     no_floor = SessionConfig(recent_floor=0.0)  # the summary's share, not what the turns leave it
     summarized = view(no_floor, summary=long_summary)
-    ctx = build_context(summarized, "instructions", budget_tokens=400, budget_chars=None, tokens=O200K)
+    ctx = build_folded(summarized, "instructions", budget_tokens=400, budget_chars=None, tokens=O200K)
     assert ctx.tokens is not None and ctx.tokens <= 400
     assert ctx.summary and ctx.summary != long_summary
     assert all(line in long_summary for line in ctx.summary.split("\n") if "…" not in line)

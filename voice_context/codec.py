@@ -38,8 +38,9 @@ import orjson
 
 from voice_context.core.budget import FORMATS, Format
 from voice_context.core.handoff import LAST_TURNS, Handoff
+from voice_context.core.tiers import parse_zone
 from voice_context.core.turns import ROLES, Note, Role, Turn
-from voice_context.errors import DecodeError
+from voice_context.errors import ConfigError, DecodeError
 
 if TYPE_CHECKING:
     from voice_context.core.budget import Context
@@ -471,6 +472,12 @@ def _ping(r: _Reader) -> Ping:
 def _session_open(r: _Reader) -> SessionOpen:
     session = r.session_name()
     config = r.object("config", required=False)
+    if config is not None and "time_zone" in config:
+        # looked up as a file in the zone database: checked here, before any session is touched
+        try:
+            parse_zone(config["time_zone"])
+        except ConfigError as exc:
+            raise r.fail(f"config.{exc}") from None
     return SessionOpen(session, dict(config) if config is not None else None, r.id)
 
 

@@ -90,7 +90,7 @@ _DROPPED = {
     "summary_head": "the summary was cut to its newest sentences",
     "summary": "the summary did not fit",
     "notes": "screen notes did not fit",
-    "older_turns": "turns from the cursor on did not fit: they are left to the summary and recall",
+    "older_turns": "turns from the cursor on did not fit the budget: no summary covers them yet",
 }
 
 
@@ -611,7 +611,10 @@ def _left_out_reason(r: Recalled, ctx: Context, seen: _Seen) -> str:
 def _dropped(part: str, ctx: Context) -> dict[str, str]:
     why = _DROPPED.get(part, part)
     if part == "older_turns" and ctx.first_turn > ctx.cursor:
-        why = f"turns {ctx.cursor}–{ctx.first_turn - 1} (from the cursor on) did not fit: left to recall"
+        why = (
+            f"turns {ctx.cursor}–{ctx.first_turn - 1} (from the cursor on) did not fit the budget:"
+            " no summary covers them yet"
+        )
     return {"part": part, "why": why}
 
 

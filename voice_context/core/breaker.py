@@ -7,10 +7,11 @@
       │                      └──────────────the probe fails─────────────┤
       └──────────────────────────the probe reaches it───────────────────┘
 
-Closed, every call may try. After a failed try the circuit is open: every call is
-refused at once (no try, no wait) until a backoff has passed. The backoff doubles with
-each failure in a row, from ``base`` up to ``cap``, less a random share of it of up to
-``jitter`` (so that the bots of one server do not all come back in step). Then one call
+Closed, every call may try. After a failed try (refused, or not answered in time: a server
+that takes the connection and never answers is as down as one that refuses it) the circuit
+is open: every call is refused at once (no try, no wait) until a backoff has passed. The
+backoff doubles with each failure in a row, from ``base`` up to ``cap``, less a random share
+of it of up to ``jitter`` (so that the bots of one server do not all come back in step). Then one call
 probes while the others are still refused; a probe that reaches the server closes the
 circuit, one that fails opens it for the next, longer, backoff.
 

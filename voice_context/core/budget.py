@@ -38,18 +38,24 @@ budget):
    plain tail of the transcript, every screen note seen among them included, live
    or already folded, up to the newest 64):
    whatever comes after never pushes the verbatim run below that floor,
+   then the rest of the turns from the cursor on: no summary covers them yet, so
+   a context that left one out would show it nowhere (the fill trigger folds
+   them once they outgrow the protected window: they reach past it only while a
+   fold is in flight; see :mod:`voice_context.core.window`),
 4. the durable facts,
 5. recall: the passages of older history that bear on the query, best first,
    up to ``recall_share`` of the budget (``default_recall_share`` when no query
    was asked and the query is the newest user turn: ``asked`` is false),
-6. the session summary, up to ``summary_share`` of the budget plus whatever
+6. the session summary (without its newest lines whose whole time the verbatim
+   run shows: a line is dated by the first turn it tells of), up to
+   ``summary_share`` of the budget plus whatever
    of recall's share recall left unused (and at most ``summary_priority_chars``;
    ``default_summary_share`` when no query was asked),
 7. the live screen notes, newest first,
-8. the older verbatim turns back to the cursor, newest first, then (when
-   ``older`` turns are given, and only as far as they run up to the cursor
-   without a gap) past it (a recalled passage of a turn that becomes verbatim
-   here gives its room back),
+8. the older verbatim turns (when ``older`` turns are given, and only as far as
+   they run up to the cursor without a gap): the turns before the cursor, which
+   the summary covers, newest first (a recalled passage of a turn that becomes
+   verbatim here gives its room back),
 9. the rest of a longer summary, then the landmarks that did not fit their
    share, then more recalled passages (up to ``recall_limit``), in whatever
    room is left.
@@ -85,11 +91,12 @@ from voice_context.core.config import SessionConfig
 from voice_context.core.landmarks import Landmark, render
 from voice_context.core.recalled import Offered, Recalled
 from voice_context.core.session import ContextView
-from voice_context.core.text import clip, condense_summary
+from voice_context.core.text import clip, condense_summary, summary_before
 from voice_context.core.times import stamp
 from voice_context.core.tokens import CachedCounter, CharEstimate, TokenCounter
 from voice_context.core.tools import placeholder, tool_iterations, units
 from voice_context.core.turns import Note, Turn, TurnRun
+from voice_context.core.window import FillBudget
 
 Format = Literal["messages", "instructions"]
 FORMATS: frozenset[str] = frozenset({"messages", "instructions"})
@@ -145,6 +152,10 @@ class Context:
     summary, recall, notes, turns, in the order they are shown); ``left_out`` are
     the passages recall offered that the context does not show (a turn shown
     verbatim anyway, a summary line the summary holds, no room, or past ``recall_limit``).
+    ``fill`` is what the layout measured for the fill trigger (``None`` without a budget):
+    the room the protected recent window took, what the turns from the cursor on take as
+    this context renders them, shown or not, and the room the budget left after the base
+    instructions (:class:`voice_context.core.window.FillBudget`).
     """
 
     format: Format
@@ -166,6 +177,7 @@ class Context:
     landmarks: tuple[Landmark, ...] = field(default=())
     sections: tuple[Section, ...] = field(default=())
     left_out: tuple[Recalled, ...] = field(default=())
+    fill: FillBudget | None = None
 
 
 _SECTIONS = ("base", "facts", "landmarks", "summary", "recall", "notes", "turns")
@@ -679,6 +691,8 @@ def _assemble(
     assembly.add_current_turn()  # 2.
     assembly.add_landmarks_share()  # 2b.
     assembly.add_recent_window()  # 3.
+    assembly.add_unfolded_turns()  # 3b.
+    assembly.summary = assembly.unshown_summary()
     # recall's passages, rendered now that the turns shown verbatim are known (they only grow
     # older from here: a passage of one of them is never shown, and needs no rendering)
     recalled: Sequence[Recalled] = ()
@@ -810,6 +824,8 @@ class _Assembly:
     base_total: Size = (0, 0)
     next_turn: int = -1  # the newest turn not yet shown
     stopped: bool = True  # the verbatim run can grow no older
+    window: Size = (0, 0)  # what the protected recent window took (step 3)
+    summary: str = ""  # the summary as this context may show it (see unshown_summary)
     pinned: list[Landmark] = field(default_factory=list)  # landmarks not yet shown, newest first
     shown_landmarks: list[Landmark] = field(default_factory=list)
     chosen: list[Recalled] = field(default_factory=list)
@@ -953,6 +969,69 @@ class _Assembly:
             else:
                 self.stopped = True
             break
+        # the room the window protects: what it holds once the turns it may show (as far as the
+        # context read them) reach past it; while they do not, it could take the whole room
+        self.window = self.turns_size() if self.stopped or self.next_turn >= 0 else self.room
+
+    def turns_size(self) -> Size:
+        """What the verbatim turns shown so far take, their section's header aside."""
+        fill = self.fill
+        turns = fill.items["turns"]
+        return sum(map(len, turns)) + len(fill.layout.prefix["turns"]) * len(turns), sum(
+            fill.item_tokens["turns"]
+        )
+
+    def add_unfolded_turns(self) -> None:
+        """3b. The rest of the turns from the cursor on, before anything else, when they all fit:
+        no summary covers them yet, so a context that left one out would show it nowhere. They
+        reach past the protected window only while a fold is in flight (the fill trigger folds
+        them as soon as they do: see :func:`voice_context.core.window.fill_end`), or with the
+        trigger off."""
+        if self.stopped:
+            return
+        fill, unit_start = self.fill, self.transcript.unit_start
+        cursor = self.view.cursor - self.transcript.start  # the cursor's place among the turns
+        shown, next_turn = len(fill.items["turns"]), self.next_turn
+        while not self.stopped and self.next_turn >= cursor:
+            if self.add_unit(self.next_turn):
+                self.next_turn = unit_start[self.next_turn] - 1
+            else:
+                self.stopped = True
+        if self.stopped and self.next_turn >= cursor:
+            # not all of them fit (a budget smaller than the one the session folded for): the
+            # context cannot show them all whatever it gives up, so it gives up nothing for them;
+            # they come after recall and the summary as older turns do, and fold for the next one
+            while len(fill.items["turns"]) > shown:
+                fill.remove("turns", len(fill.items["turns"]) - 1)
+            self.next_turn, self.stopped = next_turn, False
+
+    def unshown_summary(self) -> str:
+        """The summary without its newest lines whose whole time the verbatim run shows (from
+        its first turn to the newest): a line is dated by the first turn it tells of, and a fold
+        that came soon after (the fill trigger folds turns while a context still shows them)
+        would otherwise say twice what the newest turns say, in room that older history needs."""
+        shown = len(self.fill.items["turns"])
+        if not shown or not self.view.summary:
+            return self.view.summary
+        turns = self.transcript.turns
+        return summary_before(self.view.summary, turns[len(turns) - shown].at, turns[-1].at)
+
+    def measured(self) -> FillBudget:
+        """What the fill trigger weighs after this context: the protected window, what the turns
+        from the cursor on take as this context renders them (shown or not), and the room."""
+        fill, transcript = self.fill, self.transcript
+        chars = tokens = 0
+        for i in range(self.view.cursor - transcript.start, transcript.n):
+            size = fill.item("turns", transcript.rendered(i)[0])
+            chars, tokens = chars + size[0], tokens + size[1]
+        return FillBudget(
+            self.window,
+            (chars, tokens),
+            self.room,
+            chars=self.budget_chars is not None,
+            tokens=self.budget_tokens is not None,
+            counter=self.tokens if self.budget_tokens is not None else None,
+        )
 
     def add_facts(self, facts: Sequence[str]) -> None:
         """4. Durable facts, in the order given."""
@@ -994,10 +1073,10 @@ class _Assembly:
 
     def add_summary_head(self, fraction: float, unused_recall: Size) -> None:
         """6. The summary, up to its share and what recall left of its own."""
-        view, fill, tokens = self.view, self.fill, self.tokens
-        if not view.summary:
+        view, fill, tokens, summary = self.view, self.fill, self.tokens, self.summary
+        if not summary:
             return
-        first = view.summary
+        first = summary
         if self.budgeted:
             summary_share = self.share(fraction)
             cap = min(view.config.summary_priority_chars, summary_share[0] + unused_recall[0])
@@ -1007,16 +1086,16 @@ class _Assembly:
             self.shares["summary"] = (cap, token_cap)
             if first and tokens is not None and tokens.count(_defused(first)) > token_cap:
                 best = _longest(
-                    lambda room: tokens.count(_defused(condense_summary(view.summary, room))) <= token_cap,
+                    lambda room: tokens.count(_defused(condense_summary(summary, room))) <= token_cap,
                     len(first),
                 )
-                first = condense_summary(view.summary, best) if best >= MIN_SUMMARY_CUT else ""
+                first = condense_summary(summary, best) if best >= MIN_SUMMARY_CUT else ""
         # a shorter cut is the summary's own, not a cut of the cut: the summary's plan serves
         # every length (see condense_summary), where a cut's text would be planned anew
         added = bool(first) and fill.add_cut(
-            "summary", first, lambda _, room: _condense(view.summary, room), least=MIN_SUMMARY_CUT
+            "summary", first, lambda _, room: _condense(summary, room), least=MIN_SUMMARY_CUT
         )
-        if not added or fill.items["summary"][0] != view.summary:
+        if not added or fill.items["summary"][0] != summary:
             self.dropped.append("summary_head")
 
     def add_notes(self) -> None:
@@ -1027,8 +1106,9 @@ class _Assembly:
                 break
 
     def add_older_turns(self) -> None:
-        """8. Older verbatim turns back to the cursor (and into ``older``); a recalled passage of
-        a turn shown whole, and a landmark the run reached, give their room back."""
+        """8. Older verbatim turns, past the cursor into ``older`` (the turns from the cursor on
+        came in step 3b); a recalled passage of a turn shown whole, and a landmark the run
+        reached, give their room back."""
         fill, chosen, transcript = self.fill, self.chosen, self.transcript
         start, unit_start = transcript.start, transcript.unit_start
         while not self.stopped and self.next_turn >= 0:
@@ -1051,7 +1131,7 @@ class _Assembly:
     def add_the_rest(self) -> None:
         """9. The rest of a longer summary, then the landmarks left out, then more recall, in the
         room left; a recalled summary line the summary shows anyway is not shown twice."""
-        fill, dropped, summary = self.fill, self.dropped, self.view.summary
+        fill, dropped, summary = self.fill, self.dropped, self.summary
         if "summary_head" in dropped:
             if fill.items["summary"]:
                 fill.grow("summary", summary, _condense)
@@ -1111,6 +1191,7 @@ class _Assembly:
             landmarks=tuple(self.shown_landmarks),
             sections=_sections(fill, self.shares if self.budgeted else {}),
             left_out=_left_out(recalled, chosen),
+            fill=self.measured() if self.budgeted else None,
         )
 
 

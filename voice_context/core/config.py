@@ -183,9 +183,9 @@ class SessionConfig:
     fill_trigger: float = _setting(
         0.7,
         "share",
-        "a context asked for under a budget also starts a compaction when the verbatim turns from the "
-        "cursor on pass this share of that budget (chars or tokens), whatever their count; 0 turns "
-        "it off",
+        "a context asked for under a budget also starts a compaction when the turns from the cursor "
+        "on take more than this share of the room its layout protects for the newest turns (chars or "
+        "tokens), whatever their count: they fold until half of that is left; 0 turns it off",
         most=1,
     )
     landmarks: bool = _setting(
@@ -221,7 +221,10 @@ class SessionConfig:
         1800.0, "positive", "a silence this long ends a conversation", most=7 * 86_400
     )
     time_zone: str = _setting(
-        "UTC", "name", "the IANA zone days and weeks are counted in", form="an IANA zone name"
+        "UTC",
+        "name",
+        "the IANA zone days and weeks are counted in",
+        form="an IANA zone name such as Europe/Berlin (at most 64 characters)",
     )
     day_roll_at: str = _setting("03:00", "name", "when a day is rolled, the next morning", form="HH:MM")
     week_roll_at: str = _setting(

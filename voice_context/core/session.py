@@ -9,7 +9,7 @@ as plain data; the shell performs the effects that come back, in order::
     session.receive(TurnAppended(turn))            -> [TurnHeld(index, landmark)]
     session.receive(NoteReceived(note))            -> [PersistNotes(staged)]   (nothing applied)
     session.receive(NotesStored(staged))           -> []   (the buffers are the staged ones now)
-    session.receive(ContextRequested(at))          -> [StartCompaction(plan)] or [Skip(...)]
+    session.receive(ContextRequested(at, fill))    -> [StartCompaction(plan)] or [Skip(...)]
     session.receive(SummaryReturned(id, text, at)) -> [CommitCompaction(...)], [StartCompaction(
                                                       recompact)], [Failed(...)] or [Stale(...)]
     session.receive(CompactionStored(id, at))      -> [Applied(...)]   (cursor and summary move)
@@ -36,7 +36,7 @@ Invariants, checked by the property tests:
 
 - the cursor only moves forward, and only to the end of the plan that landed;
 - a plan never contains a turn inside the recent window at the time it starts,
-  unless the fill trigger made it due (the budget would cut those turns anyway);
+  unless the fill trigger made it due (they outgrew the window a context protects);
 - every turn is either before the cursor (covered by the summary) or kept
   verbatim: there is no gap, whatever order results arrive in;
 - the summary never exceeds ``max_summary_chars``.
@@ -76,6 +76,9 @@ MAX_RETRY_AFTER = 3600.0
 #: A summarizer's reply is read up to this many times the summary ceiling: the rest of an
 #: overlong reply is never normalised, nor sent back to be condensed.
 MAX_REPLY_FACTOR = 4
+#: The fill trigger leaves room for as many turns as arrived while any of this many of the
+#: last folds was in flight (a burst is met by the folds after it, not forgotten by the next).
+ARRIVALS_KEPT = 4
 #: The newest notes kept for the recency floor's plain tail of the transcript, whether still
 #: live, pending or folded (a tail that reaches past them counts fewer notes: more turns).
 SEEN_NOTES = 64
@@ -103,9 +106,9 @@ class CompactionPlan:
     started_at: float
     recompact: bool = False
     trigger: str = "count"
-    """What made it due: ``count`` (the batch rule), ``fill`` (the verbatim part passed
-    ``fill_trigger`` of the budget a context was asked in) or ``emergency`` (the bot's
-    model reported a context overflow)."""
+    """What made it due: ``count`` (the batch rule), ``fill`` (the turns from the cursor on
+    passed the fill line of the context that asked: see :func:`~voice_context.core.window.fill_end`)
+    or ``emergency`` (the bot's model reported a context overflow)."""
     landmarks: int = 0
     """How many turns of ``start..end-1`` are landmarks, left out of ``turns``: a
     compaction never paraphrases one."""
@@ -200,8 +203,9 @@ class StagedNotes:
 
 @dataclass(frozen=True, slots=True)
 class ContextRequested:
-    """A reply needs a context at ``at`` (under ``budget``, when it has one): the compaction
-    triggers are evaluated."""
+    """A reply got its context at ``at``: the compaction triggers are evaluated (the fill
+    trigger by what that context's layout measured under its budget, ``budget``, when it
+    had one: :attr:`voice_context.core.budget.Context.fill`)."""
 
     at: float
     budget: FillBudget | None = None
@@ -529,6 +533,10 @@ class Session:
         self._landmarks: dict[int, Landmark] = {lm.index: lm for lm in landmarks}
         self._folded_at = folded_at
         self._rolled_through = rolled_through
+        #: how many turns arrived while each of the last folds was in flight (the fill trigger
+        #: leaves room for as many: see :func:`~voice_context.core.window.fill_end`)
+        self._arrived: deque[int] = deque(maxlen=ARRIVALS_KEPT)
+        self._flight_from = 0  # the turn count when the plan in flight started
 
     # -- reading ---------------------------------------------------------------
 
@@ -703,8 +711,8 @@ class Session:
     def _plan_compaction(self, now: float, budget: FillBudget | None = None) -> CompactionPlan | Skip:
         """Evaluate the trigger for a context request at time ``now``.
 
-        ``budget`` is the budget the context is asked in: with one, the fill
-        trigger is evaluated too (see :mod:`voice_context.core.window`), and a
+        ``budget`` is what the context's layout measured under its budget: with
+        one, the fill trigger is evaluated too (see :mod:`voice_context.core.window`), and a
         fold it makes due may reach into the recent window by count. Returns the
         plan to run (and marks it in flight) or why nothing starts.
         """
@@ -714,7 +722,7 @@ class Session:
         if isinstance(decision, Skip) and decision.reason is not SkipReason.BELOW_THRESHOLD:
             return decision
         sizes = verbatim_sizes(self._turns, self.config, budget)
-        end = fill_end(self._cursor, sizes, self.config.fill_trigger, budget)
+        end = fill_end(self._cursor, sizes, self.config.fill_trigger, budget, max(self._arrived, default=0))
         if end is None or (isinstance(decision, Batch) and end <= decision.end):
             return decision if isinstance(decision, Skip) else self._begin(decision, now)
         if self._retry_at is not None and now < self._retry_at:
@@ -810,6 +818,7 @@ class Session:
             self._pending.popleft()
         self._notes_version += 1
         self._in_flight = None
+        self._arrived.append(self.total_turns - self._flight_from)
         self._failures = 0
         self._retry_at = None
         self._compactions += 1
@@ -915,6 +924,7 @@ class Session:
             trigger=trigger,
         )
         self._in_flight = plan
+        self._flight_from = self.total_turns
         return plan
 
     def _conversation_begins(self, batch: Batch) -> int | None:
@@ -948,6 +958,7 @@ class Session:
     ) -> Failed:
         self._in_flight = None
         self._committing = None
+        self._arrived.append(self.total_turns - self._flight_from)
         self._failures += 1
         base, ceiling = self.config.retry_base_seconds, self.config.retry_max_seconds
         doublings = min(self._failures - 1, MAX_BACKOFF_DOUBLINGS)  # 2.0**1024 overflows a float

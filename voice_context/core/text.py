@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import heapq
+import math
 import re
 import threading
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import NamedTuple
 
 from voice_context.core.cache import CharBoundedCache, char_bounded_cache
+from voice_context.core.times import MONTHS
 
 _SENTENCE_END = re.compile(r"(?<=[.!?…])[\"')\]]*\s+")
 ELLIPSIS = "…"
@@ -498,6 +501,35 @@ def _date_of(head: str) -> tuple[str, int] | None:
     ``[8 May 2023, 13:56] ``); ``None`` for a line without a dated head."""
     found = _HEAD_DATE.match(head)
     return (found.group(1), int(found.group(2)) * 60 + int(found.group(3))) if found else None
+
+
+def summary_before(summary: str, start: float, end: float) -> str:
+    """``summary`` without its newest lines dated from ``start`` to ``end`` (a line's head is the
+    minute its first turn was said, so such a line tells only of turns said in that time).
+    Lines without a dated head, or dated after ``end``, and every line before them, stay."""
+    cut = len(summary)
+    while cut > 0:
+        begin = summary.rfind("\n", 0, cut - 1) + 1
+        head = _HEAD_WHEN.match(summary, begin, cut)
+        if head is None or not start <= _head_time(head) <= end:
+            break
+        cut = begin
+    return summary[:cut].rstrip("\n") if cut < len(summary) else summary
+
+
+_HEAD_WHEN = re.compile(r"\[(\d{1,2}) ([A-Z][a-z]+) (\d{1,4}), (\d{1,2}):(\d{2})\] ")
+_MONTH = {name: k + 1 for k, name in enumerate(MONTHS)}
+
+
+def _head_time(head: re.Match[str]) -> float:
+    """The unix time of a line head's ``8 May 2023, 13:56`` (UTC), as :func:`stamp` writes it;
+    ``-inf`` for a head that names no calendar time (its line stays)."""
+    day, month, year, hour, minute = head.groups()
+    try:
+        when = datetime(int(year), _MONTH[month], int(day), int(hour), int(minute), tzinfo=UTC)
+    except (KeyError, ValueError):
+        return -math.inf
+    return when.timestamp()
 
 
 def _joinable(day: tuple[str, int] | None, latest: int, following: tuple[str, int] | None) -> bool:

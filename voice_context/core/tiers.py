@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, time, timedelta
 from typing import Any, Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 from voice_context.errors import ConfigError
 
@@ -38,6 +38,13 @@ TIERS: tuple[Tier, ...] = ("session", "day", "week")
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _WEEK_AT = re.compile(r"^(Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*\s+(\d{1,2}):(\d{2})$", re.IGNORECASE)
 _DAY_AT = re.compile(r"^(\d{1,2}):(\d{2})$")
+#: The longest zone name taken (the longest IANA name, America/Argentina/ComodRivadavia, has 32).
+MAX_ZONE_CHARS = 64
+#: How much of a name that is not a zone's an error shows.
+SHOWN_CHARS = 40
+#: What a zone name is made of: ASCII words of letters, digits, ``_``, ``-`` and ``+``, joined
+#: by single slashes (no dots, so no ``..``, and no leading slash).
+_ZONE = re.compile(r"[A-Za-z0-9_+-]+(?:/[A-Za-z0-9_+-]+)*", re.ASCII)
 
 
 def _clock_time(hours: str, minutes: str, text: str) -> time:
@@ -64,11 +71,29 @@ def parse_week_at(text: str) -> tuple[int, time]:
     return WEEKDAYS.index(match[1][:3].title()), _clock_time(match[2], match[3], text)
 
 
-def parse_zone(name: str) -> ZoneInfo:
+def parse_zone(name: object) -> ZoneInfo:
+    """``"Europe/Berlin"``: the IANA zone days and weeks are counted in, from the zone
+    database (the ``tzdata`` package, or the system's).
+
+    Raises ``ConfigError``, and nothing else, for anything but the name of a zone the
+    database holds: a name is looked up as a file, so one that is not shaped like a zone
+    name (too long, a NUL, a path such as ``../../etc/passwd``, a directory of zones) is
+    refused before the lookup, and what the lookup raises all the same is translated."""
+    if not isinstance(name, str) or len(name) > MAX_ZONE_CHARS or _ZONE.fullmatch(name) is None:
+        raise _not_a_zone(name)
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError, TypeError) as exc:
-        raise ConfigError(f"time_zone must be an IANA zone name such as Europe/Berlin, got {name!r}") from exc
+    except Exception as exc:  # not found, a directory, not a zone file, a truncated one: no zone
+        raise _not_a_zone(name) from exc
+
+
+def _not_a_zone(name: object) -> ConfigError:
+    shown = repr(name)
+    if len(shown) > SHOWN_CHARS:  # not echoed back whole
+        shown = f"{shown[:SHOWN_CHARS]}…"
+    if isinstance(name, str) and len(name) > MAX_ZONE_CHARS:
+        shown += f" ({len(name)} characters, at most {MAX_ZONE_CHARS})"
+    return ConfigError(f"time_zone must be an IANA zone name such as Europe/Berlin, got {shown}")
 
 
 UTC_ZONE = ZoneInfo("UTC")

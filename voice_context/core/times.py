@@ -25,7 +25,8 @@ def utc(at: float) -> datetime:
     return datetime.fromtimestamp(min(max(at, EARLIEST_RENDERED), LATEST_RENDERED), tz=UTC)
 
 
-_MONTHS = "January February March April May June July August September October November December".split()
+MONTHS = "January February March April May June July August September October November December".split()
+"""The months' names, as :func:`stamp` writes them."""
 
 
 STAMPS_HELD = 32_768
@@ -51,7 +52,7 @@ def stamp(at: float) -> str:
     text = held.pop(at, None)  # taken out and put back last: the most recently used
     if text is None:
         when = utc(at)
-        text = f"{when.day} {_MONTHS[when.month - 1]} {when.year}, {when.hour:02d}:{when.minute:02d}"
+        text = f"{when.day} {MONTHS[when.month - 1]} {when.year}, {when.hour:02d}:{when.minute:02d}"
         if len(held) >= STAMPS_HELD:
             # the least recently used; another thread may change the dict meanwhile (a fold's
             # thread dates lines too), and then the oldest is left for the next miss

@@ -12,19 +12,23 @@ With the defaults (50 recent, batch 10): at cursor 0 and 61 turns it folds
 0..9 and the cursor moves to 10; at cursor 10 nothing fires until 71 turns,
 then 10..19.
 
-The fill trigger is the second rule, for sessions of long turns: a context
-asked for under a budget (chars, tokens or both) also fires a compaction when
-the verbatim part, the turns from the cursor on as the context would show
-them, passes ``fill_trigger`` (0.7) of that budget, whatever the count. It
-folds the oldest turns until what stays verbatim is at most half that (so the
-next turn does not fire again), always keeping the newest turn. The budget
-would cut those turns from the context anyway: folded, they are in the
-summary instead of nowhere (and a context with room still shows them
-verbatim, from the store). See :func:`fill_end`.
+The fill trigger is the second rule, for contexts asked for under a budget
+(chars, tokens or both): a count of turns says nothing of their length, and
+turns from the cursor on that a context cannot show would be in neither the
+summary nor the context. The context's layout protects a window of the newest
+turns; the turns from the cursor on come right after it, before recall and the
+summary (:mod:`voice_context.core.budget`), and as soon as they outgrow it
+(``fill_trigger``, 0.7, of it: before they reach its edge, so that the turns
+said while the fold is in flight still fit) the oldest of them fold until what
+stays unfolded is at most half of that, whatever the count, always keeping the
+newest turn. So those turns take the room of recall only while a fold is in
+flight, and a context with room still shows the folded ones verbatim, from the
+store. See :func:`fill_end`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -88,21 +92,33 @@ FILL_TARGET = 0.5
 
 @dataclass(frozen=True, slots=True)
 class FillBudget:
-    """The budget a context is asked in, which the fill trigger measures the verbatim part against."""
+    """What a context laid out under a budget measured, which the fill trigger weighs.
 
-    chars: int | None = None
-    tokens: int | None = None
+    ``window`` is the room its layout protected for the newest verbatim turns (the recent
+    window: ``recent_share`` of the budget and the ``recent_floor``), ``unfolded`` what the
+    turns from the cursor on take as that context renders them, shown or not, and ``room``
+    the budget left after the base instructions: each in (chars, tokens), as
+    :attr:`voice_context.core.budget.Context.fill` reports them. ``chars`` and ``tokens``
+    say which of the two the context's budget kept; ``counter`` counts tokens where a token
+    budget was kept.
+    """
+
+    window: tuple[int, int] = (0, 0)
+    unfolded: tuple[int, int] = (0, 0)
+    room: tuple[int, int] = (0, 0)
+    chars: bool = True
+    tokens: bool = False
     counter: TokenCounter | None = None
 
-    @property
-    def bounded(self) -> bool:
-        return self.chars is not None or (self.tokens is not None and self.counter is not None)
+    def kept(self) -> tuple[bool, bool]:
+        """Which of (chars, tokens) the budget kept (tokens only with a counter to count them)."""
+        return self.chars, self.tokens and self.counter is not None
 
 
 def verbatim_sizes(turns: Sequence[Turn], config: SessionConfig, budget: FillBudget) -> list[tuple[int, int]]:
     """Each turn's size in (chars, tokens) as a context shows it: its line, clipped, and a line break."""
     sizes = []
-    counter = budget.counter if budget.tokens is not None else None
+    counter = budget.counter if budget.kept()[1] else None
     for turn in turns:
         line = f"{turn.speaker}: {clip(turn.text, config.max_turn_chars)}"
         sizes.append((len(line) + 1, counter.count(line) + 1 if counter is not None else 0))
@@ -110,33 +126,42 @@ def verbatim_sizes(turns: Sequence[Turn], config: SessionConfig, budget: FillBud
 
 
 def fill_end(
-    cursor: int, sizes: Sequence[tuple[int, int]], fraction: float, budget: FillBudget
+    cursor: int,
+    sizes: Sequence[tuple[int, int]],
+    fraction: float,
+    budget: FillBudget,
+    arriving: int = 0,
 ) -> int | None:
     """Where a fold due to the fill trigger ends (exclusive), or ``None`` when none is due.
 
     ``sizes`` are those of the turns from ``cursor`` on (:func:`verbatim_sizes`).
-    Due when their total passes ``fraction`` of the budget in chars or in tokens;
-    the fold then takes the oldest turns until the rest is at most half that,
-    and never the newest turn.
+    The fill line is ``fraction`` of the protected window, in chars and in tokens, and
+    never closer to the room than ``arriving`` turns, as long as the newest of these
+    (the turns said while the last fold was in flight: as many may come while this one
+    is). Due when those turns take more than the line (with ``fraction`` 1 and nothing
+    arriving: as soon as one of them lies outside the window); the fold then takes the
+    oldest of them until the rest is at most :data:`FILL_TARGET` of the line, and never
+    the newest turn.
     """
-    if fraction <= 0 or len(sizes) < 2 or not budget.bounded:
+    kept = budget.kept()
+    if fraction <= 0 or len(sizes) < 2 or not any(kept):
         return None
-    caps = (
-        fraction * budget.chars if budget.chars is not None else float("inf"),
-        fraction * budget.tokens if budget.tokens is not None else float("inf"),
-    )
-    total = (sum(s[0] for s in sizes), sum(s[1] for s in sizes))
-    if total[0] <= caps[0] and total[1] <= caps[1]:
+    coming = sizes[len(sizes) - min(arriving, len(sizes)) :]
+    lines = [
+        min(fraction * budget.window[k], budget.room[k] - sum(s[k] for s in coming)) if kept[k] else math.inf
+        for k in (0, 1)
+    ]
+    if budget.unfolded[0] <= lines[0] and budget.unfolded[1] <= lines[1]:
         return None
-    kept = [0, 0]
+    caps = (lines[0] * FILL_TARGET, lines[1] * FILL_TARGET)
     first = len(sizes) - 1  # the newest turn always stays
-    kept[0], kept[1] = sizes[first]
+    chars, tokens = sizes[first]
     while first > 0:
-        chars, tokens = sizes[first - 1]
-        if kept[0] + chars > caps[0] * FILL_TARGET or kept[1] + tokens > caps[1] * FILL_TARGET:
+        more_chars, more_tokens = sizes[first - 1]
+        if chars + more_chars > caps[0] or tokens + more_tokens > caps[1]:
             break
-        kept[0] += chars
-        kept[1] += tokens
+        chars += more_chars
+        tokens += more_tokens
         first -= 1
     return cursor + first if first > 0 else None
 

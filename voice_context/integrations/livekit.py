@@ -41,7 +41,10 @@ voice-context instead (``SessionHandle.append_turn``).
 
 When voice-context is slow or down the reply goes on after ``timeout`` seconds with
 the session's own context and a log line says so (``voice_context_livekit_fallback``);
-turns it could not store then are stored before the next reply.
+turns it could not store then are stored before the next reply. A refused connection
+and a call that timed out alike open a circuit breaker: until a try in the background
+reaches voice-context again, every reply goes on at once, so a sidecar that is down or
+hung costs one ``timeout``, not one a reply.
 
 Needs the ``livekit`` extra (``pip install 'voice-context[livekit]'``).
 """
@@ -49,7 +52,8 @@ Needs the ``livekit`` extra (``pip install 'voice-context[livekit]'``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -58,6 +62,7 @@ from livekit.agents import AgentSession, llm
 
 from voice_context.client import SessionHandle
 from voice_context.codec import TurnAppend
+from voice_context.core.breaker import CircuitBreaker
 from voice_context.core.turns import Turn
 from voice_context.errors import ClientError, VoiceContextError
 from voice_context.integrations._held import HeldSession
@@ -80,7 +85,9 @@ class VoiceContextMemory:
     ``user`` and ``bot`` are the speakers the turns are stored under (voice-context shows a
     user turn as ``user: words``: give the caller's name). ``last_context`` is voice-context's
     reply to the last context request (its ``cursor``, ``first_turn``, ``chars``, ``dropped``,
-    ``recalled``): why the LLM got what it got.
+    ``recalled``): why the LLM got what it got. ``breaker`` decides when a voice-context that
+    did not answer is tried again (one may serve the memories of every call to one server),
+    on ``clock``'s time.
     """
 
     def __init__(
@@ -93,6 +100,8 @@ class VoiceContextMemory:
         timeout: float = 0.3,
         user: str = "user",
         bot: str = "assistant",
+        breaker: CircuitBreaker | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = url
         self.session = session
@@ -109,7 +118,9 @@ class VoiceContextMemory:
         self._waiting: list[tuple[str, Turn | None]] = []
         self._stored: set[str] = set()  # ids of the chat items voice-context holds
         self._lock = anyio.Lock()  # one store-and-ask at a time (a preemptive run may overlap)
-        self._held = HeldSession(url, session, token=token, close_timeout=timeout + 1)
+        self._held = HeldSession(
+            url, session, token=token, close_timeout=timeout + 1, breaker=breaker, clock=clock
+        )
 
     def __repr__(self) -> str:
         return (
@@ -166,15 +177,13 @@ class VoiceContextMemory:
         the session has not committed yet (``chat_ctx`` itself when voice-context does not
         answer within ``timeout``)."""
         try:
-            with anyio.fail_after(self.timeout):
-                async with self._lock:
-                    room = await self._held.open()
-                    await self._flush(room)
-                    instructions, pending = _split(chat_ctx, self._stored)
-                    budget = self.budget_chars
-                    if budget is not None:
-                        budget = max(0, budget - sum(map(_item_chars, pending)))
-                    reply = await room.context("messages", budget, query=_last_user_text(chat_ctx))
+            async with self._held.within(self.timeout) as room, self._lock:
+                await self._flush(room)
+                instructions, pending = _split(chat_ctx, self._stored)
+                budget = self.budget_chars
+                if budget is not None:
+                    budget = max(0, budget - sum(map(_item_chars, pending)))
+                reply = await room.context("messages", budget, query=_last_user_text(chat_ctx))
         except (TimeoutError, OSError, VoiceContextError) as exc:
             self.fallbacks += 1
             log.warning("voice_context_livekit_fallback", session=self.session, error=repr(exc))
@@ -210,8 +219,9 @@ class VoiceContextMemory:
         """Store the turns still waiting (within ``timeout``), then close the connection."""
         if self._waiting:
             lost = (TimeoutError, OSError, VoiceContextError)
-            with contextlib.suppress(*lost), anyio.fail_after(self.timeout):
-                await self._flush(await self._held.open(), run_in_progress=True)
+            with contextlib.suppress(*lost):
+                async with self._held.within(self.timeout) as room:
+                    await self._flush(room, run_in_progress=True)
         await self._held.close()
 
 

@@ -25,7 +25,13 @@ realtime websocket, the bot's own or the sideband of a WebRTC or SIP call:
   under server VAD it reaches the reply after the one it was fetched for;
 - when a fresh provider session takes over, :meth:`RealtimeMemory.handoff`
   briefs it: the ``session.handoff`` instructions (the context ending with the
-  questions still open) and, when it creates the replies, the turn detection.
+  questions still open) and, when it creates the replies, the turn detection;
+- a provider session lasts an hour (``session_limit``): :func:`run` rolls
+  over to a fresh one ``rollover_before`` (two minutes) before, at a turn
+  boundary (:meth:`RealtimeMemory.until_idle`), rather than wait for the
+  ``session_expired`` that ends it. The old session is closed once the new one
+  is briefed and the old one has finished the exchange it was in, so no
+  transcript is lost across the rollover.
 
 A reply never waits on memory for long: when the transcript, the turn or the
 context is not in within ``reply_within`` seconds of the commit (or the
@@ -55,11 +61,14 @@ import anyio.abc
 
 from voice_context.client import SessionHandle
 from voice_context.errors import VoiceContextError
+from voice_context.integrations.clock import Clock, WallClock
 from voice_context.logs import get_logger
 
 __all__ = [
     "BOT_EVENTS",
+    "ROLLOVER_BEFORE",
     "SERVER_VAD",
+    "SESSION_LIMIT",
     "USER_EVENTS",
     "RealtimeMemory",
     "response_create",
@@ -82,6 +91,13 @@ COMMITTED = "input_audio_buffer.committed"
 """The user's audio became a conversation item (``item_id``): a turn to answer."""
 TRANSCRIPTION_FAILED = "conversation.item.input_audio_transcription.failed"
 SPEECH_STARTED = "input_audio_buffer.speech_started"
+RESPONSE_CREATED = "response.created"
+RESPONSE_DONE = "response.done"
+
+SESSION_LIMIT = 3600.0
+"""Seconds a realtime provider session lasts: the service then ends it (``session_expired``)."""
+ROLLOVER_BEFORE = 120.0
+"""Seconds before ``SESSION_LIMIT`` that :func:`run` moves the call to a fresh provider session."""
 
 SERVER_VAD: Mapping[str, Any] = {"type": "server_vad"}
 """The turn detection a briefing sets by default when :class:`RealtimeMemory` creates the replies
@@ -170,6 +186,9 @@ class RealtimeMemory:
         self.replies = 0
         self.fallbacks = 0
         self._waiting: dict[str, _Reply] = {}
+        self._speaking = False
+        self._responding = False
+        self._changed = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self._stack: AsyncExitStack | None = None
 
@@ -201,9 +220,36 @@ class RealtimeMemory:
             reply.ready.set()
         self._waiting.clear()
 
+    @property
+    def idle(self) -> bool:
+        """Between exchanges: the user is not speaking, no reply waits for its memory, and no
+        response is in progress."""
+        return not (self._speaking or self._responding or self._waiting)
+
+    async def until_idle(self) -> None:
+        """Return once the session is :attr:`idle` (at once if it is)."""
+        while not self.idle:
+            await self._changed.wait()
+
+    def _touch(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
     async def on_event(self, event: Mapping[str, Any]) -> None:
         """Take one server event of the realtime session (the others are ignored)."""
+        try:
+            await self._on_event(event)
+        finally:
+            self._touch()
+
+    async def _on_event(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
+        if kind == RESPONSE_CREATED:
+            self._responding = True
+        elif kind == RESPONSE_DONE:
+            self._responding = False
+        elif kind == COMMITTED:
+            self._speaking = False
         item = event.get("item_id")
         if kind in USER_EVENTS:
             said = event.get("transcript")
@@ -220,6 +266,7 @@ class RealtimeMemory:
         elif kind == TRANSCRIPTION_FAILED:
             self._give_up(item, "transcription_failed")
         elif kind == SPEECH_STARTED:
+            self._speaking = True
             # The user speaks again before the reply went out: the next commit's reply answers both,
             # as the session's own turn detection would have interrupted this one.
             for reply in self._waiting.values():
@@ -268,6 +315,7 @@ class RealtimeMemory:
         # Decided here, after the last wait: a reply superseded or closed is no longer ours to send.
         if self._waiting.pop(reply.item, None) is not reply:
             return
+        self._responding = True  # asked for: the exchange goes on until its response.done
         await self.send(response_create(reply.instructions))
         self.replies += 1
         if reply.instructions is None:
@@ -349,6 +397,75 @@ async def _relay(ws: Any, memory: RealtimeMemory, provider_session: int) -> None
         log.info("realtime_session_closed", session=name, provider_session=provider_session)
 
 
+@dataclass(eq=False)
+class _Provider:
+    """One provider session of :func:`run`: its memory, when it began, and its end."""
+
+    number: int
+    began: float
+    memory: RealtimeMemory
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    ended: anyio.Event = field(default_factory=anyio.Event)
+
+
+async def _provide(
+    url: str,
+    headers: Mapping[str, str],
+    memory_for: Callable[[Callable[[dict[str, Any]], Awaitable[None]]], RealtimeMemory],
+    number: int,
+    clock: Clock,
+    *,
+    task_status: anyio.abc.TaskStatus[_Provider] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """One provider session: connected, briefed with the handoff (then it is started), its
+    events relayed until it ends or its ``scope`` is cancelled, then closed."""
+    import orjson
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    provider: _Provider | None = None
+    try:
+        async with connect(url, additional_headers=dict(headers)) as ws:
+
+            async def send(event: dict[str, Any]) -> None:
+                try:
+                    await ws.send(orjson.dumps(event).decode())
+                except ConnectionClosed:
+                    log.info("realtime_event_not_sent", provider_session=number, event=event["type"])
+
+            memory = memory_for(send)
+            async with memory:
+                provider = _Provider(number, clock.now(), memory)
+                await memory.handoff()
+                task_status.started(provider)
+                with provider.scope:
+                    await _relay(ws, memory, number)
+    finally:
+        if provider is not None:
+            provider.ended.set()
+
+
+async def _first(clock: Clock, deadline: float, *waits: Callable[[], Awaitable[None]]) -> None:
+    """Return when the first of ``waits`` returns, or when ``clock`` reaches ``deadline``."""
+    async with anyio.create_task_group() as tg:
+
+        async def then_stop(wait: Callable[[], Awaitable[None]]) -> None:
+            await wait()
+            tg.cancel_scope.cancel()
+
+        for wait in (lambda: clock.sleep_until(deadline), *waits):
+            tg.start_soon(then_stop, wait)
+
+
+async def _retire(old: _Provider, clock: Clock, session_limit: float) -> None:
+    """Close a provider session that a fresh one took over, once it has finished the exchange
+    it was in (at the latest when its time is up)."""
+    await _first(clock, old.began + session_limit, old.memory.until_idle, old.ended.wait)
+    old.scope.cancel()
+    await old.ended.wait()
+    log.info("realtime_session_retired", session=old.memory.room.name, provider_session=old.number)
+
+
 async def run(
     realtime_url: str,
     voice_context_url: str,
@@ -363,53 +480,66 @@ async def run(
     respond: bool = True,
     turn_detection: Mapping[str, Any] | None = SERVER_VAD,
     reply_within: float = 1.0,
+    session_limit: float = SESSION_LIMIT,
+    rollover_before: float = ROLLOVER_BEFORE,
+    clock: Clock | None = None,
 ) -> RealtimeMemory | None:
     """Keep realtime sessions at ``realtime_url`` briefed from the voice-context ``session``, one
     provider session after another: each starts with the handoff, every user turn is answered with
     its memory (see :class:`RealtimeMemory` for ``respond``, ``turn_detection`` and
-    ``reply_within``), and when the provider expires a session (an ``error`` with the code
-    ``session_expired``) or closes it, a fresh one takes over. Stops after ``provider_sessions``
-    sessions (never, by default).
+    ``reply_within``). ``rollover_before`` seconds before a session's ``session_limit`` (on
+    ``clock``), once it is between exchanges, a fresh one is opened and briefed, and the old one
+    closed once it has finished the exchange it may be in; a session the provider expires
+    (``session_expired``) or closes sooner is followed by a fresh one at once. Stops after
+    ``provider_sessions`` sessions (never, by default): the last one is kept until it ends.
 
     With ``call_id`` it serves that one WebRTC or SIP call instead, over the call's sideband
     connection (``realtime_url`` addressed by ``?call_id=``, see :func:`sideband_url`), and returns
-    when the call ends. Returns the last session's :class:`RealtimeMemory`."""
-    import orjson
-    from websockets.asyncio.client import connect
-    from websockets.exceptions import ConnectionClosed
-
+    when the call ends: a call's session cannot be handed to another. Returns the last session's
+    :class:`RealtimeMemory`."""
     from voice_context.client import Client
 
+    clock = clock if clock is not None else WallClock()
     url = realtime_url if call_id is None else sideband_url(realtime_url, call_id)
     memory: RealtimeMemory | None = None
-    async with Client(voice_context_url, token=token) as client:
+    async with Client(voice_context_url, token=token) as client, anyio.create_task_group() as tg:
         room = await client.open(session)
+
+        def memory_for(send: Callable[[dict[str, Any]], Awaitable[None]]) -> RealtimeMemory:
+            return RealtimeMemory(
+                room,
+                send,
+                base_instructions=base_instructions,
+                limit_chars=limit_chars,
+                respond=respond,
+                turn_detection=turn_detection,
+                reply_within=reply_within,
+            )
+
+        old: _Provider | None = None
         started = 0
         while provider_sessions is None or started < provider_sessions:
             started += 1
-            async with connect(url, additional_headers=dict(headers or {})) as ws:
-
-                async def send(event: dict[str, Any], ws: Any = ws) -> None:
-                    try:
-                        await ws.send(orjson.dumps(event).decode())
-                    except ConnectionClosed:
-                        log.info("realtime_event_not_sent", session=session, event=event["type"])
-
-                memory = RealtimeMemory(
-                    room,
-                    send,
-                    base_instructions=base_instructions,
-                    limit_chars=limit_chars,
-                    respond=respond,
-                    turn_detection=turn_detection,
-                    reply_within=reply_within,
-                )
-                async with memory:
-                    await memory.handoff()
-                    await _relay(ws, memory, started)
-            if call_id is not None:
-                log.info("realtime_call_ended", session=session, call_id=call_id)
+            current: _Provider = await tg.start(_provide, url, headers or {}, memory_for, started, clock)
+            memory = current.memory
+            if old is not None:
+                tg.start_soon(_retire, old, clock, session_limit)
+            old = None
+            if call_id is not None or started == provider_sessions:
+                await current.ended.wait()
                 break
+            due = current.began + session_limit - rollover_before
+            await _first(clock, due, current.ended.wait)
+            if current.ended.is_set():
+                continue
+            # due: roll over at the next turn boundary, or when the session's time is up
+            await _first(clock, current.began + session_limit, current.memory.until_idle, current.ended.wait)
+            if current.ended.is_set():
+                continue
+            log.info("realtime_session_rollover", session=session, provider_session=started)
+            old = current
+        if call_id is not None:
+            log.info("realtime_call_ended", session=session, call_id=call_id)
     return memory
 
 
@@ -448,6 +578,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--reply-within", type=float, default=1.0, help="seconds a reply waits for its memory"
     )
+    parser.add_argument(
+        "--session-limit", type=float, default=SESSION_LIMIT, help="seconds a provider session lasts"
+    )
+    parser.add_argument(
+        "--rollover-before",
+        type=float,
+        default=ROLLOVER_BEFORE,
+        help="seconds before the session limit that a fresh provider session takes over",
+    )
     args = parser.parse_args(argv)
     detection = None if args.turn_detection == "none" else json.loads(args.turn_detection)
     if detection is not None and not isinstance(detection, dict):
@@ -468,6 +607,8 @@ def main(argv: list[str] | None = None) -> int:
             respond=args.respond,
             turn_detection=detection,
             reply_within=args.reply_within,
+            session_limit=args.session_limit,
+            rollover_before=args.rollover_before,
         )
     )
     return 0

@@ -60,6 +60,9 @@ Nothing waits long on voice-context. When it is slow or down, the run goes on
 after ``timeout`` seconds with the pipeline's own context, unchanged, and a log
 line says so (``voice_context_pipecat_fallback``). The turns not stored then
 are stored, in order and exactly once (each carries an id), with the next run.
+A refused connection and a call that timed out alike open a circuit breaker:
+until a try in the background reaches voice-context again, every run goes on
+at once, so a sidecar that is down or hung costs one ``timeout``, not one a run.
 
 Needs the ``pipecat`` extra (``pip install 'voice-context[pipecat]'``).
 """
@@ -70,7 +73,7 @@ import json
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -92,6 +95,7 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
 from voice_context.client import SessionHandle
 from voice_context.codec import TurnAppend
+from voice_context.core.breaker import CircuitBreaker
 from voice_context.core.turns import Role, Turn
 from voice_context.errors import ClientError, VoiceContextError
 from voice_context.integrations._held import HeldSession
@@ -299,6 +303,9 @@ class VoiceContextProcessor(FrameProcessor):
     Place it with :meth:`around` (the LLM inside it). Placed on its own, before the LLM, it
     serves the runs that come down the pipeline only: the run after a tool result comes up
     from the assistant aggregator and misses it (a log line says so, once).
+
+    ``breaker`` decides when a voice-context that did not answer is tried again (one may
+    serve the processors of every call to one server), on ``clock``'s time.
     """
 
     def __init__(
@@ -311,6 +318,8 @@ class VoiceContextProcessor(FrameProcessor):
         timeout: float = 0.3,
         user: str = "user",
         bot: str = "assistant",
+        breaker: CircuitBreaker | None = None,
+        clock: Callable[[], float] = time.monotonic,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -329,7 +338,9 @@ class VoiceContextProcessor(FrameProcessor):
         self._way_back: _WayBack | None = None
         self._warned_unwrapped = False
         self._sending = anyio.Lock()
-        self._held = HeldSession(url, session, token=token, close_timeout=timeout + 1)
+        self._held = HeldSession(
+            url, session, token=token, close_timeout=timeout + 1, breaker=breaker, clock=clock
+        )
 
     def around(self, llm: FrameProcessor) -> Pipeline:
         """``llm`` with this memory on both ways into it: put the result in the pipeline where
@@ -363,8 +374,7 @@ class VoiceContextProcessor(FrameProcessor):
         """Tell voice-context what is on a screen (or in a camera's view); ``False`` when it
         did not take it within ``timeout``."""
         try:
-            with anyio.fail_after(self.timeout):
-                room = await self._held.open()
+            async with self._held.within(self.timeout) as room:
                 await room.append_note(text, speaker=speaker, source=source)
         except (TimeoutError, OSError, VoiceContextError) as exc:
             log.warning("voice_context_pipecat_note_lost", session=self.session, error=repr(exc))
@@ -423,8 +433,7 @@ class VoiceContextProcessor(FrameProcessor):
             self._context, guessed = frame.context, []
             self.ledger.look(messages, time.time())
         try:
-            with anyio.fail_after(self.timeout):
-                room = await self._held.open()
+            async with self._held.within(self.timeout) as room:
                 await self._send(room)
                 reply = await room.context("messages", self.budget_chars)
         except (TimeoutError, OSError, VoiceContextError) as exc:
@@ -448,8 +457,8 @@ class VoiceContextProcessor(FrameProcessor):
 
     async def _send_within_timeout(self) -> None:
         try:
-            with anyio.fail_after(self.timeout):
-                await self._send(await self._held.open())
+            async with self._held.within(self.timeout) as room:
+                await self._send(room)
         except (TimeoutError, OSError, VoiceContextError) as exc:
             log.warning(
                 "voice_context_pipecat_unsent",

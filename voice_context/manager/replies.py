@@ -21,7 +21,6 @@ from voice_context.core.session import (
     SummaryReturned,
 )
 from voice_context.core.tokens import TokenCounter
-from voice_context.core.window import FillBudget
 from voice_context.errors import ContextOverflow
 from voice_context.logs import get_logger
 from voice_context.manager.compactions import Compactions
@@ -92,7 +91,6 @@ class Replies:
             live = registry.get(name, owner)  # decide again after the await
         if budget_chars is None and format == "instructions":
             budget_chars = live.session.config.instructions_budget_chars
-        self.compactions.maybe_compact(live, FillBudget(budget_chars, budget_tokens, counter))
         self.tiers.maybe_roll(live)
         session = live.session
         text = default_query(session.verbatim_turns) if query is None else query
@@ -103,7 +101,7 @@ class Replies:
             _, recalled = await self.recall.search(live, text, default=query is None)
         older = await self.recall.older(live, older_chars(budget_chars, budget_tokens))
         live = registry.get(name, owner)  # decide again after the awaits
-        return build_context(
+        context = build_context(
             self.tiers.view(live),
             format,
             budget_chars=budget_chars,
@@ -116,6 +114,10 @@ class Replies:
             older=older,
             asked=query is not None,
         )
+        # a fold due now is decided by what this context's layout measured (the fill trigger), and
+        # lands for the next one: what a context shows never hangs on when a fold happens to land
+        self.compactions.maybe_compact(live, context.fill)
+        return context
 
     async def handoff(
         self,

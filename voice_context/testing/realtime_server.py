@@ -34,7 +34,17 @@ import orjson
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 
-__all__ = ["RealtimeSession", "StandInRealtime", "User", "committed", "failed", "heard", "said"]
+__all__ = [
+    "RealtimeSession",
+    "StandInRealtime",
+    "User",
+    "committed",
+    "failed",
+    "heard",
+    "play_turn",
+    "said",
+    "send_event",
+]
 
 Words = str | Callable[[str, str], str] | None
 """What the model says to a user turn: fixed words, words made from (the instructions the
@@ -65,6 +75,10 @@ class RealtimeSession:
     path: str = ""
     headers: Headers = field(default_factory=Headers)
     briefed: anyio.Event = field(default_factory=anyio.Event)
+    began: float = 0.0
+    """When the session began, on the clock of whoever serves it (a test's own)."""
+    closed_at: float | None = None
+    expired: bool = False
 
     def __post_init__(self) -> None:
         self.responses, self.requested = anyio.create_memory_object_stream[str](16)
@@ -135,7 +149,7 @@ class StandInRealtime:
             session = self.calls[call_id]
         else:
             session = RealtimeSession(self.scripts.pop(0))
-            await self._send(ws, {"type": "session.created", "session": {"type": "realtime"}})
+            await send_event(ws, {"type": "session.created", "session": {"type": "realtime"}})
         session.path, session.headers = ws.request.path, ws.request.headers
         self.sessions.append(session)
         async with session.responses, session.requested, anyio.create_task_group() as tg:
@@ -153,29 +167,38 @@ class StandInRealtime:
     async def _play(self, ws: ServerConnection, session: RealtimeSession) -> None:
         for k, step in enumerate(session.script):
             if isinstance(step, dict):
-                await self._send(ws, step)
-                continue
-            item = f"item_{k}"
-            await self._send(ws, {"type": "input_audio_buffer.speech_started", "item_id": item})
-            await self._send(ws, {"type": "input_audio_buffer.speech_stopped", "item_id": item})
-            await self._send(ws, committed(item))
-            if session.create_response:  # the response starts now, before the transcript is done
-                instructions = session.instructions
-                await self._send(ws, {"type": "response.created"})
-            await self._send(ws, heard(step.said, item))
-            if not session.create_response:
-                with anyio.fail_after(self.timeout):
-                    instructions = await session.requested.receive()
-                await self._send(ws, {"type": "response.created"})
-            session.answered.append((step.said, instructions))
-            if step.reply is not None:
-                words = step.reply if isinstance(step.reply, str) else step.reply(instructions, step.said)
-                await self._send(ws, said(words))
-                await self._send(ws, {"type": "response.done"})
+                await send_event(ws, step)
+            else:
+                await play_turn(ws, session, f"item_{k}", step, self.timeout)
 
-    @staticmethod
-    async def _send(ws: ServerConnection, event: dict[str, Any]) -> None:
-        await ws.send(orjson.dumps(event).decode())
+
+async def play_turn(
+    ws: ServerConnection, session: RealtimeSession, item: str, step: User, wait: float = 5.0
+) -> None:
+    """One user turn as server VAD orders it (see the module's docstring): speech started and
+    stopped, the audio committed as ``item``, the response, the model's words. ``wait`` bounds
+    the wait for the client's ``response.create``."""
+    await send_event(ws, {"type": "input_audio_buffer.speech_started", "item_id": item})
+    await send_event(ws, {"type": "input_audio_buffer.speech_stopped", "item_id": item})
+    await send_event(ws, committed(item))
+    if session.create_response:  # the response starts now, before the transcript is done
+        instructions = session.instructions
+        await send_event(ws, {"type": "response.created"})
+    await send_event(ws, heard(step.said, item))
+    if not session.create_response:
+        with anyio.fail_after(wait):
+            instructions = await session.requested.receive()
+        await send_event(ws, {"type": "response.created"})
+    session.answered.append((step.said, instructions))
+    if step.reply is not None:
+        words = step.reply if isinstance(step.reply, str) else step.reply(instructions, step.said)
+        await send_event(ws, said(words))
+        await send_event(ws, {"type": "response.done"})
+
+
+async def send_event(ws: ServerConnection, event: dict[str, Any]) -> None:
+    """Send one server event."""
+    await ws.send(orjson.dumps(event).decode())
 
 
 def heard(text: str, item: str) -> dict[str, Any]:

@@ -6,8 +6,11 @@ client message a line, exactly as sent (``session.open``, ``turn.append``,
 :func:`read_recording` reads every line with the codec, as the server read the
 message: a replay sees exactly what a server accepts. A line the server would
 have refused (not JSON, a role it does not know, a time in milliseconds, ...)
-is skipped and listed with the codec's error, never fatal; so are blank lines,
-``ping`` and ``session.delete`` (which a server never records).
+is skipped and listed with the codec's error, never fatal; so are ``ping`` and
+``session.delete`` (which a server never records), and a message for a session
+that no ``session.open`` before it opened (which a server refuses). Blank lines
+are passed over. ``voice-context replay`` refuses a recording with a line it
+skips, unless told to skip them (``--skip-bad-lines``).
 
 Offline replay is the server's own session manager on the memory store, with
 the recorded times as its clock (:class:`LogicalTime`) and without sleeping:
@@ -108,10 +111,14 @@ def parse_recording(
     lines: Iterable[str], name: str = "recording", *, max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
 ) -> Recording:
     """Read recording lines with the codec (``max_text_chars`` as the server had it). Never
-    raises for bad content: a line the codec refuses is listed in ``skipped``."""
+    raises for bad content: a line a server would not have recorded is listed in ``skipped``
+    (``line N: why``, from line 1) and not replayed: one the codec refuses, a ``ping`` or a
+    ``session.delete``, and a message for a session that no ``session.open`` before it opened
+    (a server refuses it: no such session on the connection)."""
     messages: list[dict[str, Any]] = []
     decoded: list[SessionMessage] = []
     skipped: list[str] = []
+    opened: set[str] = set()
     for number, line in enumerate(lines, 1):
         text = line.strip()
         if not text:
@@ -123,6 +130,14 @@ def parse_recording(
             continue
         if isinstance(message, Ping | SessionDelete):
             skipped.append(f"line {number}: {message.type} is never recorded")
+            continue
+        if isinstance(message, SessionOpen):
+            opened.add(message.session)
+        elif message.session not in opened:
+            skipped.append(
+                f"line {number}: {message.type} for session {message.session!r}, "
+                "which no session.open before it opened"
+            )
             continue
         messages.append(sent)
         decoded.append(message)

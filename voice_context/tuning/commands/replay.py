@@ -4,6 +4,7 @@
 
     voice-context replay RECORDING... [--config FILE] [--set KEY=VALUE[,VALUE...] ...]
                          [--budget N[,N...]] [--out DIR] [--report html|png|none]
+                         [--skip-bad-lines]
                          [--realtime [--speed X] [--max-gap SECONDS]] [--url URL [--token T]]
 
 RECORDING is a file written by ``voice-context serve --record`` (or by
@@ -15,8 +16,13 @@ values, or several ``--budget`` values, run as a grid. With ``--out``, each run
 writes ``NAME.contexts.jsonl``, ``NAME.compactions.jsonl`` and
 ``NAME.timings.json`` (in one folder per grid point when there are several),
 and a report with plots goes to ``DIR/report``. A table is always printed;
-recordings with a ``NAME.probes.jsonl`` beside them are scored too. A file in which
-no line is a message a server takes is refused (exit 2) before anything is replayed.
+recordings with a ``NAME.probes.jsonl`` beside them are scored too. A recording the
+replay cannot follow is refused (exit 2) before anything is replayed, with its first
+bad line: one that is not a message a server takes (not JSON, not an object, an
+unknown type, a missing or invalid field), ``ping`` or ``session.delete`` (never
+recorded), or a message for a session no ``session.open`` before it opened. With
+``--skip-bad-lines`` it is replayed without them, and stderr says how many were
+skipped, and the first few. A file in which no line is a message is refused either way.
 
 ``--realtime`` sleeps the recorded gaps (divided by ``--speed``) and runs the
 server's own session manager, compactions landing when they finish; ``--url``
@@ -60,6 +66,9 @@ from voice_context.tuning.sweep import (
     run_grid,
     write_report,
 )
+
+#: How many of the bad lines ``--skip-bad-lines`` skipped are named on stderr.
+SHOWN_BAD_LINES = 3
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
@@ -137,6 +146,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--url", help="replay against a live server, e.g. ws://127.0.0.1:8765/v1")
     parser.add_argument("--token", help="with --url: the bearer token")
     parser.add_argument("--session-prefix", default="", help="with --url: put this before every session name")
+    parser.add_argument(
+        "--skip-bad-lines",
+        action="store_true",
+        help="replay a recording without the lines it cannot follow, and say which (default: refuse it)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
@@ -163,6 +177,18 @@ def run(args: argparse.Namespace) -> int:
         if problem is not None:
             print(f"voice-context replay: {path} is not a recording: {problem}", file=sys.stderr)
             return 2
+        bad = bad_lines(path, settings.server.max_text_chars)
+        if bad and not args.skip_bad_lines:
+            more = f" ({len(bad)} bad lines in all)" if len(bad) > 1 else ""
+            print(
+                f"voice-context replay: {path}: {bad[0]}{more}; --skip-bad-lines replays it without them",
+                file=sys.stderr,
+            )
+            return 2
+        if bad:
+            shown = "; ".join(bad[:SHOWN_BAD_LINES])
+            more = f"; and {len(bad) - SHOWN_BAD_LINES} more" if len(bad) > SHOWN_BAD_LINES else ""
+            print(f"voice-context replay: {path}: skipped {_lines(len(bad))}: {shown}{more}", file=sys.stderr)
     with warnings_only():
         if args.url or args.realtime:
             try:
@@ -185,6 +211,16 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"report: {index}")
     return 0
+
+
+def bad_lines(path: Path, max_text_chars: int) -> list[str]:
+    """The lines of a recording the replay cannot follow, each ``line N: why`` (from line 1),
+    in order: those :func:`~voice_context.tuning.replay.parse_recording` skips."""
+    return read_recording(path, max_text_chars=max_text_chars).skipped
+
+
+def _lines(count: int) -> str:
+    return f"{count} bad line" if count == 1 else f"{count} bad lines"
 
 
 def not_a_recording(path: Path, max_text_chars: int) -> str | None:
