@@ -46,8 +46,11 @@ def test_a_file_then_the_environment_override_the_defaults(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[nope]\nx = 1\n", "unknown config section"),
-        ("[session]\nrecent_windw = 1\n", "unknown setting session.recent_windw"),
+        ("[nope]\nx = 1\n", r"unknown config section \[nope\]$"),
+        ("[session]\nrecent_windw = 1\n", r"session.recent_windw \(did you mean 'recent_window'\?\)"),
+        ("[sesion]\nrecent_window = 1\n", r"unknown config section \[sesion\] \(did you mean 'session'\?\)"),
+        ("[[source]]\nname = 'cal'\n", r"unknown config section \[source\] \(did you mean 'sources'\?\)"),
+        ("session = 3\n", r"config section \[session\] must be a table of settings, got 3"),
         ("[session]\nrecent_window = 0\n", "recent_window must be a positive integer"),
         ("[summarizer]\nkind = 'magic'\n", "summarizer.kind"),
         ("[summarizer]\ntimeout = 20\n", "3 attempts of timeout=20s .* outlast compaction_timeout=60s"),
@@ -63,6 +66,19 @@ def test_a_bad_file_is_a_clear_config_error(tmp_path: Path, text: str, message: 
     path.write_text(text)
     with pytest.raises(ConfigError, match=message):
         load_settings(path, env={})
+
+
+def test_a_misspelt_name_is_refused_with_the_name_it_was_likely_meant_to_be() -> None:
+    with pytest.raises(ConfigError, match=r"session.recent_windw \(did you mean 'recent_window'\?\)"):
+        load_settings(env={"VOICE_CONTEXT_SESSION_RECENT_WINDW": "30"})
+    with pytest.raises(ConfigError, match=r"unknown settings group 'sesion' \(did you mean 'session'\?\)"):
+        Settings().with_values("sesion", {"recent_window": 30})
+    # a session's stored overrides and a library caller's go through with_overrides
+    with pytest.raises(ConfigError) as refused:
+        SessionConfig().with_overrides({"recent_windw": 30, "colour": "red"})
+    assert str(refused.value) == (
+        "unknown session config key(s): colour, recent_windw (did you mean 'recent_window'?)"
+    ), "a name close to none is named alone"
 
 
 def test_the_deterministic_summarizer_gets_its_larger_summary_ceiling_by_default() -> None:

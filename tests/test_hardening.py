@@ -316,7 +316,8 @@ async def test_a_client_may_change_only_some_session_limits_and_only_up_to_a_max
             ({"recent_window": 1e9}, "recent_window may be at most 800"),
             ({"live_note_entries": 10**9}, "live_note_entries may be at most 64"),
             ({"max_pending_notes": 1_000_000_000}, "max_pending_notes may be at most 256"),
-            ({"retry_base_seconds": 0}, "cannot set retry_base_seconds"),
+            ({"retry_base_seconds": 0}, "cannot set retry_base_seconds; a client may set: recent_window"),
+            ({"recent_windw": 20}, "cannot set recent_windw (did you mean 'recent_window'?); a client"),
         ):
             refused = await bot.open("room-1", config=config)
             assert (refused["type"], refused["code"]) == ("error", "bad_request"), refused

@@ -33,7 +33,7 @@ from typing import Any, Literal, get_type_hints
 
 from voice_context.codec import DEFAULT_MAX_TEXT_CHARS
 from voice_context.collector import FREEZE_SECONDS
-from voice_context.core.config import SessionConfig
+from voice_context.core.config import SessionConfig, did_you_mean
 from voice_context.errors import ConfigError
 from voice_context.store.sqlite_db import SQLITE_READS, SQLiteReads
 from voice_context.summarizers.base import Summarizer
@@ -343,7 +343,7 @@ class Settings:
         """A copy with some fields of one group changed (strings are converted)."""
         current = getattr(self, group, None)
         if current is None or group not in _GROUPS:
-            raise ConfigError(f"unknown settings group {group!r}")
+            raise ConfigError(f"unknown settings group {group!r}{did_you_mean(group, _GROUPS)}")
         changed = replace(self, **{group: _apply(group, current, values)})
         if group == "session":
             changed = replace(changed, session_explicit=self.session_explicit | frozenset(values))
@@ -374,6 +374,7 @@ def session_defaults(
 
 
 _GROUPS = ("server", "summarizer", "store", "recall", "session")
+_SOURCE_KEYS = ("name", "url", "prompt", "timeout")
 
 
 def _apply(group: str, current: Any, values: Mapping[str, Any]) -> Any:
@@ -382,7 +383,7 @@ def _apply(group: str, current: Any, values: Mapping[str, Any]) -> Any:
     changes: dict[str, Any] = {}
     for key, raw in values.items():
         if key not in known:
-            raise ConfigError(f"unknown setting {group}.{key}")
+            raise ConfigError(f"unknown setting {group}.{key}{did_you_mean(key, known)}")
         changes[key] = _convert(f"{group}.{key}", hints[key], raw)
     try:
         return replace(current, **changes)
@@ -425,9 +426,9 @@ def _sources(tables: object) -> tuple[SourceSettings, ...]:
         raise ConfigError("sources must be [[sources]] tables")
     out: list[SourceSettings] = []
     for table in tables:
-        unknown = set(table) - {"name", "url", "prompt", "timeout"}
+        unknown = sorted(set(table) - set(_SOURCE_KEYS))
         if unknown:
-            raise ConfigError(f"unknown setting sources.{sorted(unknown)[0]}")
+            raise ConfigError(f"unknown setting sources.{unknown[0]}{did_you_mean(unknown[0], _SOURCE_KEYS)}")
         try:
             out.append(SourceSettings(**table))
         except TypeError as exc:
@@ -455,8 +456,11 @@ def load_settings(
             if group == "sources":
                 settings = replace(settings, sources=_sources(values))
                 continue
-            if group not in _GROUPS or not isinstance(values, dict):
-                raise ConfigError(f"unknown config section [{group}]")
+            if group not in _GROUPS:
+                guess = did_you_mean(group, (*_GROUPS, "sources"))
+                raise ConfigError(f"unknown config section [{group}]{guess}")
+            if not isinstance(values, dict):
+                raise ConfigError(f"config section [{group}] must be a table of settings, got {values!r}")
             settings = settings.with_values(group, values)
     environ = os.environ if env is None else env
     by_group: dict[str, dict[str, str]] = {}

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -261,7 +262,8 @@ class SessionConfig:
         known = {f.name for f in fields(self)}
         unknown = sorted(set(overrides) - known)
         if unknown:
-            raise ConfigError(f"unknown session config key(s): {', '.join(unknown)}")
+            named = ", ".join(name + did_you_mean(name, known) for name in unknown)
+            raise ConfigError(f"unknown session config key(s): {named}")
         try:
             return replace(self, **overrides)
         except TypeError as exc:  # pragma: no cover - replace() only raises on unknown names
@@ -269,6 +271,14 @@ class SessionConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """What ends the error for an unknown key or group ``name``: `` (did you mean 'known'?)``
+    with the one of ``known`` it is most likely a misspelling of, or ``""`` when none is close.
+    Every place that refuses a name it does not know says it this way."""
+    close = difflib.get_close_matches(name, sorted(set(known) - {name}), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _check(name: str, rule: Rule, value: Any) -> None:
@@ -332,10 +342,12 @@ def settings_table() -> str:
 def check_client_overrides(overrides: Mapping[str, Any], defaults: SessionConfig) -> None:
     """Refuse what a client may not ask of a session (``ConfigError``): a field outside
     :data:`CLIENT_MAXIMA` and :data:`CLIENT_NAMES`, or a number above its maximum."""
-    refused = sorted(set(overrides) - set(CLIENT_MAXIMA) - CLIENT_NAMES)
+    allowed = [*CLIENT_MAXIMA, *sorted(CLIENT_NAMES)]
+    refused = sorted(set(overrides) - set(allowed))
     if refused:
-        allowed = ", ".join([*CLIENT_MAXIMA, *sorted(CLIENT_NAMES)])
-        raise ConfigError(f"session config cannot set {', '.join(refused)} (a client may set: {allowed})")
+        # a setting only the server sets is named right; any other name may be a misspelt one
+        named = ", ".join(name + ("" if name in RULES else did_you_mean(name, RULES)) for name in refused)
+        raise ConfigError(f"session config cannot set {named}; a client may set: {', '.join(allowed)}")
     for name, value in overrides.items():
         if name in CLIENT_NAMES:
             continue
