@@ -1,13 +1,15 @@
-"""A sweep: a 2x2 grid over a fixture gives one table row per point and a report with plots."""
+"""A sweep: a 2x2 grid over a fixture gives one table row per point, with a legend under it, and a
+report with plots."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 from voice_context.cli import main
-from voice_context.tuning.sweep import Point, grid, table_cells
+from voice_context.tuning.sweep import COLUMNS, Point, grid, legend, print_table, table_cells
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "raid-night.jsonl"
 
@@ -88,3 +90,28 @@ def test_a_two_by_two_sweep_prints_a_table_and_writes_a_report(tmp_path: Path, c
     # and every point's summaries are audited for their dates
     assert headers[-1] == "misdated" and "misdated" in printed
     assert all(row["dates_judged"] > 0 and row["misdated_share"] is not None for row in rows)
+
+
+def test_under_the_table_a_legend_says_what_each_column_it_prints_means(capsys: Any) -> None:
+    assert main(["replay", str(FIXTURE), "--no-progress"]) == 0  # the fixture has probes: every column
+    printed = capsys.readouterr().out.splitlines()
+    header = next(line for line in printed if "┃" in line)
+    columns = [cell.strip() for cell in header.strip("┃").split("┃")]
+    assert len(columns) == len(COLUMNS) == 16, columns
+    below = printed[printed.index(next(line for line in printed if line.startswith("└"))) + 1 :]
+    explained = [line for line in below if line.strip()]
+    assert [line[: len(column)] for line, column in zip(explained, columns, strict=True)] == columns
+    assert all(line[len(column) :].startswith("  ") for line, column in zip(explained, columns, strict=True))
+    # and docs/replay.md says the same, line for line
+    doc = (FIXTURE.parent.parent / "docs" / "replay.md").read_text(encoding="utf-8")
+    assert all(line in doc for line in legend([{c.key: 1 for c in COLUMNS}]))
+    assert all(line in doc for line in explained)
+
+
+def test_the_legend_names_only_the_columns_a_table_without_scores_shows() -> None:
+    rows = [{"point": "defaults", "contexts": 3, "compactions": 1, "summarizer_calls": None}]
+    headers, _ = table_cells(rows)
+    out = io.StringIO()
+    print_table(rows, file=out)
+    named = [line.split("  ")[0] for line in out.getvalue().split("\n\n", 1)[1].splitlines() if line]
+    assert named == headers == ["point", "contexts", "compactions", "calls"]

@@ -10,7 +10,8 @@ The table has one row per point: contexts served, compactions, summarizer calls
 and characters sent (in all, and per turn), context and summary sizes,
 wall-clock latencies of the summarizer and of the context assembly, the
 recall scores when there were probes, and the share of summary sentences shown
-under the wrong date or none (the date audit, :mod:`voice_context.tuning.audit`). The
+under the wrong date or none (the date audit, :mod:`voice_context.tuning.audit`); under it,
+a legend says what each column means (:data:`COLUMNS`). The
 report (``report/index.html`` with PNG plots, or the PNGs alone) shows, per
 recording and point: the context size over the session, the summary size with
 the compactions marked, the cursor, summarizer calls and characters sent over
@@ -32,7 +33,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 from voice_context.config import Settings
 from voice_context.summarizers.base import Summarizer
@@ -236,33 +237,91 @@ async def run_grid(
 
 # -- the table ---------------------------------------------------------------------------------
 
-COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("point", "point", "{}"),
-    ("contexts", "contexts", "{:d}"),
-    ("compactions", "compactions", "{:d}"),
-    ("summarizer_calls", "calls", "{:d}"),
-    ("chars_sent", "chars sent", "{:,d}"),
-    ("chars_sent_per_turn", "sent/turn", "{:.0f}"),
-    ("context_chars_mean", "ctx chars", "{:.0f}"),
-    ("summary_chars_final", "summary", "{:.0f}"),
-    ("summarizer_ms_p95", "sum ms p95", "{:.2f}"),
-    ("context_ms_p95", "ctx ms p95", "{:.2f}"),
-    ("recall_ours", "ours", "{:.3f}"),
-    ("recall_tail", "tail", "{:.3f}"),
-    ("recall_head_tail", "head+tail", "{:.3f}"),
-    ("recall_full", "ceiling", "{:.3f}"),
-    ("gap", "gap", "{:.2f}"),
-    ("misdated_share", "misdated", "{:.1%}"),
+
+class Column(NamedTuple):
+    """A column of the table: the row's key, its title, how a value is written, and what it
+    means (the legend under the table says it, and ``docs/replay.md`` the same)."""
+
+    key: str
+    title: str
+    fmt: str
+    meaning: str
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("point", "point", "{}", "the --set and --budget values of the row (defaults: none given)"),
+    Column("contexts", "contexts", "{:d}", "contexts served, all recordings together"),
+    Column(
+        "compactions",
+        "compactions",
+        "{:d}",
+        "folds the sessions took (a summary applied, or clamped to its ceiling)",
+    ),
+    Column(
+        "summarizer_calls", "calls", "{:d}", "summarizer calls, those that failed or answered too long too"
+    ),
+    Column(
+        "chars_sent",
+        "chars sent",
+        "{:,d}",
+        "chars sent to the summarizer: the summary before, the turns, the notes",
+    ),
+    Column("chars_sent_per_turn", "sent/turn", "{:.0f}", "chars sent per turn appended"),
+    Column("context_chars_mean", "ctx chars", "{:.0f}", "the mean size of a context served, in chars"),
+    Column(
+        "summary_chars_final",
+        "summary",
+        "{:.0f}",
+        "the summary's size at a recording's end, in chars (the mean)",
+    ),
+    Column("summarizer_ms_p95", "sum ms p95", "{:.2f}", "a summarizer call's wall-clock ms, 95th percentile"),
+    Column("context_ms_p95", "ctx ms p95", "{:.2f}", "a context's assembly's wall-clock ms, 95th percentile"),
+    Column(
+        "recall_ours",
+        "ours",
+        "{:.3f}",
+        "recall: how much of the probes' answers our contexts hold (0 to 1)",
+    ),
+    Column("recall_tail", "tail", "{:.3f}", "the same for the tail: the newest lines that fit the budget"),
+    Column(
+        "recall_head_tail",
+        "head+tail",
+        "{:.3f}",
+        "the same for the oldest lines to half the budget, then the newest",
+    ),
+    Column("recall_full", "ceiling", "{:.3f}", "the same for every line, no budget"),
+    Column("gap", "gap", "{:.2f}", "the gap recovered: (ours - tail) / (ceiling - tail)"),
+    Column(
+        "misdated_share",
+        "misdated",
+        "{:.1%}",
+        "the share of summary sentences shown under the wrong date or none",
+    ),
 )
+"""The table's columns; those of the recall (``ours`` to ``gap``) when some row was scored
+against probes, ``misdated`` when some summary was audited. A ``-`` is a value not known (a
+live server does not say what its summarizer was sent)."""
 
 
 def table_cells(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """Headers and formatted cells; score columns appear only when some row was scored."""
-    columns = [c for c in COLUMNS if any(c[0] in row for row in rows)]
+    columns = _shown(rows)
     cells = [
-        [fmt.format(row[key]) if row.get(key) is not None else "-" for key, _, fmt in columns] for row in rows
+        [c.fmt.format(row[c.key]) if row.get(c.key) is not None else "-" for c in columns] for row in rows
     ]
-    return [title for _, title, _ in columns], cells
+    return [c.title for c in columns], cells
+
+
+def _shown(rows: Sequence[Mapping[str, Any]]) -> list[Column]:
+    return [c for c in COLUMNS if any(c.key in row for row in rows)]
+
+
+def legend(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What each column the table of ``rows`` shows means, a line each (``sum ms p95  a
+    summarizer call's ...``): printed under the table."""
+    columns = _shown(rows)
+    width = max((len(c.title) for c in columns), default=0)
+    return [f"{c.title.ljust(width)}  {c.meaning}" for c in columns]
 
 
 def print_table(rows: Sequence[Mapping[str, Any]], file: TextIO | None = None) -> None:
@@ -277,14 +336,15 @@ def print_table(rows: Sequence[Mapping[str, Any]], file: TextIO | None = None) -
         print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)), file=out)
         for r in cells:
             print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)), file=out)
-        return
-    table = Table(show_lines=False)
-    for i, header in enumerate(headers):
-        table.add_column(header, justify="left" if i == 0 else "right", no_wrap=True)
-    for r in cells:
-        table.add_row(*r)
-    width = sum(max(len(h), *(len(r[i]) for r in cells)) + 3 for i, h in enumerate(headers)) + 1
-    Console(file=out, width=width).print(table)
+    else:
+        table = Table(show_lines=False)
+        for i, header in enumerate(headers):
+            table.add_column(header, justify="left" if i == 0 else "right", no_wrap=True)
+        for r in cells:
+            table.add_row(*r)
+        width = sum(max(len(h), *(len(r[i]) for r in cells)) + 3 for i, h in enumerate(headers)) + 1
+        Console(file=out, width=width).print(table)
+    print("", *legend(rows), sep="\n", file=out)
 
 
 # -- the report --------------------------------------------------------------------------------
@@ -471,13 +531,17 @@ def _index_html(
         "<!doctype html><meta charset='utf-8'><title>voice-context sweep</title>",
         "<style>body{font:14px sans-serif;margin:2em}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}td:first-child{text-align:left}"
-        "img{max-width:100%;display:block;margin:1em 0}</style>",
+        "img{max-width:100%;display:block;margin:1em 0}"
+        "dl{display:grid;grid-template-columns:auto 1fr;gap:0 1em}dd{margin:0}</style>",
         "<h1>voice-context sweep</h1>",
         f"<p>{len(results)} point(s) &times; {recordings} "
         "recording(s). Latencies are wall clock; everything else is reproducible.</p>",
         "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in headers) + "</tr>",
         *("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in cells),
         "</table>",
+        "<dl>",
+        *(f"<dt>{html.escape(c.title)}</dt><dd>{html.escape(c.meaning)}</dd>" for c in _shown(rows)),
+        "</dl>",
     ]
     if len(names) < recordings:
         parts.append(f"<p>Plots show the first {len(names)} recordings.</p>")
@@ -511,10 +575,13 @@ def recordings_in(paths: Iterable[str | Path]) -> list[Path]:
 
 
 __all__ = [
+    "COLUMNS",
+    "Column",
     "Point",
     "PointResult",
     "Run",
     "grid",
+    "legend",
     "print_table",
     "probes_path",
     "recordings_in",
