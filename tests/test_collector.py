@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import platform
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
+from functools import partial
+from typing import Any
 
 import anyio
 import pytest
+from serving import TIMEOUT
 
 from voice_context import collector
 from voice_context.collector import (
@@ -126,7 +130,7 @@ def test_a_cycle_that_dies_frozen_comes_back_at_the_next_thaw(collector_by_hand:
 
 @pytest.mark.asyncio
 async def test_a_freeze_never_counts_what_is_frozen_one_by_one(
-    collector_by_hand: None, monkeypatch: pytest.MonkeyPatch
+    collector_by_hand: None, monkeypatch: pytest.MonkeyPatch, logs: list[MutableMapping[str, Any]]
 ) -> None:
     """``gc.get_freeze_count()`` walks every frozen object (23 ms for two million, the event
     loop stopped meanwhile): the freezes that run beside the replies never ask it."""
@@ -135,11 +139,19 @@ async def test_a_freeze_never_counts_what_is_frozen_one_by_one(
         raise AssertionError("gc.get_freeze_count() walks every frozen object")
 
     monkeypatch.setattr(gc, "get_freeze_count", walked)
-    ticks = iter(range(1000))
-    with anyio.move_on_after(0.5):
-        await keep_collector_off(
-            lambda: Load(connections=1, sessions=1, released=0),
-            freeze_seconds=0.01,
-            monotonic=lambda: float(next(ticks)),
-        )
-    assert next(ticks) > 3, "several freezes ran"
+    checks, fourth_check = itertools.count(1), anyio.Event()
+
+    def load() -> Load:  # read at each check, just before the step it decides is performed
+        if next(checks) == 4:
+            fourth_check.set()
+        return Load(connections=1, sessions=1, released=0)
+
+    ticks = itertools.count()  # a second between checks on the policy's clock: each check a freeze
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                partial(keep_collector_off, load, freeze_seconds=0.01, monotonic=lambda: float(next(ticks)))
+            )
+            await fourth_check.wait()  # and the loop performs that check's freeze before it waits again
+            tg.cancel_scope.cancel()
+    assert [e["step"] for e in logs if e["event"] == "voice_context_gc"] == ["freeze"] * 4

@@ -33,8 +33,11 @@ README = ROOT / "README.md"
 FACT = "QX7-ALPHA"
 QUICK_START = re.compile(r"^# --- quick start ---\n(.*?)^# --- end ---$", re.MULTILINE | re.DOTALL)
 EXCERPT = re.compile(r"<!-- excerpt: (examples/[\w.]+) -->\n```python\n(.*?)```", re.DOTALL)
-#: what an example is run with: OpenAI's and voice-context's settings are the test's to give
-PROVIDERS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "REALTIME_CALL_ID", "REALTIME_URL")
+#: what an example is run with: the providers' and voice-context's settings are the test's to give
+PROVIDERS = (
+    *("OPENAI_API_KEY", "OPENAI_BASE_URL", "REALTIME_CALL_ID", "REALTIME_URL"),
+    *("GEMINI_API_KEY", "GOOGLE_API_KEY", "GOOGLE_GEMINI_BASE_URL", "GEMINI_LIVE_MODEL"),
+)
 
 
 def environment(**values: str) -> dict[str, str]:
@@ -50,6 +53,16 @@ async def run(example: Path, **env: str) -> list[str]:
         )
     assert done.returncode == 0, done.stderr.decode()
     return done.stdout.decode().splitlines()
+
+
+_offline: dict[Path, list[str]] = {}
+
+
+async def offline(example: Path) -> list[str]:
+    """The lines ``example`` printed offline: run once for this file, however many tests read them."""
+    if example not in _offline:
+        _offline[example] = await run(example)
+    return _offline[example]
 
 
 def exchanges(printed: list[str]) -> tuple[list[str], list[str]]:
@@ -78,12 +91,31 @@ def test_the_stand_in_model_answers_a_question_with_what_its_prompt_held() -> No
 async def test_each_example_runs_offline_and_its_last_reply_carries_what_was_said_first(
     example: Path,
 ) -> None:
-    printed = await run(example)
+    printed = await offline(example)
     caller, bot = exchanges(printed)
     assert FACT in caller[0] and caller[-1].endswith("?")
     assert len(bot) == len(caller) > 20, "every line answered, in a call long enough to fold"
     assert FACT not in " ".join(bot[:-1])
     assert FACT in bot[-1], f"the bot forgot: {bot[-1]!r}"
+
+
+@pytest.mark.asyncio
+async def test_the_gemini_live_example_answers_on_a_later_connection_and_stores_every_turn() -> None:
+    printed = await offline(ROOT / "examples" / "gemini_live.py")  # the run the test above made
+    caller, _ = exchanges(printed)
+    connections, go_aways, resumed = figures(printed, "gemini live: {} connections, {} goAways, {} resumed")
+    assert connections > 1 and go_aways >= connections - 1 and resumed >= 1
+    (answered_on,) = figures(printed, "the Live API stand-in: the question answered on connection {}")
+    assert answered_on > 1, "the question came after the first connection was gone"
+    stored, said = figures(printed, "voice-context: {} of the {} turns said stored")
+    assert stored == said == 2 * len(caller), "every line and every reply stored"
+
+
+def figures(printed: list[str], line: str) -> tuple[int, ...]:
+    """The numbers in the one printed line that reads as ``line`` with a number for each ``{}``."""
+    pattern = re.compile(re.escape(line).replace(r"\{\}", r"(\d+)"))
+    (found,) = [m for m in map(pattern.fullmatch, printed) if m is not None]
+    return tuple(map(int, found.groups()))
 
 
 # -- the README's quick starts

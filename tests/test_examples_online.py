@@ -1,12 +1,13 @@
 """The examples with a key: each calls the provider, played here by a local server at the URL the
-provider's environment names (``OPENAI_BASE_URL``, ``REALTIME_URL``), with that key, and stores
-the call in the voice-context server ``VOICE_CONTEXT_URL`` names. (Offline, in
-``test_examples.py``.)"""
+provider's environment names (``OPENAI_BASE_URL``, ``REALTIME_URL``, ``GOOGLE_GEMINI_BASE_URL``),
+with that key, and stores the call in the voice-context server ``VOICE_CONTEXT_URL`` names.
+(Offline, in ``test_examples.py``.)"""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from serving import TIMEOUT, running, settings
@@ -15,6 +16,7 @@ from test_examples import FACT, ROOT, environment, exchanges, run
 from voice_context.client import Client
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 from voice_context.testing.answers import answer, answer_chat
+from voice_context.testing.gemini_live_server import GeminiLiveServer, Prompt
 from voice_context.testing.openai_server import OpenAIServer, ReplyWith
 from voice_context.testing.realtime_server import StandInRealtime, User
 
@@ -78,3 +80,33 @@ def test_with_a_key_and_no_call_the_realtime_example_says_what_it_needs() -> Non
     )
     assert done.returncode == 1
     assert "REALTIME_CALL_ID" in done.stderr
+
+
+@pytest.mark.asyncio
+async def test_with_a_key_the_gemini_live_example_calls_the_live_api_with_it(tmp_path: Path) -> None:
+    def remembers(prompt: Prompt) -> str:  # Gemini's model has the conversation of its session
+        return answer(
+            "\n".join([prompt.system_instruction, *(text for _, text in prompt.history)]), prompt.heard
+        )
+
+    async with (
+        running(settings(), summarizer=DeterministicSummarizer()) as server,
+        GeminiLiveServer(model=remembers) as live_api,
+    ):
+        (tmp_path / "live-api.pem").write_bytes(live_api.certificate)
+        printed = await run(
+            ROOT / "examples" / "gemini_live.py",
+            GEMINI_API_KEY="gemini-test",
+            GOOGLE_GEMINI_BASE_URL=live_api.base_url,
+            SSL_CERT_FILE=str(tmp_path / "live-api.pem"),
+            VOICE_CONTEXT_URL=server.url,
+        )
+        async with Client(server.url) as client:
+            state = await (await client.open("call-7")).state()
+    caller, bot = exchanges(printed)
+    (connection,) = live_api.connections
+    assert connection.api_key == "gemini-test"
+    assert connection.setup["model"] == "models/gemini-live-2.5-flash-preview"
+    assert len(connection.replies) == len(caller)
+    assert state["turns"] == 2 * len(caller), "each line and each reply stored in the server named"
+    assert FACT in bot[-1]

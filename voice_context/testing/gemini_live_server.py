@@ -218,6 +218,9 @@ class GeminiLiveServer:
         self._stack = AsyncExitStack()
         self._server: Server | None = None
         self.client_ssl = ssl.create_default_context()
+        self.certificate = b""
+        """The server's certificate (PEM), for a client that trusts what a file holds (google-genai
+        reads ``SSL_CERT_FILE`` when given no ``ssl`` context)."""
 
     def __repr__(self) -> str:
         return (
@@ -247,6 +250,7 @@ class GeminiLiveServer:
             (Path(folder) / "key.pem").write_bytes(key)
             server_ssl = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             server_ssl.load_cert_chain(Path(folder) / "cert.pem", Path(folder) / "key.pem")
+        self.certificate = cert
         self.client_ssl = ssl.create_default_context(cadata=cert.decode())
         self._server = await self._stack.enter_async_context(
             serve(self._handler, "127.0.0.1", 0, ssl=server_ssl)
