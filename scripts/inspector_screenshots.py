@@ -8,8 +8,10 @@ ends by closing its session, so both are then only in the store), opens ``raid-n
 and asks for a context with a question as its query, then drives Debian's chromium (headless,
 through playwright) over the inspector and saves three PNGs:
 
-- ``inspector-reply.png``: why the bot got its context (the query, each recalled passage with
-  why it ranked, what recall offered that was left out, what was dropped, the budget part by part);
+- ``inspector-reply.png``: the top of the page: the sessions, and why the bot got its context
+  (the query, each recalled passage with its rank, its score against the best one's and why it
+  ranked, the budget part by part, what was dropped, and the first passages recall offered that
+  were left out);
 - ``inspector-folds.png``: the recent contexts with what changed, the summary's lines with the
   fold that made each, a fold picked (its lines marked) and the turns it folded;
 - ``inspector-stored.png``: a session nobody holds open, read from the store.
@@ -36,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 QUESTION = "When is Tom's birthday, and what is he planning?"
 VIEWPORT = {"width": 1280, "height": 780}
+TALL = {"width": 1280, "height": 1200}
 RECORDINGS = ("raid-night.jsonl", "offsite-planning.jsonl")
 SHOTS = ("inspector-reply.png", "inspector-folds.png", "inspector-stored.png")
 
@@ -93,17 +96,21 @@ async def shoot(base: str, out: Path) -> None:
             await page.goto(base + "/inspector")
             await show(page, "raid-night")
             await page.wait_for_selector("#recalled tr[data-kind]")
-            await page.evaluate("document.querySelector('#context-head').scrollIntoView()")
-            await page.wait_for_timeout(200)
+            await page.set_viewport_size(TALL)  # the top of the page, down to what was left out
             await page.screenshot(path=out / "inspector-reply.png")
+            await page.set_viewport_size(VIEWPORT)  # type: ignore[arg-type]
 
-            fold = page.locator("#folds li.completed").last
-            seq = await fold.get_attribute("data-fold")
-            await page.locator(f"#summary li[data-fold='{seq}'] a.fold").first.click()
+            # the oldest fold whose lines the summary still shows (a later fold may have rewritten
+            # the first one's)
+            line = page.locator("#summary li[data-fold]:has(a.fold)").first
+            seq = await line.get_attribute("data-fold")
+            fold = page.locator(f"#folds li[data-fold='{seq}']")
+            await line.locator("a.fold").click()
             await page.wait_for_selector(f"#folds li.hl[data-fold='{seq}']")
             await fold.locator("button.show-turns").click()
             await page.wait_for_selector(".folded-turns li")
-            await page.evaluate("document.querySelector('#summary').previousElementSibling.scrollIntoView()")
+            # its last line at the top, the fold and the turns it folded under it
+            await page.evaluate("[...document.querySelectorAll('#summary li.hl')].pop().scrollIntoView()")
             await page.wait_for_timeout(200)  # the next refresh has drawn it
             await page.screenshot(path=out / "inspector-folds.png")
 

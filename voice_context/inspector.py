@@ -1,8 +1,8 @@
 """What a session remembers, and why a bot got the context it got: the read-only inspector
 `voice-context serve` shows.
 
-``GET /inspector`` is one page (``inspector.html``, no outside scripts or styles) that
-polls three JSON views:
+``GET /inspector`` is one page (``inspector.html``, no outside scripts or styles; its icon,
+:data:`ICON`, the server answers at ``/favicon.ico``) that polls three JSON views:
 
 - ``GET /inspector/api/sessions``: the sessions this token may see: those held open here
   (``live``) and those the store keeps (read from the store, never opened or held here);
@@ -22,9 +22,12 @@ expiry and whoever holds it elsewhere stay as they are. With ``auth_tokens`` con
 every request needs a token (``Authorization: Bearer``, or ``?token=`` for a browser), and
 a token sees only its own sessions, stored ones included.
 
-Every time shown is session time: the ``at`` the client sent with each turn and note (UTC).
-A context and a fold are dated by the newest turn the session held when it happened, and
-numbered (``seq``) in the order they happened here.
+Every time shown is session time: the ``at`` the client sent with each turn and note (UTC),
+in seconds in the views, and on the page written as a context dates its lines
+(``8 May 2023, 13:56``, :func:`voice_context.core.times.stamp`). A context and a fold are
+dated by the newest turn the session held when it happened, and numbered (``seq``) in the
+order they happened here. Each passage recall offered carries its rank and its score over
+the best one's of its kind (``of_best``): recall's own scores compare only with each other.
 
 What the :class:`Journal` keeps costs little per reply: a reference to the context the bot
 got (already built; nothing is copied or rendered again), at most :data:`CONTEXTS_KEPT` per
@@ -40,7 +43,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 from voice_context.core.budget import Context
 from voice_context.core.config import SessionConfig
@@ -56,6 +59,7 @@ from voice_context.store.base import SessionRecord, Store
 
 __all__ = [
     "CONTEXTS_KEPT",
+    "ICON",
     "Journal",
     "folded_turns",
     "page",
@@ -80,6 +84,15 @@ TIME_BASE = (
     "session time (UTC): the 'at' the client sent with each turn and note; a context or a fold"
     " is dated by the newest turn the session held then"
 )
+
+ICON = (
+    b'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">'
+    b'<rect width="16" height="16" rx="3" fill="#2a5db0"/>'
+    b'<path d="M4 6.5v3M6.7 4v8M9.3 5.5v5M12 7v2" stroke="#fff" stroke-width="1.6" stroke-linecap="round"/>'
+    b"</svg>"
+)
+"""The inspector's icon (an SVG: a few bars of a voice), which the server answers at
+``/favicon.ico``: the page links it, and a browser asks for it on a JSON view too."""
 
 _STAMP = re.compile(r"^\[[^\]]*\] ")
 _DROPPED = {
@@ -513,8 +526,11 @@ def _explain(seen: _Seen, embedder: bool) -> dict[str, Any]:
     ctx = seen.ctx
     words = set(index_terms(ctx.query))
     dates = set(query_date_terms(ctx.query, seen.at))
-    offered = [*ctx.recalled, *ctx.left_out]
-    rank = _ranks(offered)
+    standing = _standing([*ctx.recalled, *ctx.left_out])
+
+    def offered(r: Recalled) -> dict[str, Any]:
+        return _passage(r, standing[id(r)], words, dates, embedder)
+
     return {
         "seq": seen.seq,
         "at": seen.at,
@@ -530,11 +546,8 @@ def _explain(seen: _Seen, embedder: bool) -> dict[str, Any]:
         "turns": [ctx.first_turn, _last_turn(ctx)] if ctx.turns_shown else None,
         "turns_shown": ctx.turns_shown,
         "summary_chars": len(ctx.summary),
-        "recalled": [_passage(r, rank[id(r)], words, dates, embedder) for r in ctx.recalled],
-        "left_out": [
-            {**_passage(r, rank[id(r)], words, dates, embedder), "left_out": _left_out_reason(r, ctx, seen)}
-            for r in ctx.left_out
-        ],
+        "recalled": [offered(r) for r in ctx.recalled],
+        "left_out": [{**offered(r), "left_out": _left_out_reason(r, ctx, seen)} for r in ctx.left_out],
         "dropped": [_dropped(part, ctx) for part in ctx.dropped],
         "sections": [
             {
@@ -552,20 +565,33 @@ def _explain(seen: _Seen, embedder: bool) -> dict[str, Any]:
     }
 
 
-def _ranks(offered: Sequence[Recalled]) -> dict[int, int]:
-    """Each passage's rank (1 = best) among those of its kind recall offered: turns and notes
-    are ranked together, summary lines apart (their scores are of another scale)."""
-    out: dict[int, int] = {}
+class _Standing(NamedTuple):
+    """Where a passage stood among those of its kind recall offered for one query."""
+
+    rank: int
+    """1 = the best."""
+    of_best: float
+    """Its score over the best one's (1.0 for the best): recall's raw scores mean little alone
+    (a fused rank score is 1/61 for the first hit of one ranking), their ratios compare."""
+
+
+def _standing(offered: Sequence[Recalled]) -> dict[int, _Standing]:
+    """Each passage's standing among those of its kind recall offered: turns and notes are
+    ranked together, summary lines apart (their scores are of another scale)."""
+    out: dict[int, _Standing] = {}
     for group in (
         [r for r in offered if r.kind != "summary"],
         [r for r in offered if r.kind == "summary"],
     ):
+        best = max((r.score for r in group), default=0.0)
         for k, r in enumerate(sorted(group, key=lambda r: -r.score)):
-            out[id(r)] = k + 1
+            out[id(r)] = _Standing(k + 1, round(r.score / best, 3) if best > 0 else 0.0)
     return out
 
 
-def _passage(r: Recalled, rank: int, words: set[str], dates: set[str], embedder: bool) -> dict[str, Any]:
+def _passage(
+    r: Recalled, standing: _Standing, words: set[str], dates: set[str], embedder: bool
+) -> dict[str, Any]:
     matched = sorted(words & set(index_terms(_STAMP.sub("", r.line))))
     dated = r.at is not None and bool(dates & set(date_terms(r.at)))
     return {
@@ -573,7 +599,8 @@ def _passage(r: Recalled, rank: int, words: set[str], dates: set[str], embedder:
         "turn": r.turn,
         "line": r.line,
         "score": round(r.score, 4),
-        "rank": rank,
+        "rank": standing.rank,
+        "of_best": standing.of_best,
         "granularity": r.granularity if r.kind == "turn" else None,
         "matched": matched,
         "dated": dated,

@@ -1,6 +1,6 @@
 """HTTP on the websocket's port, and the admission of each websocket handshake.
 
-``/healthz`` and ``/metrics`` answer anyone; ``/inspector`` (:mod:`voice_context.inspector`)
+``/healthz``, ``/metrics`` and ``/favicon.ico`` answer anyone; ``/inspector`` (:mod:`voice_context.inspector`)
 answers behind the same tokens as the protocol. A handshake on ``/v1`` is refused with
 HTTP 503 while the server is short of file descriptors, past ``max_connections`` or past a
 token's ``max_connections_per_owner``, and with 401 without a valid token when tokens are
@@ -118,6 +118,8 @@ class Routes:
             return _response(status, orjson.dumps(body), "application/json")
         if path == "/metrics":
             return _response(HTTPStatus.OK, self.metrics.render(), CONTENT_TYPE)
+        if path == "/favicon.ico":  # the inspector's icon, which a browser asks for on any page
+            return _response(HTTPStatus.OK, inspector.ICON, "image/svg+xml")
         if path == "/inspector" or path.startswith("/inspector/"):
             return self._inspector(path, request)  # a coroutine: it may read the store
         if path != PATH:
