@@ -31,14 +31,14 @@ import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from playwright.async_api import Page, async_playwright
+from playwright.async_api import Page, ViewportSize, async_playwright
 from websockets.asyncio.client import connect
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 QUESTION = "When is Tom's birthday, and what is he planning?"
-VIEWPORT = {"width": 1280, "height": 780}
-TALL = {"width": 1280, "height": 1200}
+VIEWPORT: ViewportSize = {"width": 1280, "height": 780}
+TALL: ViewportSize = {"width": 1280, "height": 1200}
 RECORDINGS = ("raid-night.jsonl", "offsite-planning.jsonl")
 SHOTS = ("inspector-reply.png", "inspector-folds.png", "inspector-stored.png")
 
@@ -92,13 +92,13 @@ async def shoot(base: str, out: Path) -> None:
     async with async_playwright() as playwright:
         browser = await playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         try:
-            page = await browser.new_page(viewport=VIEWPORT)  # type: ignore[arg-type]
+            page = await browser.new_page(viewport=VIEWPORT)
             await page.goto(base + "/inspector")
             await show(page, "raid-night")
             await page.wait_for_selector("#recalled tr[data-kind]")
             await page.set_viewport_size(TALL)  # the top of the page, down to what was left out
             await page.screenshot(path=out / "inspector-reply.png")
-            await page.set_viewport_size(VIEWPORT)  # type: ignore[arg-type]
+            await page.set_viewport_size(VIEWPORT)
 
             # the oldest fold whose lines the summary still shows (a later fold may have rewritten
             # the first one's)
