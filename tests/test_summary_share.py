@@ -396,3 +396,19 @@ def test_only_the_newest_lines_dated_within_the_verbatim_turns_time_are_left_out
     assert summary_before(summary, at(1), at(2, 9)) == summary, "dated after the newest turn: not told twice"
     assert summary_before("[31 February 2023, 10:00] X: a day no calendar has.", 0, 1e12).startswith("[31")
     assert summary_before("A paragraph with no dates.", 0, 1e12) == "A paragraph with no dates."
+
+
+def test_when_the_floor_leaves_less_than_both_shares_recall_and_the_summary_split_it_by_them() -> None:
+    # no query: the newest user turn is the query, recall's share is 0.1 and the summary's 0.4;
+    # the recency floor leaves less than both, and recall, laid out first, took it all
+    config = SessionConfig(max_summary_chars=20_000)
+    seen = ContextView(100, SUMMARY, conversation(60), (), config)
+    offered = recalled(30)
+    ctx = build_folded(seen, "instructions", budget_chars=3000, recalled=offered, asked=False)
+    by = {s.name: s.chars for s in ctx.sections}
+    left = by["recall"] + by["summary"]
+    assert ctx.recalled and ctx.summary
+    assert by["recall"] <= 0.1 / (0.1 + 0.4) * left + 80, by  # its part, and a passage's overshoot at most
+    # asked, recall's share (0.45) and the summary's (0) give recall all of it
+    asked = build_folded(seen, "instructions", budget_chars=3000, recalled=offered, query="ferry")
+    assert {s.name: s.chars for s in asked.sections}["summary"] == 0

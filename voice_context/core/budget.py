@@ -50,7 +50,9 @@ budget):
    run shows: a line is dated by the first turn it tells of), up to
    ``summary_share`` of the budget plus whatever
    of recall's share recall left unused (and at most ``summary_priority_chars``;
-   ``default_summary_share`` when no query was asked),
+   ``default_summary_share`` when no query was asked); when the room left
+   after step 4 is less than the two shares together, recall (5) takes its part
+   of it in proportion to them, and the summary the rest,
 7. the live screen notes, newest first,
 8. the older verbatim turns (when ``older`` turns are given, and only as far as
    they run up to the cursor without a gap): the turns before the cursor, which
@@ -703,7 +705,7 @@ def _assemble(
     # recall and the summary take their default shares when the query is the newest user turn
     recall_share = config.recall_share if asked else config.default_recall_share
     summary_share = config.summary_share if asked else config.default_summary_share
-    unused_recall = assembly.add_recall_share(recall_share)  # 5.
+    unused_recall = assembly.add_recall_share(recall_share, summary_share)  # 5.
     assembly.add_summary_head(summary_share, unused_recall)  # 6.
     assembly.add_notes()  # 7.
     assembly.add_older_turns()  # 8.
@@ -1064,12 +1066,31 @@ class _Assembly:
         self.offered = left
         return spent
 
-    def add_recall_share(self, fraction: float) -> Size:
-        """5. Recall, up to its share: passages of turns older than the verbatim run. Returns
+    def add_recall_share(self, fraction: float, summary_fraction: float) -> Size:
+        """5. Recall, up to its share: passages of turns older than the verbatim run. When the
+        room left is less than recall's and the summary's shares together, recall takes its
+        part of it in proportion to the two shares, and leaves the summary the rest (recall,
+        laid out first, would otherwise take what the shares say is the summary's). Returns
         the share it left unused."""
-        recall_share = self.shares["recall"] = self.share(fraction)
+        recall_share = self.share(fraction)
+        if self.summary and self.budgeted and fraction + summary_fraction > 0:
+            part = fraction / (fraction + summary_fraction)
+            left = self.left()
+            recall_share = (
+                min(recall_share[0], int(left[0] * part)),
+                min(recall_share[1], int(left[1] * part)),
+            )
+        self.shares["recall"] = recall_share
         spent = self.recall(recall_share)
         return (recall_share[0] - spent[0], recall_share[1] - spent[1])
+
+    def left(self) -> Size:
+        """The room the budget has left (in each of chars and tokens)."""
+        fill = self.fill
+        return (
+            UNLIMITED if self.budget_chars is None else max(0, self.budget_chars - fill.total),
+            UNLIMITED if self.budget_tokens is None else max(0, self.budget_tokens - fill.tokens),
+        )
 
     def add_summary_head(self, fraction: float, unused_recall: Size) -> None:
         """6. The summary, up to its share and what recall left of its own."""

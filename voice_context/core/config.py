@@ -139,10 +139,11 @@ class SessionConfig:
         most=1,
     )
     summary_share: float = _setting(
-        0.05,
+        0.0,
         "share",
-        "the share of a budget the summary takes before the older verbatim turns (never more than "
-        "summary_priority_chars); the rest of a longer summary only takes the room those turns leave",
+        "the share of a budget the summary takes before the older verbatim turns when a query is asked "
+        "(never more than summary_priority_chars): its lines that bear on the query come through recall; "
+        "the rest of a longer summary only takes the room those turns leave",
         most=1,
     )
     default_recall_share: float = _setting(
