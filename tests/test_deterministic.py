@@ -489,3 +489,24 @@ async def test_a_burst_of_folds_runs_one_at_a_time_in_the_summarizer_s_own_threa
     assert summarizer.most == 1
     assert len(summarizer.threads) == 1 and threading.get_ident() not in summarizer.threads
     assert [folded[k] for k in range(12)] == [DeterministicSummarizer().summarize_now(r) for r in requests]
+
+
+def test_a_persons_fact_said_again_in_a_later_conversation_is_not_said_again() -> None:
+    week = 7 * 86_400
+    first = fold(
+        [
+            Turn("Bob", "user", "I'm vegetarian, so no steak for me.", MONDAY),
+            Turn("Alice", "user", "Noted. I booked the Porto trip for June.", MONDAY + 30),
+        ]
+    )
+    later = fold(
+        [
+            Turn("Bob", "user", "Remember, I'm vegetarian, no steak for me.", MONDAY + week),
+            Turn("Alice", "user", "Sure. I'm vegetarian too now, since May.", MONDAY + week + 30),
+            Turn("Bob", "user", "I booked a cooking class in Lisbon.", MONDAY + week + 60),
+        ],
+        previous=first,
+    )
+    assert later.count("Bob: I'm vegetarian") == 1, "Bob's fact stays on the line it was first said on"
+    assert "Alice: I'm vegetarian too now, since May." in later, "Alice never said it: news of her own"
+    assert "cooking class in Lisbon" in later, "what Bob says that is new is kept"

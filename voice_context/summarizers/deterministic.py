@@ -69,10 +69,11 @@ from __future__ import annotations
 import heapq
 import re
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import lru_cache, partial
+from typing import NamedTuple
 
 from voice_context.core.cache import char_bounded_cache
 from voice_context.core.text import clip, normalize, sentences
@@ -684,12 +685,15 @@ class _Said:
     before it, as :mod:`~voice_context.summarizers.repeats` tells turns apart.
     """
 
-    __slots__ = ("_keys", "_numbers", "_words")
+    __slots__ = ("_keys", "_known", "_numbers", "_words")
 
-    def __init__(self) -> None:
+    def __init__(self, known: Mapping[str, _Told] | None = None) -> None:
         self._keys: deque[tuple[str, list[str]]] = deque(maxlen=WINDOW)
         self._words: set[str] = set()
         self._numbers: set[str] = set()
+        self._known = known or {}
+        """What each speaker's sentences in the summary already say: one of theirs that brings
+        nothing beyond it is not said again, however long ago it was said."""
 
     def take(self, sentence: _Sentence, told: set[str]) -> bool:
         """Whether ``sentence``, whose informative words are ``told`` (:func:`_told`), says again
@@ -699,9 +703,15 @@ class _Said:
         key = key_of(text)
         key_numbers = numbers_of(key)
         words = {word for word in told if not word[0].isdigit()}
-        again = (
-            words <= self._words and self._numbers.issuperset(numbers) and not _ACT.search(text)
-        ) or said_again(key, key_numbers, [k for k, _ in self._keys], [n for _, n in self._keys])
+        known = self._known.get(sentence.speaker)
+        new_words = words - self._words
+        new_numbers = set(numbers) - self._numbers
+        if known is not None:
+            new_words -= known.words
+            new_numbers -= known.numbers
+        again = (not new_words and not new_numbers and not _ACT.search(text)) or said_again(
+            key, key_numbers, [k for k, _ in self._keys], [n for _, n in self._keys]
+        )
         self._add(sentence, numbers, key, key_numbers)
         return again
 
@@ -714,6 +724,25 @@ class _Said:
         self._words.update(_fold(name) for name in sentence.speaker.split())
         self._numbers.update(numbers)
         self._keys.append((key, key_numbers))
+
+
+class _Told(NamedTuple):
+    """The informative words and the numbers of one speaker's sentences in a summary."""
+
+    words: frozenset[str]
+    numbers: frozenset[str]
+
+
+def _told_by_speaker(lines: Sequence[_Line]) -> dict[str, _Told]:
+    """What each speaker's sentences in ``lines`` say (see :class:`_Told`)."""
+    words: defaultdict[str, set[str]] = defaultdict(set)
+    numbers: defaultdict[str, set[str]] = defaultdict(set)
+    for line in lines:
+        for sentence in line.sentences:
+            if sentence.speaker:
+                words[sentence.speaker].update(word for word, _ in sentence.weights)
+                numbers[sentence.speaker].update(_NUMBER.findall(sentence.text))
+    return {who: _Told(frozenset(words[who]), frozenset(numbers[who])) for who in words}
 
 
 def _note_sentence(note: Note) -> tuple[str, str]:
@@ -729,6 +758,7 @@ def _new_lines(
     note_chars: int,
     gap: float,
     before: _Line | None = None,
+    known: Mapping[str, _Told] | None = None,
 ) -> list[_Line]:
     """A batch as lines, one per stretch of conversation, each headed by the time it began.
 
@@ -739,7 +769,10 @@ def _new_lines(
     keep the order they were said in; a sentence that says again what the
     conversation just said (:class:`_Said`) goes. ``before`` is the summary's
     newest line: a batch that begins on its day, less than ``gap`` after its
-    head, goes on its conversation, and what it said counts as said.
+    head, goes on its conversation, and what it said counts as said. ``known``
+    is what each speaker's sentences in the summary say: a statement of theirs
+    that brings nothing beyond it is not said again (a person's facts are told
+    once, on the line they were first said on).
     """
     began = _when(before) if before is not None else None
     if began is not None and notes:
@@ -750,14 +783,17 @@ def _new_lines(
         if any(early):
             late = [n for n, e in zip(notes, early, strict=True) if e]
             rest = [n for n, e in zip(notes, early, strict=True) if not e]
-            return [*_new_lines((), late, note_chars, gap), *_new_lines(turns, rest, note_chars, gap, before)]
+            return [
+                *_new_lines((), late, note_chars, gap),
+                *_new_lines(turns, rest, note_chars, gap, before, known),
+            ]
     speakers = sorted({t.speaker for t in turns if t.speaker})
     items: list[tuple[float, int, Turn | Note]] = [(t.at, k, t) for k, t in enumerate(turns)]
     items += [(n.at, len(turns) + k, n) for k, n in enumerate(notes)]
     items.sort(key=lambda item: (item[0], item[1]))
     lines: list[_Line] = []
     kept: list[_Sentence] = []
-    said = _Said()
+    said = _Said(known)
     start: datetime | None = None
     last = 0.0
     used = 0
@@ -772,7 +808,7 @@ def _new_lines(
         when = utc(at)
         if start is None or at - last > gap or when.date() != start.date():
             close()
-            kept, said, start, spoken = [], _Said(), when, False
+            kept, said, start, spoken = [], _Said(known), when, False
             if before is not None and began is not None and len(lines) == 0:
                 naive = when.replace(tzinfo=None)
                 if naive.date() == began.date() and 0 <= (naive - began).total_seconds() <= gap:
@@ -1016,7 +1052,10 @@ class DeterministicSummarizer:
         new: list[_Line] = []
         if request.turns or request.notes:
             newest = lines[-1] if lines else None
-            new = _new_lines(request.turns, request.notes, request.max_note_chars, self.session_gap, newest)
+            known = _told_by_speaker(lines)
+            new = _new_lines(
+                request.turns, request.notes, request.max_note_chars, self.session_gap, newest, known
+            )
             if not new and not previous and request.turns:
                 new = [_small_talk_line(request.turns)]
         if not new and len(previous) <= request.max_chars:
