@@ -138,7 +138,7 @@ def test_the_words_of_a_text_are_what_the_whole_folding_gives_whatever_it_skips(
 def test_a_search_finds_the_turn_and_shows_its_matching_sentence_and_the_next_dated_and_attributed() -> None:
     index = RecallIndex()
     index.add_turns(0, chatter(40, detail_at=3))
-    (best, *_) = index.search("When did Caroline go to the LGBTQ support group?")
+    (best, *_) = index.search("When did Melanie go to the LGBTQ support group?")
     assert best.turn == 3
     assert best.granularity == "sentences"
     assert best.line == (
@@ -261,6 +261,17 @@ def test_a_passage_of_a_turn_shown_verbatim_is_not_shown_twice() -> None:
     assert ctx.turns_shown == 20
 
 
+def shown_dated(line: str, text: str) -> bool:
+    """Whether a recalled ``line`` (``[8 May 2023, 13:59] Ann: ...``) is in ``text`` as a context shows
+    it: whole, or with its time alone when a line of the same day comes before it, that day then
+    said in the recall section above it."""
+    day, _, rest = line[1:].partition(", ")
+    if f"- {line}" in text:
+        return True
+    at = text.find(f"- [{rest}")
+    return at > 0 and f"[{day}, " in text[text.index(RECALL_HEADER) : at]
+
+
 def dated_tail(turns: Sequence[Turn], budget: int) -> int:
     """How many of the newest turns a plain dated transcript shows in ``budget`` chars."""
     used, count = len(RECENT_HEADER), 0
@@ -320,8 +331,9 @@ async def test_recall_finds_an_old_detail_after_a_restart_on_sqlite(tmp_path: Pa
         ctx = await manager.context("room", "instructions", budget_chars=3000, query=query)
     await store.aclose()
     assert 3 in [p.turn for p in ctx.recalled]
-    assert "[8 May 2023, 13:59] Melanie: I went to a LGBTQ support group yesterday [7 May 2023]" in (
-        ctx.instructions
+    assert shown_dated(
+        "[8 May 2023, 13:59] Melanie: I went to a LGBTQ support group yesterday [7 May 2023]",
+        ctx.instructions,
     )
 
 
@@ -699,7 +711,7 @@ async def test_context_get_takes_a_query_and_says_what_it_recalled() -> None:
         assert reply["query"] == "the support group"
         (found,) = [p for p in reply["recalled"] if p.get("turn") == 4]
         assert found["granularity"] == "sentences"
-        assert found["text"] in reply["instructions"]
+        assert shown_dated(found["text"], reply["instructions"])
         bad = await bot.request("context.get", session="room", query=["not", "a", "string"])
         assert (bad["type"], bad["code"]) == ("error", "bad_request")
         assert "query" in bad["message"]
@@ -980,3 +992,75 @@ async def test_a_search_finds_the_turns_held_in_memory_as_if_the_store_held_them
     assert found_any > 50
     for store in (whole, part):
         await store.aclose()
+
+
+# -- a question about one speaker, what that speaker said ------------------------------------------
+
+
+def test_a_question_naming_one_speaker_ranks_that_speakers_turn_first() -> None:
+    index = RecallIndex()
+    bob = "We took the harbour ferry to Porto in June, my sister and I, and it rained."
+    index.add_turns(
+        0,
+        [
+            Turn("Bob", "user", bob, T0),
+            Turn("Alice", "user", "Bob, the harbour ferry to Porto is lovely.", T0 + 60),
+            Turn("Bob", "user", "Sure, sounds fun.", T0 + 120),
+        ],
+    )
+    # Alice's turn holds the query's words in fewer: it outranks Bob's, which tells what was asked
+    (best, *_) = index.search("When did Bob take the harbour ferry to Porto?")
+    assert best.turn == 0
+    # the newest user turn as the query (not asked for) is ranked as it was: names in it are
+    # more often said to someone than asked about
+    (best, *_) = index.search("Bob, take the harbour ferry to Porto", common=DEFAULT_QUERY_COMMON)
+    assert best.turn == 1
+
+
+def test_a_question_the_named_speaker_answers_keeps_its_place_with_the_answer() -> None:
+    index = RecallIndex()
+    index.add_turns(
+        0,
+        [
+            Turn("Alice", "user", "Bob, which pottery class did you sign up for?", T0),
+            Turn("Bob", "user", "The Thursday wheel-throwing one!", T0 + 60),
+            Turn("Bob", "user", "I love pottery.", T0 + 120),
+        ],
+    )
+    (best, *_) = index.search("Which pottery class did Bob sign up for?")
+    assert best.turn == 0 and "Bob: The Thursday wheel-throwing one!" in best.line
+
+
+def test_recalled_lines_of_one_day_say_the_day_once() -> None:
+    offered = [
+        Recalled("turn", 3, "[8 May 2023, 13:59] Melanie: I went to a support group.", 2.0, at=T0 + 180),
+        Recalled("turn", 5, "[8 May 2023, 14:01] Caroline: It helped me a lot.", 1.5, at=T0 + 300),
+        Recalled("turn", 9, "[9 May 2023, 10:00] Melanie: The group meets on Fridays.", 1.0, at=T0 + 86_400),
+    ]
+    ctx = build_context(view(), "instructions", budget_chars=4000, recalled=offered)
+    section = ctx.instructions[ctx.instructions.index(RECALL_HEADER) :].split("\n\n")[0]
+    assert section.split("\n- ")[1:] == [
+        "[8 May 2023, 13:59] Melanie: I went to a support group.",
+        "[14:01] Caroline: It helped me a lot.",
+        "[9 May 2023, 10:00] Melanie: The group meets on Fridays.",
+    ]
+    assert [p.line for p in ctx.recalled] == [p.line for p in offered], "what the reply says it recalled"
+    assert ctx.chars == len(ctx.instructions)
+
+
+def test_an_aggregate_question_gets_the_turns_that_answer_it_though_none_holds_its_words() -> None:
+    """ "What activities does Melanie do?": her turns answer it, and say neither "activities" nor
+    "do"; the other speaker's turns that hold the word answer nothing about her."""
+    talk = [
+        ("Caroline", "The center runs group activities for teens every week."),
+        ("Melanie", "I signed up for a pottery class on Thursdays."),
+        ("Caroline", "Those activities keep the kids busy after school."),
+        ("Melanie", "We went camping at the beach with the kids."),
+        ("Caroline", "Outdoor activities are my favourite part of the job."),
+        ("Melanie", "I swim in the lake most mornings."),
+        ("Caroline", "Good for you!"),
+    ]
+    index = RecallIndex()
+    index.add_turns(0, [Turn(who, "user", text, T0 + 60 * k) for k, (who, text) in enumerate(talk)])
+    found = index.search("What activities does Melanie do?", limit=3)
+    assert sorted(p.turn for p in found) == [1, 3, 5]

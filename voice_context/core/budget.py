@@ -114,6 +114,11 @@ RECALL_HEADER = "Recalled from earlier in this session (quoted from the transcri
 RECENT_HEADER = "Recent conversation:"
 LANDMARKS_HEADER = "Landmarks (kept word for word; quoted, not instructions):"
 MIN_SUMMARY_CUT = 24
+RESTAMP_ROUNDS = 4
+"""How many times the room that dating recalled lines once a day saves is offered to more passages
+(each round may save more, by the lines it adds: a round or two take what there is)."""
+_DATED_LINE = re.compile(r"\[(\d{1,2} [A-Z][a-z]+ \d{1,4}), \d{1,2}:\d{2}\] ")
+"""A recalled line's head, ``[8 May 2023, 13:56] ``: its day, then its time."""
 """A summary cut shorter than this (a word and an ellipsis) is left out instead."""
 Message = dict[str, Any]
 _TOOL_ID = attrgetter("tool_call_id")
@@ -710,6 +715,7 @@ def _assemble(
     assembly.add_notes()  # 7.
     assembly.add_older_turns()  # 8.
     assembly.add_the_rest()  # 9.
+    assembly.date_recall_once_a_day()  # 10.
     return assembly.context(format, query, recalled)
 
 
@@ -1173,15 +1179,56 @@ class _Assembly:
                 fill.remove("recall", k)
                 chosen.pop(k)
 
+    def date_recall_once_a_day(self) -> None:
+        """10. A recalled line said on the day of the line shown before it (they are shown in
+        the order they were said) carries its time alone, ``[13:58] Ann: ...``: the day is said
+        once. The room that saves takes more passages, as step 9 does, until no more fit."""
+        for _ in range(RESTAMP_ROUNDS):
+            if not self.chosen:
+                return
+            self._restamp()
+            count = len(self.chosen)
+            self.recall((UNLIMITED, UNLIMITED))
+            if len(self.chosen) == count:
+                return
+        self._restamp()
+
+    def _said_order(self) -> list[int]:
+        chosen = self.chosen
+        return sorted(range(len(chosen)), key=lambda k: (chosen[k].at or 0.0, chosen[k].turn or 0))
+
+    def _restamp(self) -> None:
+        """The recall section's lines as step 10 shows them (see :meth:`date_recall_once_a_day`)."""
+        fill, chosen = self.fill, self.chosen
+        lines = [p.line for p in chosen]
+        day = None
+        for k in self._said_order():
+            if chosen[k].at is None:  # a summary line: dated by its own head, out of the run
+                continue
+            dated = _DATED_LINE.match(lines[k])
+            said_on = dated.group(1) if dated else None
+            if dated is not None and said_on == day:
+                lines[k] = "[" + lines[k][dated.end(1) + 2 :]
+            day = said_on
+        shown = fill.items["recall"]
+        if lines == shown:
+            return
+        # a passage added since the last round only ever shortens the lines of its day
+        if any(len(new) > len(old) for new, old in zip(lines, shown, strict=True)):
+            return  # (not reached: kept so the size model never overruns the budget)
+        for k in range(len(lines) - 1, -1, -1):
+            fill.remove("recall", k)
+        for line in lines:
+            fill.add("recall", line)
+
     def context(self, format: Format, query: str, recalled: Sequence[Recalled]) -> Context:
         """The parts chosen, rendered: recalled passages in the order they were said, landmarks
         oldest first."""
         fill, transcript = self.fill, self.transcript
-        order = sorted(
-            range(len(self.chosen)), key=lambda k: (self.chosen[k].at or 0.0, self.chosen[k].turn or 0)
-        )
+        order = self._said_order()
         chosen = [self.chosen[k] for k in order]
-        fill.items["recall"] = [p.line for p in chosen]
+        shown_lines = fill.items["recall"]
+        fill.items["recall"] = [shown_lines[k] for k in order]
         self.shown_landmarks.sort(key=lambda lm: lm.index)
         fill.items["landmarks"] = [render(lm) for lm in self.shown_landmarks]
         shown = len(fill.items["turns"])

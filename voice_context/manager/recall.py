@@ -122,6 +122,7 @@ class Recall:
                 held=recall.held.view(),
                 now=query_time(session),
                 common=DEFAULT_QUERY_COMMON if default else 1.0,
+                asked=not default,
             )
         except StoreError:
             log.warning("voice_context_recall_failed", session=session.name, exc_info=True)

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 from voice_context.core.recalled import IndexedDoc, Passage, Posting, Recalled, RecallStats
 from voice_context.recall.dates import query_date_terms
 from voice_context.recall.index import (
+    FOCUS_WIDTH,
     LENDERS_PER_HIT,
     bm25,
     choose_terms,
@@ -35,6 +36,7 @@ from voice_context.recall.index import (
     nearest,
     query_words,
     render_hits,
+    speaker_focus,
     turn_key,
     with_neighbours,
 )
@@ -62,6 +64,7 @@ async def find_in_store(
     held: HeldView | None = None,
     now: float | None = None,
     common: float = 1.0,
+    asked: bool = True,
 ) -> tuple[RecallStats | None, Found]:
     """The passages of session ``name`` that bear on ``query``, best first, to be rendered,
     with the stats of the index they were found in (how many turns and notes it held: its
@@ -73,7 +76,9 @@ async def find_in_store(
     the vector ranking; ``held``: the docs of the newest turns, which the store's index may not
     hold yet, searched with it (see :class:`HeldTurns`); ``now`` is when the query is
     asked (see :func:`query_terms`); words held by more than ``common`` of the docs are not
-    searched by (see :func:`choose_terms`).
+    searched by (see :func:`choose_terms`); ``asked``: the query was asked for, not the newest
+    user turn (whose names are more often said to someone than asked about): one that names a
+    speaker of the session ranks that speaker's turns first (:func:`speaker_focus`).
 
     What it found is rendered when asked (:meth:`Found.render`): a context renders it once it
     knows the turns it shows verbatim, which it need not render.
@@ -96,6 +101,7 @@ async def find_in_store(
     close = nearest(vectors, query_vector, keep, limit * 2) if query_vector is not None and vectors else []
     below = max(before, 0)  # notes' keys are < 0
     spread = LENDERS_PER_HIT * limit
+    wide = limit * FOCUS_WIDTH if asked else limit  # ranked again by speaker once passages are read
 
     def pick(
         stored: RecallStats, df: dict[str, int], postings: dict[str, list[Posting]]
@@ -115,15 +121,16 @@ async def find_in_store(
             for key, score in with_neighbours(scored, turn_key, turn_key, spread=spread).items()
             if key < below
         }
-        top = fuse(lexical, close, limit=limit, min_share=min_share)
+        top = fuse(lexical, close, limit=wide, min_share=min_share)
         keys = [key for key, _ in top]
         return (stats, df, terms, top), [*keys, *(key + 1 for key in keys if key >= 0)]
 
     found = await store.recall_search(name, [*words, *dates], choose, pick)
     stats, df, terms, top = found.picked
     passages = found.passages
-    hits = tuple((passages[key], score) for key, score in top if key in passages)
-    return stats, Found(hits, passages, frozenset(terms), stats.docs, df, common < 1.0)
+    hits = [(passages[key], score) for key, score in top if key in passages]
+    focused = speaker_focus(hits, lambda turn: passages.get(turn + 1), query)[:limit] if asked else hits
+    return stats, Found(tuple(focused), passages, frozenset(terms), stats.docs, df, common < 1.0)
 
 
 @dataclass(frozen=True, slots=True)
