@@ -852,14 +852,16 @@ def bench_codec(n: int) -> None:
     session = Session("call-00042", SessionConfig(recall=False))
     for t in turns[:200]:
         session.receive(TurnAppended(t))
-    reply = codec.ContextReply(
-        "call-00042", build_context(session.view(), "instructions", budget_chars=5200), False, 43
-    )
-    wire = codec.reply_dict(reply)
+    context = build_context(session.view(), "instructions", budget_chars=5200)
+
+    def written() -> dict[str, Any]:  # the reply made of the context, as the server writes it
+        return codec.reply_dict(codec.ContextReply.of("call-00042", context, False, 43))
+
+    wire = written()
     assert orjson.loads(msgspec.json.encode(wire)) == orjson.loads(orjson.dumps(wire))
     size = len(orjson.dumps(wire))
-    encode_ours = timed(lambda: orjson.dumps(codec.reply_dict(reply)), n)
-    encode_theirs = timed(lambda: msgspec.json.encode(codec.reply_dict(reply)), n)
+    encode_ours = timed(lambda: orjson.dumps(written()), n)
+    encode_theirs = timed(lambda: msgspec.json.encode(written()), n)
     print(row(f"a context reply ({size:,} bytes) written, orjson", encode_ours))
     print(row("the same, msgspec", encode_theirs, encode_ours))
     # an exchange reads two turns and a context.get (a note every few exchanges)

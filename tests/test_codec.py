@@ -17,6 +17,8 @@ from voice_context.codec import (
     CLIENT_TYPES,
     ERROR_CODES,
     Closed,
+    Compacted,
+    CompactionFailure,
     ContextGet,
     ContextReply,
     DecodeError,
@@ -24,10 +26,12 @@ from voice_context.codec import (
     Emergency,
     ErrorReply,
     HandoffReply,
+    LandmarkFound,
     NoteAppend,
     NoteStored,
     Ping,
     Pinned,
+    PinnedLandmark,
     Pong,
     Reply,
     SessionClose,
@@ -52,7 +56,6 @@ from voice_context.core.landmarks import Landmark
 from voice_context.core.session import NotesChanged, Session, TurnAppended
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import ProtocolError
-from voice_context.manager import CompactionEvent, Opened
 
 T0 = 1714572187.0
 DECODE_CODES = {"bad_request", "unknown_type", "too_large"}
@@ -343,7 +346,7 @@ def test_server_messages_carry_the_contract_fields() -> None:
     for i in range(3):
         session.receive(TurnAppended(Turn("Alice", "user", f"line {i}", T0 + i)))
     stats = session.stats()
-    opened = decode_reply(encode_reply(SessionOpened("room-1", Opened("room-1", False, stats), "o")))
+    opened = decode_reply(encode_reply(SessionOpened.of("room-1", False, stats, "o")))
     assert opened == {
         "type": "session.opened",
         "id": "o",
@@ -363,16 +366,16 @@ def test_server_messages_carry_the_contract_fields() -> None:
     noted = decode_reply(encode_reply(NoteStored("room-1", NotesChanged(2, 1, 1, 0))))
     assert (noted["live"], noted["pending"]) == (2, 1)
     ctx = build_context(session.view(), "instructions", budget_chars=500)
-    reply = decode_reply(encode_reply(ContextReply("room-1", ctx, True, 9)))
+    reply = decode_reply(encode_reply(ContextReply.of("room-1", ctx, True, 9)))
     assert reply["type"] == "context"
     assert reply["instructions"] == ctx.instructions
     assert "messages" not in reply
     for key in ("summary", "cursor", "covered_through", "in_flight", "chars"):
         assert key in reply
     plain = build_context(session.view(), "messages")
-    messages = decode_reply(encode_reply(ContextReply("room-1", plain, False)))
+    messages = decode_reply(encode_reply(ContextReply.of("room-1", plain, False)))
     assert [m["content"] for m in messages["messages"]] == ["Alice: line 0", "Alice: line 1", "Alice: line 2"]
-    state = decode_reply(encode_reply(SessionState("room-1", stats)))
+    state = decode_reply(encode_reply(SessionState.of("room-1", stats)))
     for key in ("turns", "cursor", "in_flight", "summary_chars", "pending_notes", "failures"):
         assert key in state
 
@@ -390,12 +393,12 @@ def test_each_reply_is_the_frame_the_protocol_has_always_sent() -> None:
     frames: list[tuple[Reply, str]] = [
         (Pong(1), '{"type":"pong","id":1,"protocol":1}'),
         (
-            SessionOpened("room-1", Opened("room-1", True, stats), "o"),
+            SessionOpened.of("room-1", True, stats, "o"),
             '{"type":"session.opened","id":"o","session":"room-1","resumed":true,"turns":2,"cursor":0,'
             '"summary_chars":0,"in_flight":false}',
         ),
         (
-            TurnStored("room-1", 1, 2, landmark=code),
+            TurnStored("room-1", 1, 2, landmark=LandmarkFound.of(code)),
             '{"type":"turn.appended","id":2,"session":"room-1","index":1,'
             '"landmark":{"kind":"decision","reason":"a number","source":"manual"}}',
         ),
@@ -408,7 +411,7 @@ def test_each_reply_is_the_frame_the_protocol_has_always_sent() -> None:
             '{"type":"note.appended","id":4,"session":"room-1","live":2,"pending":1,"evicted":1,"dropped":0}',
         ),
         (
-            ContextReply("room-1", ctx, False, 5, Emergency(0, 0, 0)),
+            ContextReply.of("room-1", ctx, False, 5, Emergency(0, 0, 0)),
             '{"type":"context","id":5,"session":"room-1","format":"messages","summary":"","cursor":0,'
             '"covered_through":-1,"in_flight":false,"chars":26,"first_turn":0,"turns_shown":2,'
             '"budget_chars":500,"budget_tokens":null,"tokens":null,"tokenizer":null,"dropped":[],"query":"",'
@@ -424,13 +427,13 @@ def test_each_reply_is_the_frame_the_protocol_has_always_sent() -> None:
             '"open_questions":[{"index":1,"speaker":"Alice","text":"why?","at":1714572188.0}]}',
         ),
         (
-            SessionState("room-1", stats, 7),
+            SessionState.of("room-1", stats, 7),
             '{"type":"session.state","id":7,"session":"room-1","turns":2,"cursor":0,"in_flight":false,'
             '"summary_chars":0,"live_notes":0,"pending_notes":0,"failures":0,"compactions":0,'
             '"notes_dropped":0,"landmarks":0}',
         ),
         (
-            Pinned("room-1", code, 8),
+            Pinned("room-1", PinnedLandmark.of(code), 8),
             '{"type":"landmark.pinned","id":8,"session":"room-1","landmark":{"index":1,"kind":"decision",'
             '"reason":"a number","source":"manual","pinned_at":1714572196.5,"speaker":"Bob",'
             '"text":"the code is 4471","at":1714572188.0}}',
@@ -458,7 +461,7 @@ def test_each_reply_is_the_frame_the_protocol_has_always_sent() -> None:
 
 
 def test_pushed_events_and_errors() -> None:
-    done = decode_reply(encode_event(CompactionEvent("completed", "r", 10, 9, 120, 0.25, old_cursor=0)))
+    done = decode_reply(encode_event(Compacted("r", 10, 9, 120, 0.25, old_cursor=0)))
     assert done == {
         "type": "compaction.completed",
         "session": "r",
@@ -468,9 +471,7 @@ def test_pushed_events_and_errors() -> None:
         "latency": 0.25,
         "old_cursor": 0,
     }
-    failed = CompactionEvent(
-        "failed", "r", 0, -1, 0, 0.1, error="timeout", retryable=True, failures=2, retry_at=T0
-    )
+    failed = CompactionFailure("r", 0, -1, 0, 0.1, error="timeout", retryable=True, failures=2, retry_at=T0)
     assert decode_reply(encode_event(failed))["type"] == "compaction.failed"
     error = decode_reply(encode_reply(ErrorReply("rate_limited", "slow down", 1, "r", retry_after=0.5)))
     assert error == {

@@ -16,11 +16,15 @@ replies become JSON again. It is pure: no I/O, no clock.
   Each message type is read by its own function in one table.
 - :func:`encode` is its inverse, for clients and for recordings:
   ``decode(encode(m)) == m``.
-- Every reply is a frozen value (:class:`SessionOpened`, :class:`TurnStored`,
-  :class:`ContextReply`, :class:`ErrorReply`, ...) whose JSON shape is written
-  here once; :func:`encode_reply` makes it the frame the server sends, and
-  :func:`encode_event` a pushed compaction event. :func:`decode_reply` reads a
-  server frame on the client side.
+- Every message the server sends is a frozen value made of what the wire carries
+  and nothing more: the replies (:class:`SessionOpened`, :class:`TurnStored`,
+  :class:`ContextReply`, :class:`ErrorReply`, ...) and the pushed events
+  (:class:`Compacted`, :class:`CompactionFailure`). The server makes them from
+  the manager's values (``ContextReply.of(session, context, ...)``), so this
+  module needs nothing of the manager. Each one's JSON shape is written here
+  once: :func:`encode_reply` makes a reply the frame the server sends, and
+  :func:`encode_event` a pushed event. :func:`decode_reply` reads a server frame
+  on the client side.
 
 Unknown fields are ignored, so that clients and servers can add fields freely.
 See ``docs/protocol.md`` for the contract.
@@ -43,10 +47,10 @@ from voice_context.core.turns import ROLES, Note, Role, Turn
 from voice_context.errors import ConfigError, DecodeError
 
 if TYPE_CHECKING:
-    from voice_context.core.budget import Context
+    from voice_context.core.budget import Context, Message
     from voice_context.core.landmarks import Landmark
+    from voice_context.core.recalled import Recalled
     from voice_context.core.session import Applied, NotesChanged, SessionStats
-    from voice_context.manager import CompactionEvent, Opened
 
 PROTOCOL_VERSION: Final = 1
 MAX_SESSION_CHARS: Final = 200
@@ -729,20 +733,22 @@ def encode(message: ClientMessage) -> str:
 
 # -- server messages -------------------------------------------------------------
 #
-# Each reply the server sends is a frozen value below; its ``body`` is the one place
-# that knows its JSON shape, and :func:`encode_reply` puts the request's ``id`` right
-# after ``type``.
+# Each message the server sends is a frozen value below made of what the wire carries and
+# nothing more, so that a frame read back is the value it was written from. Its ``body`` is
+# the one place that knows its JSON shape (:func:`encode_reply` puts the request's ``id``
+# right after ``type``). The server makes them from the manager's values (``of``).
 
 
 @dataclass(frozen=True, slots=True)
 class Pong:
-    """The answer to ``ping``."""
+    """The answer to ``ping``, with the protocol version the server speaks."""
 
     id: MessageId = None
+    protocol: int = PROTOCOL_VERSION
     type: ClassVar[str] = "pong"
 
     def body(self) -> dict[str, Any]:
-        return {"type": self.type, "protocol": PROTOCOL_VERSION}
+        return {"type": self.type, "protocol": self.protocol}
 
 
 @dataclass(frozen=True, slots=True)
@@ -750,21 +756,42 @@ class SessionOpened:
     """The answer to ``session.open``: whether the session was resumed, and its counters."""
 
     session: str
-    opened: Opened
+    resumed: bool
+    turns: int
+    cursor: int
+    summary_chars: int
+    in_flight: bool
     id: MessageId = None
     type: ClassVar[str] = "session.opened"
 
+    @classmethod
+    def of(cls, session: str, resumed: bool, stats: SessionStats, id: MessageId = None) -> SessionOpened:
+        """The answer for a session opened with counters ``stats``."""
+        in_flight = stats.in_flight is not None
+        return cls(session, resumed, stats.turns, stats.cursor, stats.summary_chars, in_flight, id)
+
     def body(self) -> dict[str, Any]:
-        s = self.opened.stats
         return {
             "type": self.type,
             "session": self.session,
-            "resumed": self.opened.resumed,
-            "turns": s.turns,
-            "cursor": s.cursor,
-            "summary_chars": s.summary_chars,
-            "in_flight": s.in_flight is not None,
+            "resumed": self.resumed,
+            "turns": self.turns,
+            "cursor": self.cursor,
+            "summary_chars": self.summary_chars,
+            "in_flight": self.in_flight,
         }
+
+
+class LandmarkFound(NamedTuple):
+    """A landmark the server found in a turn as it stored it, as ``turn.appended`` says it."""
+
+    kind: str
+    reason: str
+    source: str
+
+    @classmethod
+    def of(cls, landmark: Landmark) -> LandmarkFound:
+        return cls(landmark.kind, landmark.reason, landmark.source)
 
 
 @dataclass(frozen=True, slots=True)
@@ -776,7 +803,7 @@ class TurnStored:
     index: int
     id: MessageId = None
     duplicate: bool = False
-    landmark: Landmark | None = None
+    landmark: LandmarkFound | None = None
     type: ClassVar[str] = "turn.appended"
 
     def body(self) -> dict[str, Any]:
@@ -784,8 +811,7 @@ class TurnStored:
         if self.duplicate:
             obj["duplicate"] = True
         if self.landmark is not None:
-            lm = self.landmark
-            obj["landmark"] = {"kind": lm.kind, "reason": lm.reason, "source": lm.source}
+            obj["landmark"] = self.landmark._asdict()
         return obj
 
 
@@ -826,45 +852,128 @@ class Emergency(NamedTuple):
         return cls(applied.old_cursor, cursor, applied.new_cursor - applied.old_cursor)
 
 
-@dataclass(frozen=True, slots=True)
+class RecalledLine(NamedTuple):
+    """A passage recall gave a context, as the context's ``recalled`` shows it: the turn it
+    quotes (``None`` for a note or a summary line), and for a turn's passage whether it is the
+    whole turn or its matching sentences."""
+
+    kind: str
+    text: str
+    turn: int | None = None
+    granularity: str | None = None
+
+    @classmethod
+    def of(cls, recalled: Recalled) -> RecalledLine:
+        granularity = recalled.granularity if recalled.kind == "turn" else None
+        return cls(recalled.kind, recalled.line, recalled.turn, granularity)
+
+    def wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "text": self.text}
+        if self.turn is not None:
+            out["turn"] = self.turn
+        if self.granularity is not None:
+            out["granularity"] = self.granularity
+        return out
+
+
+class ShownLandmark(NamedTuple):
+    """A landmark a context shows whole: the turn's index and the landmark's kind."""
+
+    turn: int
+    kind: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ContextReply:
-    """The answer to ``context.get`` and ``context.overflow`` (which says its ``emergency``)."""
+    """The answer to ``context.get`` and ``context.overflow`` (which says its ``emergency``):
+    ``messages`` in the ``messages`` format, ``instructions`` in the other."""
 
     session: str
-    context: Context
+    format: Format
+    summary: str
+    cursor: int
+    covered_through: int
     in_flight: bool
-    id: MessageId = None
+    chars: int
+    first_turn: int
+    turns_shown: int
+    budget_chars: int | None = None
+    budget_tokens: int | None = None
+    tokens: int | None = None
+    tokenizer: str | None = None
+    dropped: tuple[str, ...] = ()
+    query: str = ""
+    recalled: tuple[RecalledLine, ...] = ()
+    landmarks: tuple[ShownLandmark, ...] = ()
+    messages: tuple[Message, ...] = ()
+    instructions: str = ""
     emergency: Emergency | None = None
+    id: MessageId = None
     type: ClassVar[str] = "context"
 
+    @classmethod
+    def of(
+        cls,
+        session: str,
+        context: Context,
+        in_flight: bool,
+        id: MessageId = None,
+        emergency: Emergency | None = None,
+    ) -> ContextReply:
+        """The answer that carries ``context`` (``in_flight``: a fold of the session runs)."""
+        ctx = context
+        as_messages = ctx.format == "messages"
+        return cls(
+            session=session,
+            format=ctx.format,
+            summary=ctx.summary,
+            cursor=ctx.cursor,
+            covered_through=ctx.covered_through,
+            in_flight=in_flight,
+            chars=ctx.chars,
+            first_turn=ctx.first_turn,
+            turns_shown=ctx.turns_shown,
+            budget_chars=ctx.budget_chars,
+            budget_tokens=ctx.budget_tokens,
+            tokens=ctx.tokens,
+            tokenizer=ctx.tokenizer,
+            dropped=tuple(ctx.dropped),
+            query=ctx.query,
+            recalled=tuple(RecalledLine.of(r) for r in ctx.recalled),
+            landmarks=tuple(ShownLandmark(lm.index, lm.kind) for lm in ctx.landmarks),
+            messages=tuple(ctx.messages) if as_messages else (),
+            instructions="" if as_messages else ctx.instructions,
+            emergency=emergency,
+            id=id,
+        )
+
     def body(self) -> dict[str, Any]:
-        ctx = self.context
         obj: dict[str, Any] = {
             "type": self.type,
             "session": self.session,
-            "format": ctx.format,
-            "summary": ctx.summary,
-            "cursor": ctx.cursor,
-            "covered_through": ctx.covered_through,
+            "format": self.format,
+            "summary": self.summary,
+            "cursor": self.cursor,
+            "covered_through": self.covered_through,
             "in_flight": self.in_flight,
-            "chars": ctx.chars,
-            "first_turn": ctx.first_turn,
-            "turns_shown": ctx.turns_shown,
-            "budget_chars": ctx.budget_chars,
-            "budget_tokens": ctx.budget_tokens,
-            "tokens": ctx.tokens,
-            "tokenizer": ctx.tokenizer,
-            "dropped": list(ctx.dropped),
-            "query": ctx.query,
-            "recalled": [r.as_wire() for r in ctx.recalled],
-            "landmarks": [{"turn": lm.index, "kind": lm.kind} for lm in ctx.landmarks],
+            "chars": self.chars,
+            "first_turn": self.first_turn,
+            "turns_shown": self.turns_shown,
+            "budget_chars": self.budget_chars,
+            "budget_tokens": self.budget_tokens,
+            "tokens": self.tokens,
+            "tokenizer": self.tokenizer,
+            "dropped": list(self.dropped),
+            "query": self.query,
+            "recalled": [r.wire() for r in self.recalled],
+            "landmarks": [lm._asdict() for lm in self.landmarks],
         }
         if self.emergency is not None:
             obj["emergency"] = self.emergency._asdict()
-        if ctx.format == "messages":
-            obj["messages"] = [dict(m) for m in ctx.messages]
+        if self.format == "messages":
+            obj["messages"] = [dict(m) for m in self.messages]
         else:
-            obj["instructions"] = ctx.instructions
+            obj["instructions"] = self.instructions
         return obj
 
 
@@ -900,25 +1009,83 @@ class SessionState:
     """The answer to ``session.state``: the session's counters."""
 
     session: str
-    stats: SessionStats
+    turns: int
+    cursor: int
+    in_flight: bool
+    summary_chars: int
+    live_notes: int
+    pending_notes: int
+    failures: int
+    compactions: int
+    notes_dropped: int
+    landmarks: int
     id: MessageId = None
     type: ClassVar[str] = "session.state"
 
+    @classmethod
+    def of(cls, session: str, stats: SessionStats, id: MessageId = None) -> SessionState:
+        s = stats
+        return cls(
+            session,
+            s.turns,
+            s.cursor,
+            s.in_flight is not None,
+            s.summary_chars,
+            s.live_notes,
+            s.pending_notes,
+            s.failures,
+            s.compactions,
+            s.notes_dropped,
+            s.landmarks,
+            id,
+        )
+
     def body(self) -> dict[str, Any]:
-        s = self.stats
         return {
             "type": self.type,
             "session": self.session,
-            "turns": s.turns,
-            "cursor": s.cursor,
-            "in_flight": s.in_flight is not None,
-            "summary_chars": s.summary_chars,
-            "live_notes": s.live_notes,
-            "pending_notes": s.pending_notes,
-            "failures": s.failures,
-            "compactions": s.compactions,
-            "notes_dropped": s.notes_dropped,
-            "landmarks": s.landmarks,
+            "turns": self.turns,
+            "cursor": self.cursor,
+            "in_flight": self.in_flight,
+            "summary_chars": self.summary_chars,
+            "live_notes": self.live_notes,
+            "pending_notes": self.pending_notes,
+            "failures": self.failures,
+            "compactions": self.compactions,
+            "notes_dropped": self.notes_dropped,
+            "landmarks": self.landmarks,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedLandmark:
+    """A landmark as ``landmark.pinned`` carries it: where it is, why, and the turn's words."""
+
+    index: int
+    kind: str
+    reason: str
+    source: str
+    pinned_at: float
+    speaker: str
+    text: str
+    at: float
+
+    @classmethod
+    def of(cls, landmark: Landmark) -> PinnedLandmark:
+        t = landmark.turn
+        lm = landmark
+        return cls(lm.index, lm.kind, lm.reason, lm.source, lm.pinned_at, t.speaker, t.text, t.at)
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "kind": self.kind,
+            "reason": self.reason,
+            "source": self.source,
+            "pinned_at": self.pinned_at,
+            "speaker": self.speaker,
+            "text": self.text,
+            "at": self.at,
         }
 
 
@@ -927,12 +1094,12 @@ class Pinned:
     """The answer to ``landmark.pin``: the landmark as it is kept."""
 
     session: str
-    landmark: Landmark
+    landmark: PinnedLandmark
     id: MessageId = None
     type: ClassVar[str] = "landmark.pinned"
 
     def body(self) -> dict[str, Any]:
-        return {"type": self.type, "session": self.session, "landmark": landmark_wire(self.landmark)}
+        return {"type": self.type, "session": self.session, "landmark": self.landmark.wire()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -1020,6 +1187,70 @@ Reply = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Compacted:
+    """Pushed when a fold lands (``compaction.completed``): the cursor it moved from and to,
+    the summary's size, and what made it due (``count``, ``fill`` or ``emergency``)."""
+
+    session: str
+    cursor: int
+    covered_through: int
+    summary_chars: int
+    latency: float
+    old_cursor: int | None = None
+    trigger: str | None = None
+    type: ClassVar[str] = "compaction.completed"
+
+    def body(self) -> dict[str, Any]:
+        obj: dict[str, Any] = {
+            "type": self.type,
+            "session": self.session,
+            "cursor": self.cursor,
+            "covered_through": self.covered_through,
+            "summary_chars": self.summary_chars,
+            "latency": self.latency,
+            "old_cursor": self.old_cursor,
+        }
+        if self.trigger is not None:
+            obj["trigger"] = self.trigger
+        return obj
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionFailure:
+    """Pushed when a fold fails (``compaction.failed``): why, whether it is retried, and when."""
+
+    session: str
+    cursor: int
+    covered_through: int
+    summary_chars: int
+    latency: float
+    error: str | None = None
+    retryable: bool | None = None
+    failures: int = 0
+    retry_at: float | None = None
+    type: ClassVar[str] = "compaction.failed"
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "session": self.session,
+            "cursor": self.cursor,
+            "covered_through": self.covered_through,
+            "summary_chars": self.summary_chars,
+            "latency": self.latency,
+            "error": self.error,
+            "retryable": self.retryable,
+            "failures": self.failures,
+            "retry_at": self.retry_at,
+        }
+
+
+Pushed = Compacted | CompactionFailure
+"""A message the server pushes unasked, to every connection holding the session."""
+ServerMessage = Reply | Pushed
+
+
 def reply_dict(reply: Reply) -> dict[str, Any]:
     """The wire form of a reply as a dict, the request's ``id`` right after ``type``."""
     return _with_id(reply.body(), reply.id)
@@ -1030,40 +1261,9 @@ def encode_reply(reply: Reply) -> str:
     return _dumps(reply_dict(reply))
 
 
-def landmark_wire(landmark: Landmark) -> dict[str, Any]:
-    """A landmark as replies carry it."""
-    t = landmark.turn
-    return {
-        "index": landmark.index,
-        "kind": landmark.kind,
-        "reason": landmark.reason,
-        "source": landmark.source,
-        "pinned_at": landmark.pinned_at,
-        "speaker": t.speaker,
-        "text": t.text,
-        "at": t.at,
-    }
-
-
-def encode_event(event: CompactionEvent) -> str:
+def encode_event(event: Pushed) -> str:
     """A pushed ``compaction.completed`` or ``compaction.failed`` message."""
-    obj: dict[str, Any] = {
-        "type": f"compaction.{event.kind}",
-        "session": event.session,
-        "cursor": event.cursor,
-        "covered_through": event.covered_through,
-        "summary_chars": event.summary_chars,
-        "latency": round(event.latency, 6),
-    }
-    if event.kind == "completed":
-        obj["old_cursor"] = event.old_cursor
-        if event.trigger is not None:
-            obj["trigger"] = event.trigger
-    else:
-        obj.update(
-            error=event.error, retryable=event.retryable, failures=event.failures, retry_at=event.retry_at
-        )
-    return _dumps(obj)
+    return _dumps(event.body())
 
 
 def decode_reply(frame: str | bytes) -> dict[str, Any]:
@@ -1090,6 +1290,8 @@ __all__ = [
     "UNKNOWN_TYPE",
     "ClientMessage",
     "Closed",
+    "Compacted",
+    "CompactionFailure",
     "ContextGet",
     "ContextOverflow",
     "ContextReply",
@@ -1099,14 +1301,19 @@ __all__ = [
     "ErrorReply",
     "HandoffReply",
     "IntRange",
+    "LandmarkFound",
     "LandmarkPin",
     "LandmarkUnpin",
     "NoteAppend",
     "NoteStored",
     "Ping",
     "Pinned",
+    "PinnedLandmark",
     "Pong",
+    "Pushed",
+    "RecalledLine",
     "Reply",
+    "ServerMessage",
     "SessionClose",
     "SessionDelete",
     "SessionHandoff",
@@ -1115,6 +1322,7 @@ __all__ = [
     "SessionOpened",
     "SessionState",
     "SessionStateGet",
+    "ShownLandmark",
     "TurnAppend",
     "TurnStored",
     "Unpinned",
@@ -1123,7 +1331,6 @@ __all__ = [
     "encode",
     "encode_event",
     "encode_reply",
-    "landmark_wire",
     "message_dict",
     "parse",
     "reply_dict",

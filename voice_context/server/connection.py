@@ -35,7 +35,15 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 
 from voice_context import codec
-from voice_context.codec import INTERNAL, ClientMessage, DecodeError, ErrorReply
+from voice_context.codec import (
+    INTERNAL,
+    ClientMessage,
+    Compacted,
+    CompactionFailure,
+    DecodeError,
+    ErrorReply,
+    Pushed,
+)
 from voice_context.config import ServerSettings
 from voice_context.logs import get_logger
 from voice_context.manager import CompactionEvent
@@ -55,6 +63,32 @@ SHUTDOWN_GRACE = 5.0
 FRAME_HEADER_BYTES = 10
 
 Close = tuple[int, str]
+
+
+def pushed(event: CompactionEvent) -> Pushed:
+    """A compaction event of the manager's as the message pushed to the sessions' connections."""
+    latency = round(event.latency, 6)
+    if event.kind == "completed":
+        return Compacted(
+            event.session,
+            event.cursor,
+            event.covered_through,
+            event.summary_chars,
+            latency,
+            event.old_cursor,
+            event.trigger,
+        )
+    return CompactionFailure(
+        event.session,
+        event.cursor,
+        event.covered_through,
+        event.summary_chars,
+        latency,
+        event.error,
+        event.retryable,
+        event.failures,
+        event.retry_at,
+    )
 
 
 class Dispatcher(Protocol):
@@ -125,7 +159,7 @@ class Connection:
         """A manager listener: queue the event, never wait."""
         if event.session not in self.sessions:
             return
-        frame = codec.encode_event(event)
+        frame = codec.encode_event(pushed(event))
         try:
             if self.queued + len(frame) > self.max_queued:
                 raise anyio.WouldBlock

@@ -33,12 +33,14 @@ from voice_context.codec import (
     Emergency,
     ErrorReply,
     HandoffReply,
+    LandmarkFound,
     LandmarkPin,
     LandmarkUnpin,
     NoteAppend,
     NoteStored,
     Ping,
     Pinned,
+    PinnedLandmark,
     Pong,
     Reply,
     SessionClose,
@@ -218,7 +220,7 @@ class Handlers:
             self.holders.setdefault(name, set()).add(conn)
             self.limits.opened(name, self.holders)
         log.info("voice_context_session_opened", resumed=opened.resumed, turns=opened.stats.turns)
-        return Answer(SessionOpened(name, opened, message.id), True)
+        return Answer(SessionOpened.of(name, opened.resumed, opened.stats, message.id), True)
 
     async def append_turn(self, conn: Connection, message: TurnAppend) -> Answer:
         name = message.session
@@ -234,7 +236,8 @@ class Handlers:
                 session.landmark(index) if self.manager.session(name, owner=conn.owner) is session else None
             )
         self.metrics.turns.inc()
-        return Answer(TurnStored(name, index, message.id, landmark=found), True)
+        landmark = LandmarkFound.of(found) if found is not None else None
+        return Answer(TurnStored(name, index, message.id, landmark=landmark), True)
 
     async def append_note(self, conn: Connection, message: NoteAppend) -> Answer:
         name = message.session
@@ -261,7 +264,7 @@ class Handlers:
         in_flight = self.manager.state(name, owner=conn.owner).in_flight is not None
         self.metrics.context_latency.observe(time.perf_counter() - started)
         self.journal.context(name, ctx)
-        return Answer(ContextReply(name, ctx, in_flight, message.id), True)
+        return Answer(ContextReply.of(name, ctx, in_flight, message.id), True)
 
     async def overflow(self, conn: Connection, message: ContextOverflow) -> Answer:
         name = message.session
@@ -277,9 +280,8 @@ class Handlers:
         )
         in_flight = self.manager.state(name, owner=conn.owner).in_flight is not None
         self.journal.context(name, ctx)
-        return Answer(
-            ContextReply(name, ctx, in_flight, message.id, Emergency.after(applied, ctx.cursor)), True
-        )
+        emergency = Emergency.after(applied, ctx.cursor)
+        return Answer(ContextReply.of(name, ctx, in_flight, message.id, emergency), True)
 
     async def handoff(self, conn: Connection, message: SessionHandoff) -> Answer:
         name = message.session
@@ -296,7 +298,7 @@ class Handlers:
 
     async def state(self, conn: Connection, message: SessionStateGet) -> Answer:
         name = message.session
-        return Answer(SessionState(name, self.manager.state(name, owner=conn.owner), message.id), True)
+        return Answer(SessionState.of(name, self.manager.state(name, owner=conn.owner), message.id), True)
 
     async def pin(self, conn: Connection, message: LandmarkPin) -> Answer:
         name = message.session
@@ -311,7 +313,7 @@ class Handlers:
             )
         except IndexError as exc:
             raise Refused(BAD_REQUEST, str(exc)) from None
-        return Answer(Pinned(name, landmark, message.id), True)
+        return Answer(Pinned(name, PinnedLandmark.of(landmark), message.id), True)
 
     async def unpin(self, conn: Connection, message: LandmarkUnpin) -> Answer:
         name = message.session

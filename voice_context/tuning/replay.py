@@ -169,7 +169,7 @@ def context_response(
 ) -> dict[str, Any]:
     """A :class:`Context` as the ``context`` reply the server sends (built by the same codec)."""
     msg_id = request_id if isinstance(request_id, str | int) and not isinstance(request_id, bool) else None
-    return codec.reply_dict(codec.ContextReply(session, context, in_flight, msg_id, emergency))
+    return codec.reply_dict(codec.ContextReply.of(session, context, in_flight, msg_id, emergency))
 
 
 def request_chars(request: SummaryRequest) -> int:
