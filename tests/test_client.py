@@ -7,12 +7,24 @@ from collections.abc import MutableMapping
 from typing import Any
 
 import anyio
+import orjson
 import pytest
 from helpers import ManualClock
 from serving import T0, TIMEOUT, GatedStore, Hung, Proxy, running, settings, wait_until
+from websockets.asyncio.server import ServerConnection, serve
 
 from voice_context.client import Client, ClientError, ConnectionLost, SessionHandle
+from voice_context.codec import (
+    ContextGet,
+    ContextReply,
+    ErrorReply,
+    SessionClose,
+    SessionOpen,
+    TurnAppend,
+    TurnStored,
+)
 from voice_context.core.breaker import CircuitBreaker
+from voice_context.core.turns import Turn
 from voice_context.integrations._held import HeldSession
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.deterministic import DeterministicSummarizer
@@ -60,8 +72,63 @@ async def test_a_bot_appends_turns_and_notes_and_gets_its_context() -> None:
         state = await room.state()
         assert (state["turns"], state["live_notes"]) == (2, 1)
         assert (await client.ping())["type"] == "pong"
+        reply, sent = await client.exchange(ContextGet("room-1", "instructions", 5200))
+        assert isinstance(reply, ContextReply), "the same reply, typed as the codec reads it"
+        assert (reply.instructions, reply.turns_shown) == (sent["instructions"], sent["turns_shown"])
+        assert reply.instructions.endswith("Nova: Sure, which dates?")
         await room.close()
         assert client.sessions == []
+
+
+@pytest.mark.asyncio
+async def test_a_session_opened_by_any_request_is_resumed_after_a_drop_until_it_is_closed() -> None:
+    async with running() as server, Proxy(server.port) as proxy, fast(proxy.url) as client:
+        opened = await client.request(SessionOpen("room-1", {"recent_window": 30}))
+        assert (opened["type"], client.sessions) == ("session.opened", ["room-1"])
+        proxy.cut()
+        await wait_until(lambda: not client.connected)
+        reply, _ = await client.exchange(TurnAppend("room-1", Turn("Alice", "user", "after", T0)))
+        assert reply == TurnStored("room-1", 0, reply.id), (
+            "reopened, as the client opened it, before the turn"
+        )
+        assert client.reconnects == 1
+        refused, sent = await client.exchange(SessionClose("room-2"))
+        assert isinstance(refused, ErrorReply) and sent["code"] == refused.code == "unknown_session"
+        await client.request(SessionClose("room-1"))
+        assert client.sessions == []
+
+
+class Garbled:
+    """A websocket server on 127.0.0.1 (port 0) that answers its first request with a reply
+    the codec cannot read (a ``pong`` without its ``protocol``), and the next ones as a
+    server does (a ``pong``)."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.answered = 0
+
+    async def answer(self, ws: ServerConnection) -> None:
+        async for frame in ws:
+            request = orjson.loads(frame)
+            self.answered += 1
+            pong: dict[str, Any] = {"type": "pong", "id": request["id"]}
+            if self.answered > 1:
+                pong["protocol"] = 1
+            await ws.send(orjson.dumps(pong).decode())
+
+
+@pytest.mark.asyncio
+async def test_a_reply_the_codec_cannot_read_fails_its_request_at_once_and_the_client_goes_on() -> None:
+    garbled = Garbled()
+    async with serve(garbled.answer, "127.0.0.1", 0) as listening:
+        port = listening.sockets[0].getsockname()[1]
+        async with fast(f"ws://127.0.0.1:{port}/v1", request_timeout=TIMEOUT * 10) as client:
+            with anyio.fail_after(TIMEOUT), pytest.raises(ClientError) as unread:
+                await client.ping()
+            assert unread.value.code == "bad_reply"
+            assert unread.value.message.endswith("pong: protocol is required")
+            assert (await client.ping())["protocol"] == 1
+            assert client.connected and garbled.answered == 2
 
 
 @pytest.mark.asyncio

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from voice_context.codec import (
     CLIENT_TYPES,
     ERROR_CODES,
+    SERVER_TYPES,
     Closed,
     Compacted,
     CompactionFailure,
@@ -33,13 +34,16 @@ from voice_context.codec import (
     Pinned,
     PinnedLandmark,
     Pong,
+    RecalledLine,
     Reply,
+    ServerMessage,
     SessionClose,
     SessionHandoff,
     SessionOpen,
     SessionOpened,
     SessionState,
     SessionStateGet,
+    ShownLandmark,
     TurnAppend,
     TurnStored,
     Unpinned,
@@ -49,6 +53,7 @@ from voice_context.codec import (
     encode_event,
     encode_reply,
     parse,
+    parse_reply,
 )
 from voice_context.core.budget import build_context
 from voice_context.core.handoff import Handoff, OpenQuestion
@@ -341,12 +346,19 @@ def test_lone_surrogates_and_deep_nesting_are_bad_requests() -> None:
 # -- server messages -----------------------------------------------------------------------
 
 
+def sent(frame: str) -> dict[str, Any]:
+    """A server frame as the JSON object a bot reads."""
+    value = orjson.loads(frame)
+    assert isinstance(value, dict)
+    return value
+
+
 def test_server_messages_carry_the_contract_fields() -> None:
     session = Session("room-1")
     for i in range(3):
         session.receive(TurnAppended(Turn("Alice", "user", f"line {i}", T0 + i)))
     stats = session.stats()
-    opened = decode_reply(encode_reply(SessionOpened.of("room-1", False, stats, "o")))
+    opened = sent(encode_reply(SessionOpened.of("room-1", False, stats, "o")))
     assert opened == {
         "type": "session.opened",
         "id": "o",
@@ -357,30 +369,30 @@ def test_server_messages_carry_the_contract_fields() -> None:
         "summary_chars": 0,
         "in_flight": False,
     }
-    assert decode_reply(encode_reply(TurnStored("room-1", 3, 4))) == {
+    assert sent(encode_reply(TurnStored("room-1", 3, 4))) == {
         "type": "turn.appended",
         "id": 4,
         "session": "room-1",
         "index": 3,
     }
-    noted = decode_reply(encode_reply(NoteStored("room-1", NotesChanged(2, 1, 1, 0))))
+    noted = sent(encode_reply(NoteStored("room-1", NotesChanged(2, 1, 1, 0))))
     assert (noted["live"], noted["pending"]) == (2, 1)
     ctx = build_context(session.view(), "instructions", budget_chars=500)
-    reply = decode_reply(encode_reply(ContextReply.of("room-1", ctx, True, 9)))
+    reply = sent(encode_reply(ContextReply.of("room-1", ctx, True, 9)))
     assert reply["type"] == "context"
     assert reply["instructions"] == ctx.instructions
     assert "messages" not in reply
     for key in ("summary", "cursor", "covered_through", "in_flight", "chars"):
         assert key in reply
     plain = build_context(session.view(), "messages")
-    messages = decode_reply(encode_reply(ContextReply.of("room-1", plain, False)))
+    messages = sent(encode_reply(ContextReply.of("room-1", plain, False)))
     assert [m["content"] for m in messages["messages"]] == ["Alice: line 0", "Alice: line 1", "Alice: line 2"]
-    state = decode_reply(encode_reply(SessionState.of("room-1", stats)))
+    state = sent(encode_reply(SessionState.of("room-1", stats)))
     for key in ("turns", "cursor", "in_flight", "summary_chars", "pending_notes", "failures"):
         assert key in state
 
 
-def test_each_reply_is_the_frame_the_protocol_has_always_sent() -> None:
+def test_each_reply_is_the_frame_the_protocol_has_always_sent_and_reads_back_as_itself() -> None:
     session = Session("room-1")
     for i in range(2):
         session.receive(TurnAppended(Turn("Alice", "user", f"line {i}", T0 + i, f"t{i}")))
@@ -457,11 +469,129 @@ def test_each_reply_is_the_frame_the_protocol_has_always_sent() -> None:
     ]
     for reply, frame in frames:
         assert encode_reply(reply) == frame
+        assert decode_reply(frame) == reply, frame
     assert Emergency.after(None, 4) == Emergency(4, 4, 0)
 
 
+#: Server messages with every optional part filled in: each reads back as the value it was.
+FULL: list[ServerMessage] = [
+    ContextReply(
+        session="room-1",
+        format="instructions",
+        summary="[1 May 2024, 14:03] Alice booked Lisbon.",
+        cursor=12,
+        covered_through=11,
+        in_flight=True,
+        chars=80,
+        first_turn=10,
+        turns_shown=4,
+        budget_chars=2000,
+        budget_tokens=600,
+        tokens=23,
+        tokenizer="o200k_base",
+        dropped=("notes: no room",),
+        query="when is the flight?",
+        recalled=(RecalledLine("turn", "Alice: May 3rd", 3, "sentences"), RecalledLine("note", "a seat map")),
+        landmarks=(ShownLandmark(2, "decision"),),
+        instructions="Summary of earlier conversation: ...",
+        emergency=Emergency(4, 12, 8),
+        id="ctx-9",
+    ),
+    HandoffReply(
+        "room-1",
+        Handoff(
+            "be kind",
+            800,
+            (
+                (5, Turn("Nova", "assistant", "", T0, "c1", "call-1", "lookup", '{"city": "Lisbon"}')),
+                (6, Turn("lookup", "tool", "sunny", T0 + 1, None, "call-1", "lookup")),
+                (7, Turn("Alice", "user", "and the hotel?", T0 + 2)),
+            ),
+            (OpenQuestion(7, "Alice", "and the hotel?", T0 + 2),),
+            4,
+            8,
+            3,
+        ),
+        "h",
+    ),
+    ErrorReply("rate_limited", "slow down", 3, "room-1", limit="turns_per_second", retry_after=0.05),
+    Compacted("room-1", 10, 9, 120, 0.25, old_cursor=0, trigger="fill"),
+    Compacted("room-1", 10, 9, 120, 0.25),
+    CompactionFailure("room-1", 0, -1, 0, 0.1, error="timeout", retryable=True, failures=2, retry_at=T0),
+]
+
+
+@pytest.mark.parametrize("message", FULL, ids=[m.type for m in FULL])
+def test_every_server_message_reads_back_as_the_value_it_was_written_from(message: ServerMessage) -> None:
+    frame = (
+        encode_event(message) if isinstance(message, Compacted | CompactionFailure) else encode_reply(message)
+    )
+    assert decode_reply(frame) == message
+    read, obj = parse_reply(frame)
+    assert read == message and obj == orjson.loads(frame)
+
+
+def test_a_server_message_the_codec_cannot_read_is_refused_with_what_is_wrong() -> None:
+    def refused(frame: str) -> DecodeError:
+        with pytest.raises(DecodeError) as info:
+            decode_reply(frame)
+        return info.value
+
+    assert refused("[]").message == "a server message must be a JSON object"
+    assert refused('{"kind": "x"}').message == "a server message must have a string type"
+    unknown = refused('{"type": "context.started", "id": 4}')
+    assert (unknown.code, unknown.id) == ("unknown_type", 4)
+    missing = refused('{"type": "turn.appended", "id": 5, "session": "room-1"}')
+    assert (missing.code, missing.id) == ("bad_request", 5)
+    assert missing.message == "turn.appended: index is required"
+    flag = refused('{"type": "session.closed", "session": 7}')
+    assert flag.message == "session.closed: session must be a string"
+    half = '{"type": "context", "session": "r", "format": "messages", "summary": "", "cursor": 0}'
+    assert refused(half).message == "context: covered_through is required"
+    assert decode_reply('{"type": "pong", "protocol": 1, "added": "later"}') == Pong(protocol=1)
+
+
+def check_reads_or_rejects(raw: str | bytes) -> None:
+    """A server frame reads as a typed message of a type servers send, or is a ``DecodeError``."""
+    try:
+        message = decode_reply(raw)
+    except DecodeError as exc:
+        assert exc.code in {"bad_request", "unknown_type"}
+        return
+    assert message.type in SERVER_TYPES
+
+
+@st.composite
+def server_message_like(draw: st.DrawFn) -> str:
+    """A frame a server sent, some of its fields dropped or given other values."""
+    obj = orjson.loads(draw(st.sampled_from(FRAMES)))
+    for key in list(obj):
+        if draw(st.integers(0, 5)) == 0:
+            del obj[key]
+        elif draw(st.integers(0, 5)) == 0:
+            obj[key] = draw(field_values)
+    return json.dumps(obj, ensure_ascii=False)
+
+
+@settings(max_examples=400, deadline=None)
+@given(server_message_like() | json_values.map(json.dumps) | st.text(max_size=80))
+def test_any_server_frame_reads_or_is_rejected(raw: str) -> None:
+    check_reads_or_rejects(raw)
+
+
+FRAMES = [
+    encode_event(m) if isinstance(m, Compacted | CompactionFailure) else encode_reply(m) for m in FULL
+] + [
+    encode_reply(Pong(1)),
+    encode_reply(TurnStored("room-1", 1, 2, landmark=LandmarkFound("decision", "a number", "heuristic"))),
+    encode_reply(NoteStored("room-1", NotesChanged(2, 1, 1, 0), 4)),
+    encode_reply(Pinned("room-1", PinnedLandmark(1, "decision", "", "manual", T0, "Bob", "4471", T0), 8)),
+    encode_reply(Unpinned("room-1", 1, True, 9)),
+]
+
+
 def test_pushed_events_and_errors() -> None:
-    done = decode_reply(encode_event(Compacted("r", 10, 9, 120, 0.25, old_cursor=0)))
+    done = sent(encode_event(Compacted("r", 10, 9, 120, 0.25, old_cursor=0)))
     assert done == {
         "type": "compaction.completed",
         "session": "r",
@@ -472,8 +602,8 @@ def test_pushed_events_and_errors() -> None:
         "old_cursor": 0,
     }
     failed = CompactionFailure("r", 0, -1, 0, 0.1, error="timeout", retryable=True, failures=2, retry_at=T0)
-    assert decode_reply(encode_event(failed))["type"] == "compaction.failed"
-    error = decode_reply(encode_reply(ErrorReply("rate_limited", "slow down", 1, "r", retry_after=0.5)))
+    assert sent(encode_event(failed))["type"] == "compaction.failed"
+    error = sent(encode_reply(ErrorReply("rate_limited", "slow down", 1, "r", retry_after=0.5)))
     assert error == {
         "type": "error",
         "id": 1,
@@ -484,31 +614,9 @@ def test_pushed_events_and_errors() -> None:
     }
 
 
-def test_decode_reply_rejects_what_is_not_a_server_message() -> None:
-    with pytest.raises(DecodeError):
-        decode_reply("[]")
-    with pytest.raises(DecodeError):
-        decode_reply('{"kind": "x"}')
-    assert decode_reply('{"type": "pong", "protocol": 1}') == {"type": "pong", "protocol": 1}
-
-
 # -- the documented examples are real messages ---------------------------------------------
 
 PROTOCOL_DOC = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
-SERVER_TYPES = {
-    "session.opened",
-    "turn.appended",
-    "note.appended",
-    "context",
-    "session.state",
-    "session.closed",
-    "session.deleted",
-    "pong",
-    "compaction.completed",
-    "compaction.failed",
-    "handoff",
-    "error",
-}
 
 
 def documented_examples() -> list[dict[str, Any]]:
@@ -516,15 +624,16 @@ def documented_examples() -> list[dict[str, Any]]:
     return [json.loads(block) for block in blocks]
 
 
-def test_the_protocol_doc_shows_every_message_and_its_client_examples_decode() -> None:
+def test_the_protocol_doc_shows_every_message_and_each_example_decodes() -> None:
     examples = documented_examples()
     shown = {example["type"] for example in examples}
     assert set(CLIENT_TYPES) <= shown
-    assert shown - set(CLIENT_TYPES) >= SERVER_TYPES - {"session.state"}
+    assert shown - set(CLIENT_TYPES) >= set(SERVER_TYPES) - {"session.state"}
     for example in examples:
         if example.get("type") in CLIENT_TYPES and "turns" not in example:  # session.state has both
-            message = decode(json.dumps(example))
-            assert message.type == example["type"]
+            assert decode(json.dumps(example)).type == example["type"]
+        else:
+            assert decode_reply(json.dumps(example)).type == example["type"], example
     codes = {example["code"] for example in examples if example["type"] == "error"}
     assert codes <= ERROR_CODES
     text = PROTOCOL_DOC.read_text(encoding="utf-8")

@@ -6,13 +6,20 @@
         ctx = await room.context(format="instructions", budget_chars=5200)
         realtime_session.update(instructions=ctx["instructions"])
 
-Replies are plain dicts, exactly as the server sent them (see ``docs/protocol.md``);
-an ``error`` reply raises :class:`ClientError` with its ``code``. Whatever is raised
+Every frame the server sends is read by the codec (:func:`voice_context.codec.parse_reply`):
+the client goes by the typed message. The replies its methods return are the dicts the
+server sent, as ``docs/protocol.md`` shows them (fields a newer server adds included);
+:meth:`Client.exchange` gives a reply typed too, as the codec reads it. An ``error`` reply
+raises :class:`ClientError` with its ``code``; a reply the codec cannot read raises one
+with code ``bad_reply``. Whatever is raised
 in the ``async with`` block, or by the client as it closes, comes out as itself (not
 wrapped in an ``ExceptionGroup``), so ``except ClientError`` around the block catches it.
 
 Compaction events pushed by the server reach ``on_event`` (a plain function
 called with each event dict) and :meth:`Client.events` (an async iterator).
+A session is the client's from the ``session.open`` the server answered (with
+:meth:`Client.open`, or any ``session.open`` sent through :meth:`Client.request`)
+until the ``session.close`` or ``session.delete`` it answered.
 
 **Rate limits.** A server takes at most ``turns_per_second`` turns and notes a
 second for one session (20 by default, in bursts of ``turn_burst``, 40), and
@@ -73,19 +80,24 @@ from voice_context import codec
 from voice_context.codec import (
     RATE_LIMITED,
     ClientMessage,
+    Compacted,
+    CompactionFailure,
     ContextGet,
     ContextOverflow,
     DecodeError,
+    ErrorReply,
     LandmarkPin,
     LandmarkUnpin,
     NoteAppend,
     Ping,
+    Reply,
     SessionClose,
     SessionDelete,
     SessionHandoff,
     SessionOpen,
     SessionStateGet,
     TurnAppend,
+    TurnStored,
 )
 from voice_context.core.breaker import CircuitBreaker
 from voice_context.core.budget import Format
@@ -102,13 +114,16 @@ MAX_REPLY_BYTES = 16 * 1024 * 1024
 #: Seconds one request may wait out ``rate_limited`` replies in all, by default.
 RATE_LIMIT_WAIT = 10.0
 Event = dict[str, Any]
+"""A reply or a pushed event as the server sent it: the JSON object of its frame."""
 EventCallback = Callable[[Event], None]
+Received = tuple[Reply, Event]
+"""A reply typed (as the codec reads it) and as the server sent it."""
 
 
 @dataclass(eq=False)
 class _Waiter:
     done: anyio.Event = field(default_factory=anyio.Event)
-    reply: Event | None = None
+    reply: Received | None = None
     error: ClientError | None = None
 
 
@@ -240,15 +255,8 @@ class Client:
 
     async def open(self, name: str, config: Mapping[str, Any] | None = None) -> SessionHandle:
         """Open (or resume) a session; reopened automatically after a reconnect."""
-        message = SessionOpen(name, dict(config) if config is not None else None)
-        reply = await self.request(message)
-        handle = self._sessions.get(name)
-        if handle is None:
-            handle = SessionHandle(self, name, message.config, reply)
-            self._sessions[name] = handle
-        else:
-            handle.config, handle.opened = message.config, reply
-        return handle
+        await self.request(SessionOpen(name, dict(config) if config is not None else None))
+        return self._sessions[name]
 
     async def ping(self) -> Event:
         return await self.request(Ping())
@@ -262,12 +270,23 @@ class Client:
                 yield event
 
     async def request(self, message: ClientMessage) -> Event:
-        """Send one message and return its reply; raises ``ClientError`` for an ``error`` reply.
+        """Send one message and return its reply as the server sent it; raises ``ClientError``
+        for an ``error`` reply (see :meth:`exchange`)."""
+        reply, sent = await self.exchange(message)
+        if isinstance(reply, ErrorReply):
+            raise ClientError(reply.code, reply.message, reply=sent)
+        return sent
+
+    async def exchange(self, message: ClientMessage) -> Received:
+        """Send one message and return its reply, typed and as the server sent it; an ``error``
+        reply is returned, not raised.
 
         A ``rate_limited`` reply with a ``retry_after`` is waited out and the message sent
         again (the server stored nothing), within ``rate_limit_wait`` seconds in all; a
         request in flight when the connection dropped is sent again once when that is
-        safe (see the module docstring)."""
+        safe (see the module docstring). Raises ``ClientError`` when no reply could be had:
+        the connection (``ConnectionLost``), the time (``RequestTimeout``), or a reply the
+        codec cannot read (``bad_reply``)."""
         retry_safe = _retry_safe(message)
         resent = False
         waited = 0.0
@@ -281,13 +300,29 @@ class Client:
                     log.info("voice_context_client_retrying", type=message.type, session=message.session)
                     continue
                 raise
-            delay = _retry_after(reply)
+            delay = _retry_after(reply[0])
             if delay is not None and waited + delay <= self.rate_limit_wait:
                 waited += delay
                 self.rate_limit_waits += 1
                 await anyio.sleep(delay)
                 continue
-            return _check(reply)
+            self._follow(message, reply)
+            return reply
+
+    def _follow(self, message: ClientMessage, received: Received) -> None:
+        """Keep the sessions the server opened for this client, with the config they were
+        opened with (what a reconnect opens again); let go of those it closed or deleted."""
+        reply, sent = received
+        if isinstance(reply, ErrorReply):
+            return
+        if isinstance(message, SessionOpen):
+            handle = self._sessions.get(message.session)
+            if handle is None:
+                self._sessions[message.session] = SessionHandle(self, message.session, message.config, sent)
+            else:
+                handle.config, handle.opened = message.config, sent
+        elif isinstance(message, SessionClose | SessionDelete):
+            self._sessions.pop(message.session, None)
 
     # -- internals -------------------------------------------------------------------
 
@@ -408,10 +443,12 @@ class Client:
 
     async def _resume(self, link: _Link) -> None:
         for handle in list(self._sessions.values()):
-            reply = await self._roundtrip(link, SessionOpen(handle.name, handle.config))
-            handle.opened = _check(reply)
+            reply, sent = await self._roundtrip(link, SessionOpen(handle.name, handle.config))
+            if isinstance(reply, ErrorReply):
+                raise ClientError(reply.code, reply.message, reply=sent)
+            handle.opened = sent
 
-    async def _roundtrip(self, link: _Link, message: ClientMessage) -> Event:
+    async def _roundtrip(self, link: _Link, message: ClientMessage) -> Received:
         msg_id = next(self._ids)
         waiter = _Waiter()
         link.pending[msg_id] = waiter
@@ -437,21 +474,19 @@ class Client:
         try:
             async for frame in link.ws:
                 try:
-                    message = codec.decode_reply(frame)
-                except DecodeError:
-                    log.warning("voice_context_client_bad_frame")
+                    message, sent = codec.parse_reply(frame)
+                except DecodeError as exc:
+                    self._unreadable(link, exc)
                     continue
-                kind = message["type"]
-                if kind.startswith("compaction."):
-                    self._deliver(message)
+                if isinstance(message, Compacted | CompactionFailure):
+                    self._deliver(sent)
                     continue
-                reply_id = message.get("id")
-                waiter = link.pending.get(reply_id) if isinstance(reply_id, int) else None
+                waiter = link.pending.get(message.id) if isinstance(message.id, int) else None
                 if waiter is not None and not waiter.done.is_set():
-                    waiter.reply = message
+                    waiter.reply = (message, sent)
                     waiter.done.set()
-                elif kind == "error":
-                    log.warning("voice_context_client_error", code=message.get("code"), id=message.get("id"))
+                elif isinstance(message, ErrorReply):
+                    log.warning("voice_context_client_error", code=message.code, id=message.id)
         except ConnectionClosed:
             pass
         finally:
@@ -460,6 +495,15 @@ class Client:
                 detail = f" {link.ws.close_reason}" if link.ws.close_reason else ""
                 reason = f"the connection closed ({code}{detail})"
             link.fail_all(reason)
+
+    @staticmethod
+    def _unreadable(link: _Link, exc: DecodeError) -> None:
+        """A frame the codec cannot read: the request it answers, when it says which, fails."""
+        log.warning("voice_context_client_bad_frame", code=exc.code, error=exc.message[:200], id=exc.id)
+        waiter = link.pending.get(exc.id) if isinstance(exc.id, int) else None
+        if waiter is not None and not waiter.done.is_set():
+            waiter.error = ClientError("bad_reply", f"the server's reply cannot be read: {exc.message}")
+            waiter.done.set()
 
     def _deliver(self, event: Event) -> None:
         if self.on_event is not None:
@@ -503,9 +547,12 @@ class SessionHandle:
     ) -> int:
         """Append a finalized turn; returns its index. Give ``id`` to make retries exactly-once."""
         when = time.time() if at is None else at
-        reply = await self.client.request(TurnAppend(self.name, Turn(speaker, role, text, when, id)))
-        index: int = reply["index"]
-        return index
+        reply, sent = await self.client.exchange(TurnAppend(self.name, Turn(speaker, role, text, when, id)))
+        if isinstance(reply, ErrorReply):
+            raise ClientError(reply.code, reply.message, reply=sent)
+        if not isinstance(reply, TurnStored):
+            raise ClientError("bad_reply", f"turn.append was answered with {reply.type}", reply=sent)
+        return reply.index
 
     async def append_note(
         self, text: str, at: float | None = None, speaker: str | None = None, source: str | None = None
@@ -585,12 +632,10 @@ class SessionHandle:
     async def close(self) -> None:
         """Stop using the session on this client (its state stays on the server's store)."""
         await self.client.request(SessionClose(self.name))
-        self.client._sessions.pop(self.name, None)
 
     async def delete(self) -> None:
         """Forget the session on the server: its turns, summary, notes and recording."""
         await self.client.request(SessionDelete(self.name))
-        self.client._sessions.pop(self.name, None)
 
 
 def _retry_safe(message: ClientMessage) -> bool:
@@ -599,14 +644,14 @@ def _retry_safe(message: ClientMessage) -> bool:
     return not isinstance(message, NoteAppend)
 
 
-def _retry_after(reply: Event) -> float | None:
+def _retry_after(reply: Reply) -> float | None:
     """The seconds a ``rate_limited`` reply asks to wait before sending again, if it says."""
-    if reply.get("type") != "error" or reply.get("code") != RATE_LIMITED:
+    if not isinstance(reply, ErrorReply) or reply.code != RATE_LIMITED:
         return None
-    delay = reply.get("retry_after")
-    if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay < math.inf:
+    delay = reply.retry_after
+    if delay is None or not 0 <= delay < math.inf:
         return None
-    return float(delay)
+    return delay
 
 
 @contextmanager
@@ -634,10 +679,13 @@ def _unwrap(group: BaseExceptionGroup[BaseException], raised: BaseException | No
     return leaves[0] if len(leaves) == 1 else group
 
 
-def _check(reply: Event) -> Event:
-    if reply.get("type") == "error":
-        raise ClientError(str(reply.get("code")), str(reply.get("message", "")), reply=reply)
-    return reply
-
-
-__all__ = ["Client", "ClientError", "ConnectionLost", "EventCallback", "RequestTimeout", "SessionHandle"]
+__all__ = [
+    "Client",
+    "ClientError",
+    "ConnectionLost",
+    "Event",
+    "EventCallback",
+    "Received",
+    "RequestTimeout",
+    "SessionHandle",
+]

@@ -23,8 +23,12 @@ replies become JSON again. It is pure: no I/O, no clock.
   the manager's values (``ContextReply.of(session, context, ...)``), so this
   module needs nothing of the manager. Each one's JSON shape is written here
   once: :func:`encode_reply` makes a reply the frame the server sends, and
-  :func:`encode_event` a pushed event. :func:`decode_reply` reads a server frame
-  on the client side.
+  :func:`encode_event` a pushed event.
+- :func:`decode_reply` is their inverse: one server frame back as its typed
+  message (``decode_reply(encode_reply(r)) == r``), or :class:`DecodeError`
+  (``unknown_type`` for a type no server sends, ``bad_request`` for a field that
+  is missing or mistyped). The bot client reads every frame through it
+  (:func:`parse_reply` also hands back the JSON object as the server sent it).
 
 Unknown fields are ignored, so that clients and servers can add fields freely.
 See ``docs/protocol.md`` for the contract.
@@ -41,7 +45,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple, cast
 import orjson
 
 from voice_context.core.budget import FORMATS, Format
-from voice_context.core.handoff import LAST_TURNS, Handoff
+from voice_context.core.handoff import LAST_TURNS, Handoff, OpenQuestion
+from voice_context.core.session import NotesChanged
 from voice_context.core.tiers import parse_zone
 from voice_context.core.turns import ROLES, Note, Role, Turn
 from voice_context.errors import ConfigError, DecodeError
@@ -50,7 +55,7 @@ if TYPE_CHECKING:
     from voice_context.core.budget import Context, Message
     from voice_context.core.landmarks import Landmark
     from voice_context.core.recalled import Recalled
-    from voice_context.core.session import Applied, NotesChanged, SessionStats
+    from voice_context.core.session import Applied, SessionStats
 
 PROTOCOL_VERSION: Final = 1
 MAX_SESSION_CHARS: Final = 200
@@ -1266,12 +1271,329 @@ def encode_event(event: Pushed) -> str:
     return _dumps(event.body())
 
 
-def decode_reply(frame: str | bytes) -> dict[str, Any]:
-    """A server frame as a dict with a string ``type`` (for clients); raises ``DecodeError``."""
+# -- reading server messages -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Fields:
+    """Reads the typed fields of one ``kind`` server message (or of an object inside it),
+    raising ``DecodeError`` that names the message and the field. A field that is absent
+    reads as one that is ``null``."""
+
+    obj: Mapping[str, object]
+    kind: str
+    id: MessageId
+
+    def fail(self, message: str) -> DecodeError:
+        return DecodeError(BAD_REQUEST, f"{self.kind}: {message}", id=self.id)
+
+    def _get(
+        self, key: str, inside: Mapping[str, object] | None, what: str, ok: Callable[[object], bool]
+    ) -> object:
+        value = (self.obj if inside is None else inside).get(key)
+        if value is not None and not ok(value):
+            raise self.fail(f"{key} must be {what}")
+        return value
+
+    def _required(self, key: str, value: object) -> object:
+        if value is None:
+            raise self.fail(f"{key} is required")
+        return value
+
+    def maybe_text(self, key: str, inside: Mapping[str, object] | None = None) -> str | None:
+        return cast(str | None, self._get(key, inside, "a string", lambda v: isinstance(v, str)))
+
+    def text(self, key: str, inside: Mapping[str, object] | None = None) -> str:
+        return cast(str, self._required(key, self.maybe_text(key, inside)))
+
+    def maybe_integer(self, key: str, inside: Mapping[str, object] | None = None) -> int | None:
+        return cast(int | None, self._get(key, inside, "an integer", _is_integer))
+
+    def integer(self, key: str, inside: Mapping[str, object] | None = None) -> int:
+        return cast(int, self._required(key, self.maybe_integer(key, inside)))
+
+    def maybe_number(self, key: str, inside: Mapping[str, object] | None = None) -> float | None:
+        value = self._get(key, inside, "a number", lambda v: _is_integer(v) or isinstance(v, float))
+        return None if value is None else float(cast(float, value))
+
+    def number(self, key: str, inside: Mapping[str, object] | None = None) -> float:
+        return cast(float, self._required(key, self.maybe_number(key, inside)))
+
+    def maybe_flag(self, key: str, inside: Mapping[str, object] | None = None) -> bool | None:
+        return cast(bool | None, self._get(key, inside, "true or false", lambda v: isinstance(v, bool)))
+
+    def flag(self, key: str, inside: Mapping[str, object] | None = None) -> bool:
+        return cast(bool, self._required(key, self.maybe_flag(key, inside)))
+
+    def maybe_object(
+        self, key: str, inside: Mapping[str, object] | None = None
+    ) -> Mapping[str, object] | None:
+        return cast(Mapping[str, object] | None, self._get(key, inside, "an object", _is_object))
+
+    def objects(self, key: str) -> list[Mapping[str, object]]:
+        """A list of objects (required)."""
+        value = self._required(key, self._get(key, None, "a list of objects", _is_objects))
+        return cast(list[Mapping[str, object]], value)
+
+    def texts(self, key: str) -> tuple[str, ...]:
+        """A list of strings (required)."""
+        value = self._get(key, None, "a list of strings", lambda v: _is_list(v, str))
+        return tuple(cast(list[str], self._required(key, value)))
+
+
+def _is_integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_object(value: object) -> bool:
+    return isinstance(value, dict)
+
+
+def _is_list(value: object, item: type) -> bool:
+    return isinstance(value, list) and all(isinstance(v, item) for v in value)
+
+
+def _is_objects(value: object) -> bool:
+    return _is_list(value, dict)
+
+
+def decode_reply(frame: str | bytes | bytearray | memoryview) -> ServerMessage:
+    """One server frame as its typed message (a reply or a pushed event); raises only
+    :class:`DecodeError`. ``decode_reply(encode_reply(r)) == r``."""
+    return parse_reply(frame)[0]
+
+
+def parse_reply(frame: str | bytes | bytearray | memoryview) -> tuple[ServerMessage, dict[str, Any]]:
+    """The typed server message and the JSON object it was read from (which a client may hand
+    on as the server sent it, fields it does not know included); raises only :class:`DecodeError`."""
     obj = _loads(frame)
-    if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
-        raise DecodeError(BAD_REQUEST, "a server message must be a JSON object with a type")
-    return cast(dict[str, Any], obj)
+    if not isinstance(obj, dict):
+        raise DecodeError(BAD_REQUEST, "a server message must be a JSON object")
+    msg_id = _read_id(obj)
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        raise DecodeError(BAD_REQUEST, "a server message must have a string type", id=msg_id)
+    reader = _SERVER_READERS.get(kind)
+    if reader is None:
+        shown = kind if len(kind) <= 60 else kind[:60] + "…"
+        raise DecodeError(UNKNOWN_TYPE, f"unknown server message type {shown!r}", id=msg_id)
+    return reader(_Fields(obj, kind, msg_id)), obj
+
+
+def _read_pong(f: _Fields) -> Pong:
+    return Pong(f.id, f.integer("protocol"))
+
+
+def _read_session_opened(f: _Fields) -> SessionOpened:
+    counters = (f.integer("turns"), f.integer("cursor"), f.integer("summary_chars"))
+    return SessionOpened(f.text("session"), f.flag("resumed"), *counters, f.flag("in_flight"), f.id)
+
+
+def _read_turn_stored(f: _Fields) -> TurnStored:
+    found = f.maybe_object("landmark")
+    landmark = None
+    if found is not None:
+        landmark = LandmarkFound(f.text("kind", found), f.text("reason", found), f.text("source", found))
+    duplicate = f.maybe_flag("duplicate") or False
+    return TurnStored(f.text("session"), f.integer("index"), f.id, duplicate, landmark)
+
+
+def _read_note_stored(f: _Fields) -> NoteStored:
+    changed = NotesChanged(
+        f.integer("live"), f.integer("pending"), f.integer("evicted"), f.integer("dropped")
+    )
+    return NoteStored(f.text("session"), changed, f.id)
+
+
+def _read_context(f: _Fields) -> ContextReply:
+    # read in the order the server writes the fields, so that the first one amiss is named
+    session, fmt = f.text("session"), f.text("format")
+    if fmt not in FORMATS:
+        raise f.fail(f"format must be one of {', '.join(sorted(FORMATS))}")
+    summary, cursor, covered = f.text("summary"), f.integer("cursor"), f.integer("covered_through")
+    in_flight, chars = f.flag("in_flight"), f.integer("chars")
+    first_turn, turns_shown = f.integer("first_turn"), f.integer("turns_shown")
+    budget_chars, budget_tokens = f.maybe_integer("budget_chars"), f.maybe_integer("budget_tokens")
+    tokens, tokenizer = f.maybe_integer("tokens"), f.maybe_text("tokenizer")
+    dropped, query = f.texts("dropped"), f.text("query")
+    recalled = tuple(
+        RecalledLine(
+            f.text("kind", r), f.text("text", r), f.maybe_integer("turn", r), f.maybe_text("granularity", r)
+        )
+        for r in f.objects("recalled")
+    )
+    landmarks = tuple(
+        ShownLandmark(f.integer("turn", lm), f.text("kind", lm)) for lm in f.objects("landmarks")
+    )
+    moved = f.maybe_object("emergency")
+    emergency = None
+    if moved is not None:
+        emergency = Emergency(
+            f.integer("old_cursor", moved), f.integer("cursor", moved), f.integer("folded", moved)
+        )
+    messages: tuple[Message, ...] = ()
+    instructions = ""
+    if fmt == "messages":
+        messages = tuple(dict(m) for m in f.objects("messages"))
+        for m in messages:
+            f.text("role", m)
+    else:
+        instructions = f.text("instructions")
+    return ContextReply(
+        session=session,
+        format=cast(Format, fmt),
+        summary=summary,
+        cursor=cursor,
+        covered_through=covered,
+        in_flight=in_flight,
+        chars=chars,
+        first_turn=first_turn,
+        turns_shown=turns_shown,
+        budget_chars=budget_chars,
+        budget_tokens=budget_tokens,
+        tokens=tokens,
+        tokenizer=tokenizer,
+        dropped=dropped,
+        query=query,
+        recalled=recalled,
+        landmarks=landmarks,
+        messages=messages,
+        instructions=instructions,
+        emergency=emergency,
+        id=f.id,
+    )
+
+
+def _read_handoff(f: _Fields) -> HandoffReply:
+    f.integer("chars")  # the instructions' length: said for the reader, kept by them
+    last_turns = tuple((f.integer("index", t), _wire_turn(f, t)) for t in f.objects("last_turns"))
+    questions = tuple(
+        OpenQuestion(f.integer("index", q), f.text("speaker", q), f.text("text", q), f.number("at", q))
+        for q in f.objects("open_questions")
+    )
+    handoff = Handoff(
+        f.text("instructions"),
+        f.integer("limit_chars"),
+        last_turns,
+        questions,
+        f.integer("cursor"),
+        f.integer("turns"),
+        f.integer("recalled"),
+    )
+    return HandoffReply(f.text("session"), handoff, f.id)
+
+
+def _wire_turn(f: _Fields, body: Mapping[str, object]) -> Turn:
+    """A turn as :func:`turn_wire` writes it."""
+    role = f.text("role", body)
+    if role not in ROLES:
+        raise f.fail(f"a turn's role must be one of {', '.join(sorted(ROLES))}")
+    tool: dict[str, str | None] = {}
+    call, result = f.maybe_object("tool_call", body), f.maybe_object("tool_result", body)
+    if call is not None:
+        tool = {"tool_call_id": f.text("id", call), "tool_name": f.text("name", call)}
+        tool["tool_arguments"] = f.text("arguments", call)
+    elif result is not None:
+        tool = {"tool_call_id": f.text("id", result), "tool_name": f.maybe_text("name", result)}
+    text, at = f.text("text", body), f.number("at", body)
+    return Turn(f.text("speaker", body), cast(Role, role), text, at, f.maybe_text("id", body), **tool)
+
+
+def _read_session_state(f: _Fields) -> SessionState:
+    return SessionState(
+        f.text("session"),
+        f.integer("turns"),
+        f.integer("cursor"),
+        f.flag("in_flight"),
+        f.integer("summary_chars"),
+        f.integer("live_notes"),
+        f.integer("pending_notes"),
+        f.integer("failures"),
+        f.integer("compactions"),
+        f.integer("notes_dropped"),
+        f.integer("landmarks"),
+        f.id,
+    )
+
+
+def _read_pinned(f: _Fields) -> Pinned:
+    lm = f.maybe_object("landmark")
+    if lm is None:
+        raise f.fail("landmark is required")
+    kept = PinnedLandmark(
+        f.integer("index", lm),
+        f.text("kind", lm),
+        f.text("reason", lm),
+        f.text("source", lm),
+        f.number("pinned_at", lm),
+        f.text("speaker", lm),
+        f.text("text", lm),
+        f.number("at", lm),
+    )
+    return Pinned(f.text("session"), kept, f.id)
+
+
+def _read_unpinned(f: _Fields) -> Unpinned:
+    return Unpinned(f.text("session"), f.integer("index"), f.flag("removed"), f.id)
+
+
+def _read_closed(f: _Fields) -> Closed:
+    return Closed(f.text("session"), f.id)
+
+
+def _read_deleted(f: _Fields) -> Deleted:
+    return Deleted(f.text("session"), f.id)
+
+
+def _read_error(f: _Fields) -> ErrorReply:
+    return ErrorReply(
+        f.text("code"),
+        f.text("message"),
+        f.id,
+        f.maybe_text("session"),
+        limit=f.maybe_text("limit"),
+        retry_after=f.maybe_number("retry_after"),
+        needed=f.maybe_integer("needed"),
+        retryable=f.maybe_flag("retryable"),
+    )
+
+
+def _read_compacted(f: _Fields) -> Compacted:
+    where = (f.text("session"), f.integer("cursor"), f.integer("covered_through"), f.integer("summary_chars"))
+    return Compacted(*where, f.number("latency"), f.maybe_integer("old_cursor"), f.maybe_text("trigger"))
+
+
+def _read_compaction_failure(f: _Fields) -> CompactionFailure:
+    where = (f.text("session"), f.integer("cursor"), f.integer("covered_through"), f.integer("summary_chars"))
+    return CompactionFailure(
+        *where,
+        f.number("latency"),
+        f.maybe_text("error"),
+        f.maybe_flag("retryable"),
+        f.integer("failures"),
+        f.maybe_number("retry_at"),
+    )
+
+
+#: How each server message type is read, once its ``id`` and ``type`` are.
+_SERVER_READERS: Final[Mapping[str, Callable[[_Fields], ServerMessage]]] = {
+    Pong.type: _read_pong,
+    SessionOpened.type: _read_session_opened,
+    TurnStored.type: _read_turn_stored,
+    NoteStored.type: _read_note_stored,
+    ContextReply.type: _read_context,
+    HandoffReply.type: _read_handoff,
+    SessionState.type: _read_session_state,
+    Pinned.type: _read_pinned,
+    Unpinned.type: _read_unpinned,
+    Closed.type: _read_closed,
+    Deleted.type: _read_deleted,
+    ErrorReply.type: _read_error,
+    Compacted.type: _read_compacted,
+    CompactionFailure.type: _read_compaction_failure,
+}
+#: Every type of message the server sends (replies and pushed events).
+SERVER_TYPES: Final = tuple(_SERVER_READERS)
 
 
 __all__ = [
@@ -1284,6 +1606,7 @@ __all__ = [
     "MAX_SAFE_INTEGER",
     "PROTOCOL_VERSION",
     "RATE_LIMITED",
+    "SERVER_TYPES",
     "TOO_LARGE",
     "UNAUTHORIZED",
     "UNKNOWN_SESSION",
@@ -1333,6 +1656,7 @@ __all__ = [
     "encode_reply",
     "message_dict",
     "parse",
+    "parse_reply",
     "reply_dict",
     "turn_wire",
     "valid_session_name",

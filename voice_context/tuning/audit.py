@@ -277,7 +277,7 @@ def audit_contexts(contexts: Sequence[Mapping[str, Any]], recording: Recording) 
         summary = response.get("summary")
         if isinstance(summary, str) and summary:
             by_session[str(record.get("session") or "")].append(summary)
-    spoken = {str(m.get("session") or "") for m in recording.messages if m["type"] == "turn.append"}
+    spoken = {m.session for m in recording.decoded if isinstance(m, TurnAppend)}
     audit = DateAudit()
     for session, summaries in by_session.items():
         # a live replay may name its sessions with a prefix: one spoken session is the one meant
