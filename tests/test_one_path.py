@@ -16,7 +16,11 @@ from typing import Any
 import pytest
 from serving import running, settings
 
-from voice_context.config import Settings
+from voice_context.codec import ErrorReply, Ping, Pong, SessionOpen, SessionOpened, TurnAppend, TurnStored
+from voice_context.config import ServerSettings, Settings
+from voice_context.core.turns import Turn
+from voice_context.manager import SessionManager
+from voice_context.server.local import LocalConnection, local_handlers
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 from voice_context.tuning.replay import LogicalTime, ReplayResult, replay_file, replay_live
@@ -90,3 +94,29 @@ async def test_a_recording_gets_the_same_contexts_offline_as_from_a_served_sessi
     assert overflowed["emergency"]["folded"] == emergency["end"] - emergency["start"] > 0
     assert overflowed["tokens"] <= OVERFLOW_LIMIT
     assert offline.contexts[-1]["state"]["compactions"] == online.contexts[-1]["state"]["compactions"] > 2
+
+
+@pytest.mark.asyncio
+async def test_a_connection_in_the_process_is_answered_by_the_servers_own_handlers() -> None:
+    """What the offline replay sends its recordings through: the server's table, its refusals
+    included, each reply read back by the codec; only the operator's overrides skip the client's
+    checks."""
+    async with SessionManager(DeterministicSummarizer()) as manager:
+        conn = LocalConnection(local_handlers(manager, ServerSettings(), overrides={"retry_base_seconds": 1}))
+        said = Turn("Alice", "user", "Book Lisbon for May 3rd.", 1_714_572_187.0, "t0")
+        refused, sent = await conn.request(TurnAppend("room-1", said, 1))
+        assert isinstance(refused, ErrorReply) and (refused.code, sent["code"]) == ("unknown_session",) * 2
+        asked, _ = await conn.request(SessionOpen("room-1", {"retry_base_seconds": 1}))
+        assert isinstance(asked, ErrorReply) and asked.code == "bad_request", "a client may not set it"
+        opened, _ = await conn.request(SessionOpen("room-1", {"recent_window": 30}, "o"))
+        assert opened == SessionOpened("room-1", False, 0, 0, 0, False, "o")
+        assert manager.session("room-1").config.retry_base_seconds == 1, "the operator's, on top"
+        assert await conn.request(TurnAppend("room-1", said, 2)) == (
+            TurnStored("room-1", 0, 2),
+            {"type": "turn.appended", "id": 2, "session": "room-1", "index": 0},
+        )
+        stored, _ = await conn.request(TurnAppend("room-1", said, 3))
+        assert stored == TurnStored("room-1", 0, 3, duplicate=True)
+        assert (await conn.request(Ping(4)))[0] == Pong(4)
+        await conn.close()
+        assert (conn.sessions, manager.names()) == (set(), [])

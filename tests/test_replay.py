@@ -174,6 +174,31 @@ def test_settings_apply_defaults_then_the_recordings_own_then_the_callers() -> N
     assert overridden.compactions == []  # 8 is not more than 5 + 4
 
 
+def test_a_setting_only_the_server_sets_applies_when_the_caller_sets_it() -> None:
+    """A client may not shorten the retry backoff; the replay's caller is the operator, and may."""
+    lines = [OPEN, *(turn(i) for i in range(61)), get("a"), get("b"), turn(61), get("c")]
+    result = replay(recording(*lines), FailingSummarizer(), overrides={"retry_base_seconds": 5})
+    assert [c["turn_index"] for c in result.compactions] == [60, 61], "retried 5 s on, as the caller set"
+    assert result.skipped == []
+
+
+def test_a_turn_sent_again_with_its_id_is_stored_once_as_the_server_stores_it() -> None:
+    result = replay(recording(OPEN, turn(0), turn(1), turn(1), turn(2), get("after")))
+    (record,) = result.contexts
+    assert (record["turn_index"], record["state"]["turns"]) == (2, 3)
+    assert record["response"]["instructions"].count("turn 1 about Porto") == 1
+
+
+def test_a_handoff_in_a_recording_asks_for_its_context_as_the_server_does() -> None:
+    handoff = line({"type": "session.handoff", "session": "room-1", "id": "h", "limit_chars": 800})
+    lines = [OPEN, *(turn(i) for i in range(61)), handoff, get("after")]
+    result = replay(recording(*lines), DeterministicSummarizer())
+    (fold,) = result.compactions
+    assert (fold["seq"], fold["outcome"]) == (62, "applied"), "started by the handoff's context"
+    (record,) = result.contexts
+    assert record["state"]["cursor"] == record["response"]["cursor"] == fold["end"] > 0
+
+
 def test_a_closed_session_opened_again_resumes_where_it_was() -> None:
     close = line({"type": "session.close", "session": "room-1"})
     reopen = line({"type": "session.open", "session": "room-1"})

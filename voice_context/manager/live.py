@@ -12,7 +12,7 @@ import anyio
 from voice_context.core.config import SessionConfig
 from voice_context.core.landmarks import Landmark
 from voice_context.core.recalled import Offered
-from voice_context.core.session import Session, SessionStats
+from voice_context.core.session import CompactionPlan, Session, SessionStats
 from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, TurnRun
 from voice_context.core.window import SkipReason
@@ -46,9 +46,13 @@ class CompactionEvent:
     failures: int = 0
     retry_at: float | None = None
     trigger: str | None = None
-    """For a completed fold: ``count`` (the batch rule) or ``fill`` (the fill trigger)."""
+    """For a completed fold: ``count`` (the batch rule), ``fill`` (the fill trigger) or
+    ``emergency`` (a context overflow)."""
     clamped: bool = False
     """For a completed fold: whether its summary was cut to the ceiling as a last resort."""
+    plan: CompactionPlan | None = None
+    """The plan that landed or failed: what a listener that accounts for every fold (a
+    replay) reads of it. Never on the wire."""
 
 
 Listener = Callable[[CompactionEvent], None]

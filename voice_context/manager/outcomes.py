@@ -66,6 +66,7 @@ class Outcomes:
                 old_cursor=outcome.old_cursor,
                 trigger=outcome.plan.trigger,
                 clamped=outcome.clamped,
+                plan=outcome.plan,
             ),
         )
 
@@ -95,5 +96,6 @@ class Outcomes:
                 retryable=outcome.retryable,
                 failures=outcome.failures,
                 retry_at=outcome.retry_at,
+                plan=outcome.plan,
             ),
         )

@@ -24,6 +24,8 @@ The parts:
   answers its requests (one at a time per session, sessions side by side).
 - :mod:`~voice_context.server.handlers`: the handler of each message type, in one table,
   and the one place where errors become protocol error codes.
+- :mod:`~voice_context.server.local`: a connection in the process to those handlers, no
+  socket needed (the replay feeds recordings through it).
 - :mod:`~voice_context.server.http`: ``/healthz``, ``/metrics``, ``/inspector``, and the
   admission of handshakes (tokens, ``max_connections``, descriptors).
 - :mod:`~voice_context.server.limits`: turns and notes per second, per session and per token.

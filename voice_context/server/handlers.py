@@ -5,6 +5,11 @@ A handler gets the connection and the typed message and returns an :class:`Answe
 typed reply (encoded by :mod:`voice_context.codec`) and whether the message goes into the
 session's recording. Anything it raises is mapped by :func:`error_reply`; a request a
 handler refuses itself raises :class:`Refused`.
+
+A connection is anything a :class:`Peer` is: a websocket's
+(:class:`~voice_context.server.connection.Connection`), or one in the process
+(:class:`~voice_context.server.local.LocalConnection`, which the replay feeds recordings
+through), so every request, served or replayed, is answered by the one table here.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, Protocol
 
 import anyio
 import structlog
@@ -61,9 +66,9 @@ from voice_context.core.turns import Turn
 from voice_context.errors import ConfigError, RateLimited, SessionClosed, StoreError, UnknownSession
 from voice_context.errors import ContextOverflow as Overflowed
 from voice_context.logs import get_logger
-from voice_context.manager import SessionManager
+from voice_context.manager import CompactionEvent, SessionManager
 from voice_context.metrics import Metrics
-from voice_context.server.connection import SHUTDOWN_GRACE, Connection
+from voice_context.server.connection import SHUTDOWN_GRACE
 from voice_context.server.limits import Limits, SessionLimits
 from voice_context.server.recording import Recorder
 
@@ -88,6 +93,21 @@ def find_duplicate(session: Session, turn: Turn, lookback: int = DUPLICATE_LOOKB
         if recent.id == turn_id and recent == turn:  # (the id first: a whole turn compares every field)
             return first + offset
     return None
+
+
+class Peer(Protocol):
+    """What the handlers need of a connection: whose it is (``owner``, the token's; ``None``
+    without tokens), the sessions it holds, and where its replies and the events of its
+    sessions go."""
+
+    owner: str | None
+    sessions: set[str]
+
+    def push(self, event: CompactionEvent) -> None:
+        """A manager listener for the sessions it holds: never waits."""
+
+    async def reply(self, frame: str) -> None:
+        """Send one reply frame, before any event the request caused."""
 
 
 class Refused(Exception):
@@ -149,8 +169,11 @@ class Handlers:
     journal: inspector.Journal
     recorder: Recorder | None
     stopping: Callable[[], bool]
+    #: session settings put on top of what every ``session.open`` asks for, and not checked as
+    #: a client's are (they are the operator's): a replay's ``--set`` values; none in a server
+    overrides: Mapping[str, Any] = field(default_factory=dict)
     #: the connections holding each session
-    holders: dict[str, set[Connection]] = field(default_factory=dict)
+    holders: dict[str, set[Peer]] = field(default_factory=dict)
     #: sessions closed here so far (what the collector may reclaim)
     released: int = 0
 
@@ -159,7 +182,7 @@ class Handlers:
 
     # -- the connection's side -----------------------------------------------------------
 
-    async def dispatch(self, conn: Connection, message: ClientMessage, sent: dict[str, Any]) -> None:
+    async def dispatch(self, conn: Peer, message: ClientMessage, sent: dict[str, Any]) -> None:
         """Answer one request: its reply (recorded first when it is one to record) or an ``error``."""
         # bound and reset by hand: `bound_contextvars`' generator costs three times the binding
         bound = structlog.contextvars.bind_contextvars(session=message.session)
@@ -177,13 +200,13 @@ class Handlers:
         finally:
             structlog.contextvars.reset_contextvars(**bound)
 
-    async def reject(self, conn: Connection, error: ErrorReply) -> None:
+    async def reject(self, conn: Peer, error: ErrorReply) -> None:
         """Answer with an ``error``, counted and logged."""
         self.metrics.errors.labels(code=error.code).inc()
         log.info("voice_context_request_rejected", code=error.code, message=error.message[:200], id=error.id)
         await conn.reply(codec.encode_reply(error))
 
-    async def release(self, conn: Connection) -> None:
+    async def release(self, conn: Peer) -> None:
         """A connection has ended: let go of each session it holds (each within a deadline,
         shielded, as a cancelled connection still owes the manager its closes)."""
         for name in list(conn.sessions):
@@ -196,10 +219,10 @@ class Handlers:
 
     # -- the handlers --------------------------------------------------------------------
 
-    async def ping(self, conn: Connection, message: Ping) -> Answer:
+    async def ping(self, conn: Peer, message: Ping) -> Answer:
         return Answer(Pong(message.id), False)
 
-    async def open(self, conn: Connection, message: SessionOpen) -> Answer:
+    async def open(self, conn: Peer, message: SessionOpen) -> Answer:
         name = message.session
         limit = self.settings.max_sessions_per_connection
         if name not in conn.sessions and len(conn.sessions) >= limit:
@@ -211,6 +234,8 @@ class Handlers:
         config = dict(message.config) if message.config is not None else None
         if config:
             check_client_overrides(config, self.manager.config)
+        if self.overrides:
+            config = {**(config or {}), **self.overrides}
         opened = await self.manager.open(name, config, owner=conn.owner)
         # nothing below awaits, and the manager's open returns only while the session is
         # live: the attach cannot half-happen (listener first, the one step that can raise)
@@ -222,7 +247,7 @@ class Handlers:
         log.info("voice_context_session_opened", resumed=opened.resumed, turns=opened.stats.turns)
         return Answer(SessionOpened.of(name, opened.resumed, opened.stats, message.id), True)
 
-    async def append_turn(self, conn: Connection, message: TurnAppend) -> Answer:
+    async def append_turn(self, conn: Peer, message: TurnAppend) -> Answer:
         name = message.session
         limits = self.limits.session(name)
         async with limits.lock:
@@ -239,7 +264,7 @@ class Handlers:
         landmark = LandmarkFound.of(found) if found is not None else None
         return Answer(TurnStored(name, index, message.id, landmark=landmark), True)
 
-    async def append_note(self, conn: Connection, message: NoteAppend) -> Answer:
+    async def append_note(self, conn: Peer, message: NoteAppend) -> Answer:
         name = message.session
         limits = self.limits.session(name)
         async with limits.lock:
@@ -248,7 +273,7 @@ class Handlers:
         self.metrics.notes.inc()
         return Answer(NoteStored(name, changed, message.id), True)
 
-    async def context(self, conn: Connection, message: ContextGet) -> Answer:
+    async def context(self, conn: Peer, message: ContextGet) -> Answer:
         name = message.session
         started = time.perf_counter()
         ctx = await self.manager.context(
@@ -266,7 +291,7 @@ class Handlers:
         self.journal.context(name, ctx)
         return Answer(ContextReply.of(name, ctx, in_flight, message.id), True)
 
-    async def overflow(self, conn: Connection, message: ContextOverflow) -> Answer:
+    async def overflow(self, conn: Peer, message: ContextOverflow) -> Answer:
         name = message.session
         ctx, applied = await self.manager.overflow(
             name,
@@ -283,7 +308,7 @@ class Handlers:
         emergency = Emergency.after(applied, ctx.cursor)
         return Answer(ContextReply.of(name, ctx, in_flight, message.id, emergency), True)
 
-    async def handoff(self, conn: Connection, message: SessionHandoff) -> Answer:
+    async def handoff(self, conn: Peer, message: SessionHandoff) -> Answer:
         name = message.session
         handoff = await self.manager.handoff(
             name,
@@ -296,11 +321,11 @@ class Handlers:
         )
         return Answer(HandoffReply(name, handoff, message.id), True)
 
-    async def state(self, conn: Connection, message: SessionStateGet) -> Answer:
+    async def state(self, conn: Peer, message: SessionStateGet) -> Answer:
         name = message.session
         return Answer(SessionState.of(name, self.manager.state(name, owner=conn.owner), message.id), True)
 
-    async def pin(self, conn: Connection, message: LandmarkPin) -> Answer:
+    async def pin(self, conn: Peer, message: LandmarkPin) -> Answer:
         name = message.session
         try:
             landmark = await self.manager.pin(
@@ -315,12 +340,12 @@ class Handlers:
             raise Refused(BAD_REQUEST, str(exc)) from None
         return Answer(Pinned(name, PinnedLandmark.of(landmark), message.id), True)
 
-    async def unpin(self, conn: Connection, message: LandmarkUnpin) -> Answer:
+    async def unpin(self, conn: Peer, message: LandmarkUnpin) -> Answer:
         name = message.session
         removed = await self.manager.unpin(name, message.index, owner=conn.owner)
         return Answer(Unpinned(name, message.index, removed, message.id), True)
 
-    async def delete(self, conn: Connection, message: SessionDelete) -> Answer:
+    async def delete(self, conn: Peer, message: SessionDelete) -> Answer:
         """Forget a session everywhere: every connection holding it lets it go (it gets no
         more events), the manager and the store forget it, and so does its recording."""
         name = message.session
@@ -336,19 +361,19 @@ class Handlers:
         log.info("voice_context_session_deleted")
         return Answer(Deleted(name, message.id), False)
 
-    async def close(self, conn: Connection, message: SessionClose) -> Answer:
+    async def close(self, conn: Peer, message: SessionClose) -> Answer:
         await self._detach(conn, message.session)
         return Answer(Closed(message.session, message.id), True)
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _take(self, conn: Connection, limits: SessionLimits) -> None:
+    def _take(self, conn: Peer, limits: SessionLimits) -> None:
         """Spend a token of the session's and of its owner's for a turn or a note, or refuse."""
         wait = self.limits.take(conn.owner, limits)
         if wait is not None:
             raise Refused(RATE_LIMITED, wait.message, limit=wait.limit, retry_after=wait.retry_after)
 
-    async def _detach(self, conn: Connection, name: str) -> None:
+    async def _detach(self, conn: Peer, name: str) -> None:
         """This connection is done with a session; the last one to leave closes it here."""
         conn.sessions.discard(name)
         self.manager.remove_listener(conn.push, session=name)
@@ -370,7 +395,7 @@ class Handlers:
             log.info("voice_context_session_closed")
 
 
-Handler = Callable[[Handlers, Connection, Any], Awaitable[Answer]]
+Handler = Callable[[Handlers, Peer, Any], Awaitable[Answer]]
 
 #: The handler of each message type.
 HANDLERS: Final[Mapping[type[ClientMessage], Handler]] = {

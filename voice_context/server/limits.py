@@ -81,11 +81,15 @@ class Limits:
 
     A session's limit outlives its close (a close and an open must not refill it); once
     many are kept, those of sessions nobody holds whose buckets have refilled are forgotten
-    (forgetting them changes nothing).
+    (forgetting them changes nothing). Limits that are not ``metered`` refuse nothing: those
+    of the handlers a replay feeds in-process (what they are fed, a server took already).
     """
 
-    def __init__(self, settings: ServerSettings, monotonic: Callable[[], float]) -> None:
+    def __init__(
+        self, settings: ServerSettings, monotonic: Callable[[], float], *, metered: bool = True
+    ) -> None:
         self.settings = settings
+        self.metered = metered
         self._monotonic = monotonic
         self._sessions: dict[str, SessionLimits] = {}
         #: one per token that connected (tokens are configured, so these are few)
@@ -144,6 +148,8 @@ class Limits:
     def take(self, owner: str | None, limits: SessionLimits) -> Wait | None:
         """Spend one of the session's tokens and one of its owner's for a turn or a note, or
         say why not (spending neither)."""
+        if not self.metered:
+            return None
         now = self._monotonic()
         cfg = self.settings
         owned = self.owner(owner)

@@ -1,4 +1,4 @@
-"""Feed recordings through the session manager, offline with logical time, or to a live server.
+"""Feed recordings through the server's own handlers, offline with logical time, or to a live server.
 
 A recording is what ``voice-context serve --record DIR`` writes: one accepted
 client message a line, exactly as sent (``session.open``, ``turn.append``,
@@ -12,12 +12,23 @@ that no ``session.open`` before it opened (which a server refuses). Blank lines
 are passed over. ``voice-context replay`` refuses a recording with a line it
 skips, unless told to skip them (``--skip-bad-lines``).
 
-Offline replay is the server's own session manager on the memory store, with
-the recorded times as its clock (:class:`LogicalTime`) and without sleeping:
+Every message goes through the server's handler table
+(:mod:`voice_context.server.handlers`), and every reply comes back through the
+codec: offline, over a connection in the process for each session
+(:class:`~voice_context.server.local.LocalConnection`), to the server's own
+session manager on the memory store; live, over the bot client's websocket. So
+a recording is answered as a server answers it, message by message: a retried
+turn is stored once, a ``session.handoff`` asks for its context, a pin the
+session cannot take is refused (and listed in ``skipped``). Offline, no rate
+limit applies (the server that recorded the messages took them), and the
+caller's ``--set`` values go on top of each ``session.open``'s config.
+
+Offline replay runs with the recorded times as its clock (:class:`LogicalTime`)
+and without sleeping:
 
 - the logical time is the latest ``at`` seen so far (turns and notes carry
   one; a ``context.get`` happens at the time of the message before it);
-- a ``context.get`` is answered by the manager as a server answers it: the
+- a ``context.get`` is answered as a server answers it: the
   compaction trigger evaluated at that time, recall searching the store, the
   turns before the cursor read from it, and the reply built from the state
   *before* any compaction it starts, as in production, where a reply never
@@ -40,7 +51,7 @@ Outputs of :func:`write_result`, for a recording ``NAME.jsonl``:
   in the recording, from 0), ``session``, ``request_id``, ``turn_index`` (the
   index of the newest turn, -1 before any), ``at`` (logical time),
   ``request`` (as recorded), ``response`` (the ``context`` reply the server
-  would have sent, built by the same codec: ``format``, ``instructions`` or
+  sent, as a bot reads it: ``format``, ``instructions`` or
   ``messages``, ``summary``, ``chars``, ``budget_chars``, ``cursor``,
   ``covered_through``, ``first_turn``, ``turns_shown``, ``in_flight``,
   ``dropped``) and ``state`` (the session's counters then:
@@ -62,7 +73,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -71,27 +82,33 @@ from voice_context.codec import (
     DEFAULT_MAX_TEXT_CHARS,
     ContextGet,
     ContextOverflow,
+    ErrorReply,
     LandmarkPin,
     LandmarkUnpin,
     NoteAppend,
     Ping,
     SessionClose,
     SessionDelete,
+    SessionHandoff,
     SessionMessage,
     SessionOpen,
+    SessionState,
+    SessionStateGet,
     TurnAppend,
+    TurnStored,
 )
-from voice_context.config import AheadMode, Settings, make_summarizer, session_defaults
-from voice_context.core.budget import Context, Format
+from voice_context.config import AheadMode, ServerSettings, Settings, make_summarizer, session_defaults
 from voice_context.core.config import SessionConfig
-from voice_context.core.landmarks import LandmarkSource
-from voice_context.core.session import Applied, CompactionPlan
-from voice_context.core.turns import Note, Turn
+from voice_context.core.session import CompactionPlan
+from voice_context.core.turns import Turn
 from voice_context.errors import ClientError, ConfigError, DecodeError
-from voice_context.errors import ContextOverflow as ContextOverflowError
 from voice_context.manager import CompactionEvent, SessionManager
 from voice_context.recall.embedding import load_embedder
+from voice_context.server.local import LocalConnection, local_handlers
 from voice_context.summarizers.base import Summarizer, SummaryRequest
+
+if TYPE_CHECKING:
+    from voice_context.client import Client, Received
 
 
 @dataclass(slots=True)
@@ -157,19 +174,6 @@ def recording_stem(path: Path) -> str:
     """``room-1`` for ``room-1.jsonl``."""
     name = path.name
     return name[: -len(".jsonl")] if name.endswith(".jsonl") else path.stem
-
-
-def context_response(
-    session: str,
-    context: Context,
-    *,
-    in_flight: bool,
-    request_id: Any = None,
-    emergency: codec.Emergency | None = None,
-) -> dict[str, Any]:
-    """A :class:`Context` as the ``context`` reply the server sends (built by the same codec)."""
-    msg_id = request_id if isinstance(request_id, str | int) and not isinstance(request_id, bool) else None
-    return codec.reply_dict(codec.ContextReply.of(session, context, in_flight, msg_id, emergency))
 
 
 def request_chars(request: SummaryRequest) -> int:
@@ -297,19 +301,22 @@ class _Folds:
         self.open[name] = self.record(name, plan, request_chars(request))
 
     def landed(self, event: CompactionEvent) -> None:
+        if event.trigger == "emergency" and event.plan is not None:
+            self._emergency(event.session, event.plan, event.clamped)
+            return
         record = self.open.pop(event.session, None)
         if record is None:
-            return  # an emergency fold (recorded by the replay), or a failure before any call
+            return  # a failure before any call
         if event.kind == "completed":
             outcome = "clamped" if event.clamped else "applied"
         else:
             outcome = f"failed:{event.error}"
         self._outcome(record, outcome, event.cursor, event.summary_chars)
 
-    def emergency(self, name: str, applied: Applied) -> None:
-        plan = applied.plan
+    def _emergency(self, name: str, plan: CompactionPlan, clamped: bool) -> None:
+        """An overflow's fold, made at once without a summarizer call, and applied."""
         record = self.record(name, plan, request_chars(SummaryRequest.for_plan(plan, name)))
-        self._outcome(record, "clamped" if applied.clamped else "applied")
+        self._outcome(record, "clamped" if clamped else "applied")
         record["emergency"] = True
 
     def settled(self) -> None:
@@ -352,6 +359,7 @@ class OfflineReplay:
         questions: Sequence[tuple[str, str]] = (),
         embedder: Any = None,
         recall_ahead: AheadMode = "first",
+        server: ServerSettings | None = None,
     ) -> None:
         self.summarizer = summarizer
         self.embedder = embedder
@@ -361,6 +369,7 @@ class OfflineReplay:
         self.budget_tokens = budget_tokens
         self.questions = tuple(questions)
         self.recall_ahead = recall_ahead
+        self.server = server or ServerSettings()
 
     async def run(self, recording: Recording) -> ReplayResult:
         result = ReplayResult(recording.name, skipped=list(recording.skipped))
@@ -377,10 +386,10 @@ class OfflineReplay:
         ) as manager:
             logical.manager = manager
             folds = _Folds(manager, logical, result)
-            target = _ManagerTarget(manager, logical.summarizer, self.overrides, on_emergency=folds.emergency)
+            peer = _Local(manager, logical.summarizer, self.server, self.overrides)
             await _drive(
                 recording,
-                target,
+                peer,
                 realtime=False,
                 speed=1.0,
                 max_gap=None,
@@ -390,14 +399,14 @@ class OfflineReplay:
                 logical=logical,
                 settled=folds.settled,
             )
-            await self._ask(recording, target, logical, result)
+            await self._ask(recording, peer, logical, result)
             logical.on_call = None  # a fold a question started lands unrecorded: the recording is over
             await logical.settle()
         result.summarizer_ms = logical.summarizer.ms
         return result
 
     async def _ask(
-        self, recording: Recording, target: _ManagerTarget, logical: LogicalTime, result: ReplayResult
+        self, recording: Recording, peer: _Local, logical: LogicalTime, result: ReplayResult
     ) -> None:
         """Each question as the query of a context fetched like the session's last request, all
         at the end, on the state the recording left (a fold one starts lands after them all)."""
@@ -407,16 +416,18 @@ class OfflineReplay:
         logical.at(len(recording.messages), logical.now)
         with logical.replying():
             for name, record in last.items():
-                if name not in target.manager.names():  # closed by the recording: its store resumes it
-                    await target.open(name, {})
+                if name not in peer.manager.names():  # closed by the recording: its store resumes it
+                    _answered(await peer.send(SessionOpen(name)))
                 request = _as_get(recording.decoded[record["seq"]])
                 for probe_id, question in self.questions:
                     probe_id_text = f"question-{probe_id}"
-                    asked = replace(request, query=question, id=probe_id_text)
-                    if self.budget_tokens is not None:
-                        asked = replace(asked, budget_tokens=self.budget_tokens)
+                    asked = _budgeted(
+                        replace(request, query=question, id=probe_id_text),
+                        self.budget_chars,
+                        self.budget_tokens,
+                    )
                     tick = time.perf_counter()
-                    reply = await target.context(name, asked, self.budget_chars)
+                    _, reply = _answered(await peer.send(asked))
                     result.context_ms.append((time.perf_counter() - tick) * 1000)
                     shown = {**record["request"], "query": question, "id": probe_id_text}
                     result.questions.append(
@@ -429,7 +440,7 @@ class OfflineReplay:
                             "at": logical.now,
                             "request": shown,
                             "response": reply,
-                            "state": await target.state(name),
+                            "state": await peer.state(name),
                         }
                     )
 
@@ -552,6 +563,7 @@ async def replay_file(
         questions=questions,
         embedder=load_embedder(point.recall.embedder),
         recall_ahead=point.recall.ahead,
+        server=point.server,
     )
     try:
         return await engine.run(read_recording(path, max_text_chars=point.server.max_text_chars))
@@ -604,21 +616,49 @@ class _Counting:
             self.ms.append((time.perf_counter() - tick) * 1000)
 
 
-class _Target(Protocol):
-    async def open(self, name: str, config: dict[str, Any]) -> None: ...
-    async def turn(self, name: str, turn: Turn) -> None: ...
-    async def note(self, name: str, note: Note) -> None: ...
-    async def context(
-        self, name: str, message: ContextGet | ContextOverflow, budget: int | None
-    ) -> dict[str, Any]: ...
-    async def landmark(self, name: str, message: LandmarkPin | LandmarkUnpin) -> None: ...
-    async def state(self, name: str) -> dict[str, Any]: ...
-    async def close(self, name: str) -> None: ...
+class _Peer(Protocol):
+    """Where a replay sends a recording's messages: the server's own handlers, in the process
+    (:class:`_Local`), or a server at a URL, through the bot client (:class:`_Remote`)."""
+
+    async def send(self, message: SessionMessage) -> Received:
+        """The reply to ``message``, typed and as sent (an ``error`` reply among them)."""
+
+    async def state(self, name: str) -> dict[str, Any]:
+        """The session's counters, as a context's record shows them."""
+
+
+def _answered(received: Received) -> Received:
+    """``received``, unless it is an ``error`` reply: then ``ClientError``, as a bot gets it."""
+    reply, sent = received
+    if isinstance(reply, ErrorReply):
+        raise ClientError(reply.code, reply.message, reply=sent)
+    return received
+
+
+def _at(message: SessionMessage) -> float | None:
+    """The time a turn or a note carries (other messages carry none)."""
+    if isinstance(message, TurnAppend):
+        return message.turn.at
+    if isinstance(message, NoteAppend):
+        return message.note.at
+    return None
+
+
+def _budgeted(
+    message: ContextGet | ContextOverflow, budget_chars: int | None, budget_tokens: int | None
+) -> ContextGet | ContextOverflow:
+    """A request with the replay's budgets in place of its own (a token budget replaces a
+    ``context.get``'s alone: an overflow's limit is what its model took)."""
+    if budget_chars is not None:
+        message = replace(message, budget_chars=budget_chars)
+    if budget_tokens is not None and isinstance(message, ContextGet):
+        message = replace(message, budget_tokens=budget_tokens)
+    return message
 
 
 async def _drive(
     recording: Recording,
-    target: _Target,
+    peer: _Peer,
     *,
     realtime: bool,
     speed: float,
@@ -629,19 +669,17 @@ async def _drive(
     logical: LogicalTime | None = None,
     settled: Callable[[], None] | None = None,
 ) -> None:
-    """Send a recording's messages to ``target`` in order, sleeping the recorded gaps when
+    """Send a recording's messages to ``peer`` in order, sleeping the recorded gaps when
     ``realtime``; in ``logical`` time, each message at its logical moment, and what it started
-    landed before the next one (``settled`` is called then)."""
+    landed before the next one (``settled`` is called then). A session the recording closed
+    and then writes to again is opened again first (the file may hold several connections'
+    messages); a landmark, a state or a handoff for one not open is passed over."""
     turns: dict[str, list[Turn]] = {}
     opened: set[str] = set()
     now: float | None = None if logical is None else logical.now
     for seq, (sent, message) in enumerate(zip(recording.messages, recording.decoded, strict=True)):
         name = message.session
-        at: float | None = None
-        if isinstance(message, TurnAppend):
-            at = message.turn.at
-        elif isinstance(message, NoteAppend):
-            at = message.note.at
+        at = _at(message)
         if at is not None:
             if realtime and now is not None and at > now:
                 gap = (at - now) / speed
@@ -652,29 +690,31 @@ async def _drive(
         if isinstance(message, SessionOpen) or (
             name not in opened and isinstance(message, TurnAppend | NoteAppend | ContextGet | ContextOverflow)
         ):
-            config = dict(message.config or {}) if isinstance(message, SessionOpen) else {}
-            await target.open(name, config)
+            _answered(await peer.send(message if isinstance(message, SessionOpen) else SessionOpen(name)))
             opened.add(name)
             result.turns.setdefault(name, turns.setdefault(name, []))
         if isinstance(message, TurnAppend):
-            await target.turn(name, message.turn)
-            turns[name].append(message.turn)
+            stored, _ = _answered(await peer.send(message))
+            if not (isinstance(stored, TurnStored) and stored.duplicate):  # a server stores a retry once
+                turns[name].append(message.turn)
         elif isinstance(message, NoteAppend):
-            await target.note(name, message.note)
-        elif isinstance(message, LandmarkPin | LandmarkUnpin) and name in opened:
+            _answered(await peer.send(message))
+        elif (
+            isinstance(message, LandmarkPin | LandmarkUnpin | SessionStateGet | SessionHandoff)
+            and name in opened
+        ):
             try:
-                await target.landmark(name, message)
-            except (ClientError, IndexError) as exc:  # refused, as the server refused it: nothing changed
-                result.skipped.append(f"message {seq}: {message.type}: {exc}")
+                _answered(await peer.send(message))
+            except ClientError as exc:  # refused, as the server refused it: nothing changed
+                result.skipped.append(f"message {seq}: {message.type}: {exc.message}")
         elif isinstance(message, ContextGet | ContextOverflow):
-            if budget_tokens is not None and isinstance(message, ContextGet):
-                message = replace(message, budget_tokens=budget_tokens)
+            asked = _budgeted(message, budget_chars, budget_tokens)
             with logical.replying() if logical is not None else contextlib.nullcontext():
                 tick = time.perf_counter()
                 try:
-                    reply = await target.context(name, message, budget_chars)
-                except (ClientError, ContextOverflowError) as exc:
-                    result.skipped.append(f"message {seq}: {message.type}: {exc}")
+                    _, reply = _answered(await peer.send(asked))
+                except ClientError as exc:
+                    result.skipped.append(f"message {seq}: {message.type}: {exc.message}")
                 else:
                     result.context_ms.append((time.perf_counter() - tick) * 1000)
                     result.contexts.append(
@@ -686,11 +726,11 @@ async def _drive(
                             "at": now,
                             "request": sent,
                             "response": reply,
-                            "state": await target.state(name),
+                            "state": await peer.state(name),
                         }
                     )
         elif isinstance(message, SessionClose) and name in opened:
-            await target.close(name)
+            _answered(await peer.send(message))
             opened.discard(name)
         if logical is not None:
             await logical.settle()
@@ -698,89 +738,36 @@ async def _drive(
                 settled()
 
 
-def _context_args(
-    message: ContextGet | ContextOverflow, budget: int | None
-) -> tuple[Format, int | None, str, list[str], str | None]:
-    return (
-        message.format,
-        budget if budget is not None else message.budget_chars,
-        message.base_instructions,
-        list(message.facts),
-        message.query,
-    )
-
-
-class _ManagerTarget:
-    """The in-process session manager (the server's own shell), on a clock that follows the
-    recording; its replies are the server's (an overflow's says what the emergency fold moved,
-    and that fold is told to ``on_emergency``)."""
+class _Local:
+    """The server's own handler table over the replay's session manager, through a connection
+    in the process for each session (as each of a recording's sessions had its own);
+    ``overrides`` go on top of every ``session.open``'s config."""
 
     def __init__(
         self,
         manager: SessionManager,
         summarizer: _Counting,
+        settings: ServerSettings,
         overrides: Mapping[str, Any],
-        *,
-        on_emergency: Callable[[str, Applied], None] | None = None,
     ) -> None:
         self.manager = manager
         self.summarizer = summarizer
-        self.overrides = dict(overrides)
-        self.on_emergency = on_emergency
+        self.handlers = local_handlers(manager, settings, overrides=overrides)
+        self.connections: dict[str, LocalConnection] = {}
 
-    async def open(self, name: str, config: dict[str, Any]) -> None:
-        await self.manager.open(name, {**config, **self.overrides})
+    def __repr__(self) -> str:
+        return f"<_Local connections={len(self.connections)}>"
 
-    async def turn(self, name: str, turn: Turn) -> None:
-        await self.manager.append_turn(name, turn)
-
-    async def note(self, name: str, note: Note) -> None:
-        await self.manager.append_note(name, note)
-
-    async def context(
-        self, name: str, message: ContextGet | ContextOverflow, budget: int | None
-    ) -> dict[str, Any]:
-        fmt, budget_chars, base, facts, query = _context_args(message, budget)
-        emergency: codec.Emergency | None = None
-        if isinstance(message, ContextOverflow):
-            context, applied = await self.manager.overflow(
-                name,
-                fmt,
-                limit_tokens=message.limit_tokens,
-                budget_chars=budget_chars,
-                base_instructions=base,
-                facts=facts,
-                query=query,
-            )
-            if applied is not None and self.on_emergency is not None:
-                self.on_emergency(name, applied)
-            emergency = codec.Emergency.after(applied, context.cursor)
-        else:
-            context = await self.manager.context(
-                name,
-                fmt,
-                budget_chars=budget_chars,
-                budget_tokens=message.budget_tokens,
-                base_instructions=base,
-                facts=facts,
-                query=query,
-            )
-        in_flight = self.manager.session(name).in_flight is not None
-        return context_response(
-            name, context, in_flight=in_flight, request_id=message.id, emergency=emergency
-        )
-
-    async def landmark(self, name: str, message: LandmarkPin | LandmarkUnpin) -> None:
-        if isinstance(message, LandmarkPin):
-            source: LandmarkSource = "llm" if message.source == "llm" else "manual"
-            await self.manager.pin(
-                name, message.index, kind=message.kind, reason=message.reason, source=source
-            )
-        else:
-            await self.manager.unpin(name, message.index)
+    async def send(self, message: SessionMessage) -> Received:
+        conn = self.connections.get(message.session)
+        if conn is None:
+            conn = self.connections[message.session] = LocalConnection(self.handlers)
+        return await conn.request(message)
 
     async def state(self, name: str) -> dict[str, Any]:
-        stats = self.manager.state(name)
+        """What the server says of the session, and what its summarizer was asked."""
+        stats, _ = _answered(await self.send(SessionStateGet(name)))
+        assert isinstance(stats, SessionState)
         return {
             "turns": stats.turns,
             "cursor": stats.cursor,
@@ -790,54 +777,21 @@ class _ManagerTarget:
             "chars_sent": self.summarizer.chars_sent.get(name, 0),
         }
 
-    async def close(self, name: str) -> None:
-        await self.manager.close(name)
 
+class _Remote:
+    """A live server, through the bot client; ``prefix`` goes before every session name."""
 
-class _ClientTarget:
-    """A live server, through the bot client."""
-
-    def __init__(self, client: Any, prefix: str) -> None:
+    def __init__(self, client: Client, prefix: str) -> None:
         self.client = client
         self.prefix = prefix
-        self.handles: dict[str, Any] = {}
-        self.last: dict[str, dict[str, Any]] = {}
 
-    async def open(self, name: str, config: dict[str, Any]) -> None:
-        self.handles[name] = await self.client.open(self.prefix + name, config or None)
-
-    async def turn(self, name: str, turn: Turn) -> None:
-        await self.handles[name].append_turn(turn.speaker, turn.role, turn.text, at=turn.at, id=turn.id)
-
-    async def note(self, name: str, note: Note) -> None:
-        await self.handles[name].append_note(note.text, at=note.at, speaker=note.speaker, source=note.source)
-
-    async def context(
-        self, name: str, message: ContextGet | ContextOverflow, budget: int | None
-    ) -> dict[str, Any]:
-        fmt, budget_chars, base, facts, query = _context_args(message, budget)
-        handle = self.handles[name]
-        reply: dict[str, Any]
-        if isinstance(message, ContextOverflow):
-            reply = await handle.overflow(message.limit_tokens, fmt, budget_chars, base, facts, query)
-        else:
-            reply = await handle.context(
-                fmt, budget_chars, base, facts, query, budget_tokens=message.budget_tokens
-            )
-        return reply
-
-    async def landmark(self, name: str, message: LandmarkPin | LandmarkUnpin) -> None:
-        if isinstance(message, LandmarkPin):
-            await self.handles[name].pin(message.index, message.kind, message.reason, message.source)
-        else:
-            await self.handles[name].unpin(message.index)
+    async def send(self, message: SessionMessage) -> Received:
+        return await self.client.exchange(replace(message, session=self.prefix + message.session))
 
     async def state(self, name: str) -> dict[str, Any]:
-        reply: dict[str, Any] = await self.handles[name].state()
-        return {k: v for k, v in reply.items() if k not in ("type", "id", "session")}
-
-    async def close(self, name: str) -> None:
-        await self.handles.pop(name).close()
+        """The server's ``session.state`` reply, as it said it."""
+        _, sent = _answered(await self.send(SessionStateGet(name)))
+        return {k: v for k, v in sent.items() if k not in ("type", "id", "session")}
 
 
 async def replay_realtime(
@@ -860,10 +814,10 @@ async def replay_realtime(
         start = origin[0] if origin else 0.0
         return start + (time.monotonic() - origin[1]) * speed if origin else 0.0
 
-    for message in recording.messages:
-        body = message.get("turn") or message.get("note")
-        if isinstance(body, dict) and isinstance(body.get("at"), int | float):
-            origin[:] = [float(body["at"]), time.monotonic()]
+    for message in recording.decoded:
+        at = _at(message)
+        if at is not None:
+            origin[:] = [at, time.monotonic()]
             break
     result = ReplayResult(recording.name, skipped=list(recording.skipped))
     async with SessionManager(
@@ -894,10 +848,9 @@ async def replay_realtime(
             result.compactions.append(record)
 
         manager.add_listener(landed)
-        target = _ManagerTarget(manager, summarizer, {})
         await _drive(
             recording,
-            target,
+            _Local(manager, summarizer, point.server, {}),
             realtime=True,
             speed=speed,
             max_gap=max_gap,
@@ -933,10 +886,9 @@ async def replay_live(
     recording = read_recording(path)
     result = ReplayResult(recording.name, skipped=list(recording.skipped))
     async with Client(url, token=token) as client:
-        target = _ClientTarget(client, prefix)
         await _drive(
             recording,
-            target,
+            _Remote(client, prefix),
             realtime=realtime,
             speed=speed,
             max_gap=max_gap,
@@ -945,8 +897,8 @@ async def replay_live(
             result=result,
             logical=logical,
         )
-        for name in list(target.handles):
-            await target.close(name)
+        for name in client.sessions:  # what the recording left open
+            await client.request(SessionClose(name))
     return result
 
 
@@ -956,7 +908,6 @@ __all__ = [
     "Recording",
     "ReplayResult",
     "apply_values",
-    "context_response",
     "parse_assignments",
     "parse_recording",
     "read_contexts",
