@@ -14,8 +14,8 @@ import anyio
 import pytest
 from serving import TIMEOUT
 
-from voice_context import collector
-from voice_context.collector import (
+from voice_context.server import collector
+from voice_context.server.collector import (
     CollectorPolicy,
     Load,
     Step,

@@ -3,7 +3,7 @@
 CPython 3.11's socket transport keeps a bound method of its own (``_read_ready_cb``) for its
 life: a reference cycle, so every closed connection's transport, socket and their dicts
 outlive it until a cyclic collection. Under ``serve``'s frozen collector that is until a thaw
-(see :mod:`voice_context.collector`); in a bot's process, until its collector's next full
+(see :mod:`voice_context.server.collector`); in a bot's process, until its collector's next full
 pass. 3.12 drops the method when the connection is lost (CPython gh-100348); the connections
 here do the same on 3.11, once the transport has finished its own closing. On 3.12 and later
 the attribute is already ``None`` and nothing happens.

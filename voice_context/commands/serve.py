@@ -27,12 +27,12 @@ from typing import Any
 import anyio
 import structlog
 
-from voice_context.collector import keep_collector_off
 from voice_context.commands.workers import Supervisor, check_shared, stop_when_orphaned
 from voice_context.config import Settings, load_settings
 from voice_context.errors import ConfigError, StoreError
 from voice_context.logs import get_logger
 from voice_context.server import Server
+from voice_context.server.collector import keep_collector_off
 from voice_context.store.base import Store
 
 log = get_logger("voice_context.serve")

@@ -30,6 +30,10 @@ The parts:
   admission of handshakes (tokens, ``max_connections``, descriptors).
 - :mod:`~voice_context.server.limits`: turns and notes per second, per session and per token.
 - :mod:`~voice_context.server.recording`: recordings, written off the event loop.
+- :mod:`~voice_context.server.metrics`: the Prometheus metrics of ``/metrics``.
+- :mod:`~voice_context.server.inspector`: the read-only inspector of ``/inspector``.
+- :mod:`~voice_context.server.descriptors`: serving at the limit of file descriptors.
+- :mod:`~voice_context.server.collector`: the garbage collector kept off live sessions (``serve``).
 """
 
 from voice_context.server.app import Server, replica_name

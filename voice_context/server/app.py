@@ -30,20 +30,20 @@ from websockets.asyncio.server import Server as WebsocketServer
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.frames import CloseCode
 
-from voice_context import inspector
-from voice_context.collector import Load
 from voice_context.config import Settings, make_summarizer
-from voice_context.descriptors import DescriptorGuard
 from voice_context.errors import StoreError
 from voice_context.logs import get_logger
 from voice_context.manager import SessionManager
-from voice_context.metrics import Metrics
 from voice_context.released import ReleasedConnection
+from voice_context.server import inspector
+from voice_context.server.collector import Load
 from voice_context.server.connection import SHUTDOWN_GRACE, Connection
+from voice_context.server.descriptors import DescriptorGuard
 from voice_context.server.handlers import Handlers
 from voice_context.server.http import PATH, Health, Routes, remote
 from voice_context.server.limits import Limits
 from voice_context.server.listener import BACKLOG, SharedListener
+from voice_context.server.metrics import Metrics
 from voice_context.server.recording import Recorder
 from voice_context.sources import HTTPSource, with_sources
 from voice_context.store import open_store
@@ -152,7 +152,7 @@ class Server:
 
     @property
     def inspector_url(self) -> str:
-        """Where a browser finds the inspector (:mod:`voice_context.inspector`)."""
+        """Where a browser finds the inspector (:mod:`voice_context.server.inspector`)."""
         return "http" + self.url.removeprefix("ws").removesuffix(PATH) + "/inspector"
 
     @property
@@ -165,7 +165,7 @@ class Server:
         return len(self._connections)
 
     def load(self) -> Load:
-        """What this server holds and has let go, for :mod:`voice_context.collector`."""
+        """What this server holds and has let go, for :mod:`voice_context.server.collector`."""
         sessions = self._manager.sessions if self._manager is not None else 0
         released = self._released + (self._handlers.released if self._handlers is not None else 0)
         return Load(len(self._connections), sessions, released)
@@ -299,7 +299,7 @@ class Server:
     @contextlib.contextmanager
     def _descriptors_guarded(self) -> Iterator[None]:
         """Send the event loop's accept failures for want of descriptors to the guard
-        (see :mod:`voice_context.descriptors`), while the server runs."""
+        (see :mod:`voice_context.server.descriptors`), while the server runs."""
         guard = self._descriptors
         loop = asyncio.get_running_loop()
         previous = loop.get_exception_handler()

@@ -47,7 +47,7 @@ from voice_context.codec import (
 from voice_context.config import ServerSettings
 from voice_context.logs import get_logger
 from voice_context.manager import CompactionEvent
-from voice_context.metrics import Metrics
+from voice_context.server.metrics import Metrics
 
 log = get_logger("voice_context.server")
 

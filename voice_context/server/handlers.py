@@ -22,7 +22,7 @@ from typing import Any, Final, NamedTuple, Protocol
 import anyio
 import structlog
 
-from voice_context import codec, inspector
+from voice_context import codec
 from voice_context.codec import (
     BAD_REQUEST,
     INTERNAL,
@@ -67,9 +67,10 @@ from voice_context.errors import ConfigError, RateLimited, SessionClosed, StoreE
 from voice_context.errors import ContextOverflow as Overflowed
 from voice_context.logs import get_logger
 from voice_context.manager import CompactionEvent, SessionManager
-from voice_context.metrics import Metrics
+from voice_context.server import inspector
 from voice_context.server.connection import SHUTDOWN_GRACE
 from voice_context.server.limits import Limits, SessionLimits
+from voice_context.server.metrics import Metrics
 from voice_context.server.recording import Recorder
 
 log = get_logger("voice_context.server")

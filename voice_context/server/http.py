@@ -1,10 +1,10 @@
 """HTTP on the websocket's port, and the admission of each websocket handshake.
 
-``/healthz``, ``/metrics`` and ``/favicon.ico`` answer anyone; ``/inspector`` (:mod:`voice_context.inspector`)
-answers behind the same tokens as the protocol. A handshake on ``/v1`` is refused with
-HTTP 503 while the server is short of file descriptors, past ``max_connections`` or past a
-token's ``max_connections_per_owner``, and with 401 without a valid token when tokens are
-configured; each refusal's body is an ``error`` message.
+``/healthz``, ``/metrics`` and ``/favicon.ico`` answer anyone; ``/inspector``
+(:mod:`voice_context.server.inspector`) answers behind the same tokens as the protocol. A
+handshake on ``/v1`` is refused with HTTP 503 while the server is short of file descriptors,
+past ``max_connections`` or past a token's ``max_connections_per_owner``, and with 401 without
+a valid token when tokens are configured; each refusal's body is an ``error`` message.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from voice_context import inspector
 from voice_context.codec import (
     INTERNAL,
     RATE_LIMITED,
@@ -32,12 +31,13 @@ from voice_context.codec import (
     encode_reply,
 )
 from voice_context.config import ServerSettings
-from voice_context.descriptors import DescriptorGuard, refusal_body
 from voice_context.errors import StoreError, UnknownSession
 from voice_context.logs import get_logger
 from voice_context.manager import SessionManager
-from voice_context.metrics import CONTENT_TYPE, Metrics
+from voice_context.server import inspector
+from voice_context.server.descriptors import DescriptorGuard, refusal_body
 from voice_context.server.limits import Limits
+from voice_context.server.metrics import CONTENT_TYPE, Metrics
 from voice_context.store.base import Store
 
 log = get_logger("voice_context.server")
@@ -160,7 +160,7 @@ class Routes:
         return None
 
     async def _inspector(self, path: str, request: Request) -> Response:
-        """The read-only inspector (:mod:`voice_context.inspector`), behind the same tokens: a
+        """The read-only inspector (:mod:`voice_context.server.inspector`), behind the same tokens: a
         token comes as ``Authorization: Bearer`` or, for a browser, as ``?token=``."""
         tokens = self.settings.auth_tokens
         query = parse_qs(urlsplit(request.path).query)

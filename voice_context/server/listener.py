@@ -21,7 +21,7 @@ it is missing the worker logs it once and lets asyncio accept on the shared sock
 before: correct, not balanced.
 
 ``accept()`` failing for want of descriptors goes to the event loop's exception handler, as
-asyncio's accept errors do (the server's :class:`~voice_context.descriptors.DescriptorGuard`
+asyncio's accept errors do (the server's :class:`~voice_context.server.descriptors.DescriptorGuard`
 answers it), and the worker stops watching for a second, as asyncio does.
 """
 
@@ -44,8 +44,8 @@ from websockets.asyncio.server import Server as WebsocketServer
 from websockets.asyncio.server import ServerConnection
 
 from voice_context.core.balance import wait_before_accepting
-from voice_context.descriptors import ACCEPT_FAILED, OUT_OF_DESCRIPTORS
 from voice_context.logs import get_logger
+from voice_context.server.descriptors import ACCEPT_FAILED, OUT_OF_DESCRIPTORS
 
 log = get_logger("voice_context.server")
 

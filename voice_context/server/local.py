@@ -21,13 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from voice_context import codec, inspector
+from voice_context import codec
 from voice_context.codec import ClientMessage, Compacted, CompactionFailure, Reply
 from voice_context.config import ServerSettings
 from voice_context.manager import CompactionEvent, SessionManager
-from voice_context.metrics import Metrics
+from voice_context.server import inspector
 from voice_context.server.handlers import Handlers
 from voice_context.server.limits import Limits
+from voice_context.server.metrics import Metrics
 
 
 def local_handlers(

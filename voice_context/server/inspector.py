@@ -647,4 +647,4 @@ def _dropped(part: str, ctx: Context) -> dict[str, str]:
 
 def page() -> bytes:
     """The inspector's one HTML page."""
-    return resources.files("voice_context").joinpath("inspector.html").read_bytes()
+    return resources.files("voice_context.server").joinpath("inspector.html").read_bytes()

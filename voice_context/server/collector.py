@@ -46,15 +46,11 @@ from typing import cast
 
 import anyio
 
+from voice_context.config import FREEZE_SECONDS
 from voice_context.logs import get_logger
 
-log = get_logger("voice_context.collector")
+log = get_logger("voice_context.server.collector")
 
-FREEZE_SECONDS = 1.0
-"""How often what survived is frozen, by default (``server.gc_freeze_seconds``). The collection
-before a freeze walks what survived since the last, with the event loop stopped: the more often,
-the shorter each pause, for about the same time in all (500 paced sessions in one process: the
-longest 23 ms at 1 s, 89-312 ms at 10 s, in 0.3-0.4 s of full collections per 32 s either way)."""
 CHECK_SECONDS = 1.0
 """How often the policy is asked whether a thaw is due (more often when freezes are)."""
 MIN_RELEASED = 100
