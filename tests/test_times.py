@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 
 from voice_context.core import times
-from voice_context.core.times import STAMPS_HELD, stamp
+from voice_context.core.times import STAMPS_HELD, day_text, stamp, utc
 
 
 def test_any_float_is_dated_within_the_rendered_years() -> None:
@@ -15,6 +15,12 @@ def test_any_float_is_dated_within_the_rendered_years() -> None:
     assert stamp(float("nan")) == "1 January 1970, 00:00"
     assert stamp(1e30) == "1 January 9000, 00:00"
     assert stamp(-1e30) == "1 January 1000, 00:00"
+
+
+def test_a_summary_line_writes_its_day_as_a_dated_line_of_a_context_begins() -> None:
+    for at in (1683554160.0, 951825600.0, float("nan"), 1e30, -1e30):  # 951825600: 29 February 2000
+        assert stamp(at).startswith(day_text(utc(at)) + ", ")
+    assert day_text(utc(951825600.0)) == "29 February 2000"
 
 
 def test_the_times_dated_most_recently_are_kept_where_the_collector_never_looks() -> None:

@@ -26,7 +26,16 @@ def utc(at: float) -> datetime:
 
 
 MONTHS = "January February March April May June July August September October November December".split()
-"""The months' names, as :func:`stamp` writes them."""
+"""The months' names, as :func:`stamp` writes them: the one table of them that every reader and
+writer of dates goes by."""
+WEEKDAYS = "Monday Tuesday Wednesday Thursday Friday Saturday Sunday".split()
+"""The weekdays' names, Monday first (``datetime.weekday()`` indexes them)."""
+
+
+def day_text(when: datetime) -> str:
+    """``8 May 2023``: the day of ``when`` as a summary line's head and a resolved relative date
+    write it (and as :func:`stamp` begins)."""
+    return f"{when.day} {MONTHS[when.month - 1]} {when.year}"
 
 
 STAMPS_HELD = 32_768

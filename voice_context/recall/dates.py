@@ -19,7 +19,7 @@ import contextlib
 import re
 from datetime import date, timedelta
 
-from voice_context.core.times import utc
+from voice_context.core.times import MONTHS, WEEKDAYS, utc
 
 DAY = "@d"
 MONTH = "@m"
@@ -29,7 +29,8 @@ DATE_TERMS = 2
 MAX_DATE_TERMS = 10
 """A search uses at most this many date words (a week of days and a few months)."""
 
-_MONTHS = "january february march april may june july august september october november december".split()
+_MONTHS = [name.lower() for name in MONTHS]
+_WEEKDAYS = [day.lower() for day in WEEKDAYS]
 _MONTH_WORD = (
     r"(?P<{0}>Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?"
     r"|Sep(?:t(?:ember)?)?|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)\.?"
@@ -56,10 +57,9 @@ _DATE = re.compile(
 _RELATIVE = re.compile(
     r"(?<!\bthe )(?<!\bmy )(?<!\bour )(?<!\bthat )"
     r"\b(?P<word>yesterday|today|tonight|(?P<which>last|this|past)\s+"
-    r"(?P<unit>week|month|weekend|monday|tuesday|wednesday|thursday|friday|saturday|sunday))\b(?!\s+of\b)",
+    r"(?P<unit>week|month|weekend|" + "|".join(_WEEKDAYS) + r"))\b(?!\s+of\b)",
     re.IGNORECASE,
 )
-_WEEKDAYS = "monday tuesday wednesday thursday friday saturday sunday".split()
 
 
 def date_terms(at: float) -> tuple[str, str]:
@@ -95,7 +95,7 @@ def _latest(today: date | None, month: int, day: int | None) -> tuple[int, int, 
     return year, month, day
 
 
-_MONTH_HEADS = tuple(name[:3].capitalize() for name in _MONTHS)
+_MONTH_HEADS = tuple(name[:3] for name in MONTHS)
 """How every month word :data:`_DATE` matches begins (its month words are matched as written)."""
 _RELATIVE_PARTS = ("day", "week", "month", "tonight")
 """What every match of :data:`_RELATIVE` holds one of, in any case ("yesterday", "last Friday",

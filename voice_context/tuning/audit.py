@@ -37,7 +37,7 @@ from typing import Any
 
 from voice_context.codec import NoteAppend, TurnAppend
 from voice_context.core.text import normalize, sentences
-from voice_context.core.times import utc
+from voice_context.core.times import MONTHS, WEEKDAYS, utc
 from voice_context.tuning.replay import Recording
 from voice_context.tuning.scoring import content_terms
 
@@ -46,14 +46,14 @@ MIN_COVER = 0.6
 #: Misdated sentences kept as examples, per audit.
 MAX_EXAMPLES = 20
 
-_MONTHS = "January February March April May June July August September October November December".split()
-_MONTH = "|".join(_MONTHS)
+_MONTH = "|".join(MONTHS)
+_WEEKDAY = "|".join(WEEKDAYS)
 _HEAD = re.compile(
     rf"^\[(?:(?P<day>\d{{1,2}}) (?P<month>{_MONTH}) (?P<year>\d{{4}}),? )?\d{{1,2}}:\d{{2}}\]\s*"
     r"|^\[(?P<iso>\d{4}-\d{2}-\d{2})[ T]\d{1,2}:\d{2}\]\s*"
 )
 _RESOLVED = re.compile(
-    rf"\b(?:(?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday) )?\d{{1,2}} (?:{_MONTH}) \d{{4}}\b"
+    rf"\b(?:(?:{_WEEKDAY}) )?\d{{1,2}} (?:{_MONTH}) \d{{4}}\b"
     rf"|\b(?:{_MONTH}) \d{{4}}\b"
 )
 
@@ -202,7 +202,7 @@ def _head_date(head: re.Match[str]) -> date | None:
     if head.group("iso"):
         return date.fromisoformat(head.group("iso"))
     if head.group("day"):
-        month = _MONTHS.index(head.group("month")) + 1
+        month = MONTHS.index(head.group("month")) + 1
         return date(int(head.group("year")), month, int(head.group("day")))
     return None
 

@@ -45,6 +45,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from voice_context.core.times import MONTHS
+
 SOURCES = ("locomo", "ami", "qmsum")
 DEFAULT_CHECKPOINT_EVERY = 50
 DEFAULT_REQUEST_EVERY = 5
@@ -57,25 +59,7 @@ MEETING_START = datetime(2024, 3, 4, 10, 0, tzinfo=UTC).timestamp()
 _LOCOMO_DATE = re.compile(
     r"^\s*(\d{1,2}):(\d{2})\s*([ap]m)\s+on\s+(\d{1,2})\s+([A-Za-z]+),?\s+(\d{4})\s*$", re.IGNORECASE
 )
-_MONTHS = {
-    name: i + 1
-    for i, name in enumerate(
-        (
-            "january",
-            "february",
-            "march",
-            "april",
-            "may",
-            "june",
-            "july",
-            "august",
-            "september",
-            "october",
-            "november",
-            "december",
-        )
-    )
-}
+_MONTHS = {name.lower(): i + 1 for i, name in enumerate(MONTHS)}
 _MARKUP = re.compile(r"\{\s*(?:disfmarker|vocalsound|gap|pause|nonvocalsound|comment)[^}]*\}", re.IGNORECASE)
 
 

@@ -67,6 +67,7 @@ from typing import Any
 
 from voice_context.codec import NoteAppend, TurnAppend
 from voice_context.core.budget import FACTS_HEADER, RECENT_HEADER
+from voice_context.core.times import day_text
 from voice_context.core.tokens import DEFAULT_TOKENIZER
 from voice_context.summarizers.deterministic import spoken_numbers
 from voice_context.tuning.replay import Recording
@@ -75,7 +76,6 @@ METHODS = ("ours", "tail", "head_tail", "bm25_10", "bm25_30", "full")
 BUCKETS = ("final", "temporal", "other", "question")
 SESSION_GAP = 1800.0
 """Seconds of silence that open a new conversation session (and a date line in the baselines)."""
-_MONTH_NAMES = "January February March April May June July August September October November December".split()
 _TEMPORAL = re.compile(
     r"^\s*(?:when\b|what (?:date|day|year|month|time)\b|how long (?:ago|before|after)\b"
     r"|in which (?:year|month)\b)",
@@ -350,7 +350,7 @@ def date_line(at: float) -> str:
         when = datetime.fromtimestamp(at, tz=UTC)
     except (OverflowError, OSError, ValueError):
         return "[?]"
-    return f"[{when.day} {_MONTH_NAMES[when.month - 1]} {when.year}, {when.hour:02d}:{when.minute:02d}]"
+    return f"[{day_text(when)}, {when.hour:02d}:{when.minute:02d}]"
 
 
 def _dated(lines: Sequence[Line], all_lines: Sequence[Line] | None = None) -> list[str]:
