@@ -16,20 +16,13 @@ from hypothesis import strategies as st
 
 from voice_context.codec import NoteAppend, TurnAppend
 from voice_context.core.config import BATCH_SIZE
+from voice_context.core.language.dates import RELATIVE_DATE, _resolve, resolve_dates
+from voice_context.core.language.numbers import spoken_numbers
+from voice_context.core.language.small_talk import is_filler, shorten
 from voice_context.core.times import utc
 from voice_context.core.turns import Note, Turn
 from voice_context.summarizers.base import Summarizer, SummaryRequest
-from voice_context.summarizers.deterministic import (
-    LINE_CHARS,
-    RELATIVE_DATE,
-    SESSION_GAP,
-    DeterministicSummarizer,
-    _resolve,
-    is_filler,
-    resolve_dates,
-    shorten,
-    spoken_numbers,
-)
+from voice_context.summarizers.deterministic import LINE_CHARS, SESSION_GAP, DeterministicSummarizer
 from voice_context.tuning.replay import read_recording
 
 #: Monday 8 May 2023, 13:56 UTC

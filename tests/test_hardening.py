@@ -30,6 +30,8 @@ import voice_context
 from voice_context import codec, errors
 from voice_context.client import Client
 from voice_context.core.config import SessionConfig
+from voice_context.core.language import words
+from voice_context.core.language.dates import resolve_dates
 from voice_context.core.turns import Note, Turn
 from voice_context.errors import ClientError, RequestTimeout, VoiceContextError
 from voice_context.manager import SessionManager
@@ -38,7 +40,7 @@ from voice_context.store.base import SessionRecord
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers import deterministic
 from voice_context.summarizers.base import SummaryRequest
-from voice_context.summarizers.deterministic import DeterministicSummarizer, resolve_dates
+from voice_context.summarizers.deterministic import DeterministicSummarizer
 from voice_context.summarizers.fakes import FailingSummarizer, ScriptedSummarizer, SlowSummarizer
 from voice_context.summarizers.openai_compat import OpenAISummarizer, retry_after
 from voice_context.summarizers.prompt import build_messages
@@ -632,11 +634,14 @@ def test_the_deterministic_summarizers_caches_hold_at_most_their_budget_of_text(
         summary = summarizer.summarize_now(
             SummaryRequest(turns=turns, previous_summary=summary, max_chars=1200)
         )
-    for cache in (deterministic._weight_items, deterministic._parse_line):
+    for cache, budget in (
+        (words.weighted_words, words.WEIGHTS_CACHE_CHARS),
+        (deterministic._parse_line, deterministic.CACHE_CHARS),
+    ):
         assert cache.chars > 0
         for n in range(200):  # ...and past their budget: 1.6 M chars of distinct 8,000-char lines
             cache(f"[1 May 2024, 14:03] Alice: line {n}. " + "Lisbon costs 420 euros. " * 330)
-        assert cache.chars <= deterministic.CACHE_CHARS
+        assert cache.chars <= budget
         assert len(cache) < 200
 
 

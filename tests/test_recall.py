@@ -25,6 +25,7 @@ from serving import running, settings, wire
 import voice_context
 from voice_context.core.budget import RECALL_HEADER, RECENT_HEADER, build_context
 from voice_context.core.config import SessionConfig
+from voice_context.core.language.numbers import spoken_numbers
 from voice_context.core.recalled import Offered, Recalled, RecallStats
 from voice_context.core.session import ContextView, Session
 from voice_context.core.times import stamp
@@ -53,7 +54,7 @@ from voice_context.store import MemoryStore, SessionRecord, Store
 from voice_context.store.base import ChooseTerms
 from voice_context.store.redis import RedisStore
 from voice_context.store.sqlite import SQLiteStore
-from voice_context.summarizers.deterministic import DeterministicSummarizer, spoken_numbers
+from voice_context.summarizers.deterministic import DeterministicSummarizer
 from voice_context.testing.redis_server import RedisServer
 
 T0 = 1683554160.0  # 8 May 2023, 13:56 UTC

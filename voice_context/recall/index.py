@@ -35,21 +35,16 @@ from typing import Any, Literal, NamedTuple
 import Stemmer
 
 from voice_context.core.cache import CharBoundedCache, char_bounded_cache
+from voice_context.core.language.dates import RELATIVE_DATE, may_hold_relative_date, resolve_dates
+from voice_context.core.language.numbers import NUMBER_TOKENS, spoken_numbers_lower
+from voice_context.core.language.small_talk import without_small_talk
+from voice_context.core.language.words import lower_tokens
 from voice_context.core.recalled import MAX_TERM_DOCS, IndexedDoc, Passage, Posting, Recalled
 from voice_context.core.session import Session
 from voice_context.core.text import ELLIPSIS, clip, normalize, sentences
 from voice_context.core.times import stamp
 from voice_context.core.turns import Note, Turn
 from voice_context.recall.dates import DATE_TERMS, MAX_DATE_TERMS, date_terms, is_date_term, query_date_terms
-from voice_context.summarizers.deterministic import (
-    NUMBER_TOKENS,
-    RELATIVE_DATE,
-    lower_tokens,
-    may_hold_relative_date,
-    resolve_dates,
-    spoken_numbers_lower,
-    without_small_talk,
-)
 
 K1 = 1.2
 B = 0.75

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import re
 
+from voice_context.core.language.words import content_words
 from voice_context.core.text import normalize
 from voice_context.summarizers.base import SummaryRequest
-from voice_context.summarizers.deterministic import content_words
 
 __all__ = [
     "anchors",

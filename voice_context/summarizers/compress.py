@@ -37,10 +37,10 @@ from dataclasses import dataclass, replace
 
 from rapidfuzz.utils import default_process
 
+from voice_context.core.language.small_talk import is_filler
 from voice_context.core.text import ELLIPSIS, sentences
 from voice_context.core.tokens import TokenCounter
 from voice_context.core.turns import Turn
-from voice_context.summarizers.deterministic import is_filler
 from voice_context.summarizers.repeats import FUZZY, WINDOW, key_of, numbers_of, said_again
 
 MAX_FILLER_CHARS = 80

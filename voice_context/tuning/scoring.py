@@ -67,9 +67,9 @@ from typing import Any
 
 from voice_context.codec import NoteAppend, TurnAppend
 from voice_context.core.budget import FACTS_HEADER, RECENT_HEADER
+from voice_context.core.language.numbers import spoken_numbers
 from voice_context.core.times import day_text
 from voice_context.core.tokens import DEFAULT_TOKENIZER
-from voice_context.summarizers.deterministic import spoken_numbers
 from voice_context.tuning.replay import Recording
 
 METHODS = ("ours", "tail", "head_tail", "bm25_10", "bm25_30", "full")
