@@ -12,8 +12,10 @@ from serving import TIMEOUT, clean_env
 from voice_context.core.language.dates import resolve_dates
 from voice_context.core.language.numbers import spoken_numbers, spoken_numbers_lower
 from voice_context.core.language.small_talk import is_filler, without_small_talk
-from voice_context.core.language.words import DATE_WORDS, weighted_words
+from voice_context.core.language.words import DATE_WORDS, weighted_words, without_apostrophes
 from voice_context.core.times import MONTHS, WEEKDAYS, utc
+from voice_context.summarizers.check import anchors
+from voice_context.tuning.scoring import number_terms
 
 MONDAY = 1683554160.0  # 8 May 2023, 13:56 UTC
 
@@ -50,6 +52,8 @@ def test_one_table_of_months_and_weekdays_names_the_words_that_say_when() -> Non
     said = "we fly in june, back on friday"
     weights = dict(weighted_words(said))  # the summarizer: a date's name is worth a name's
     assert weights["june"] == weights["friday"] > weights["fly"]
+    assert {"june", "friday"} <= anchors(said)  # what a model's summary must keep
+    assert number_terms(said) == {"june", "friday"}  # what the metric checks an answer for
     assert {"june", "friday"} <= DATE_WORDS
 
 
@@ -58,5 +62,6 @@ def test_a_turn_reads_the_same_to_the_summarizer_recall_and_the_metric() -> None
     assert resolve_dates(said, MONDAY) == "on 7 May 2023 Mel's sister paid twenty five euros. Thanks, Mel!"
     assert spoken_numbers(said) == "Yesterday Mel's sister paid 25 euros. Thanks, Mel!"
     assert spoken_numbers_lower(said.lower()) == spoken_numbers(said).lower()
+    assert without_apostrophes(said.lower()).startswith("yesterday mel sister")
     assert is_filler("Thanks, Mel!") is False  # a name tells something, unless it is a speaker's
     assert without_small_talk(said, ["Mel"]) == "Yesterday Mel's sister paid twenty five euros."

@@ -38,7 +38,7 @@ from voice_context.core.cache import CharBoundedCache, char_bounded_cache
 from voice_context.core.language.dates import RELATIVE_DATE, may_hold_relative_date, resolve_dates
 from voice_context.core.language.numbers import NUMBER_TOKENS, spoken_numbers_lower
 from voice_context.core.language.small_talk import without_small_talk
-from voice_context.core.language.words import lower_tokens
+from voice_context.core.language.words import lower_tokens, without_apostrophes
 from voice_context.core.recalled import MAX_TERM_DOCS, IndexedDoc, Passage, Posting, Recalled
 from voice_context.core.session import Session
 from voice_context.core.text import ELLIPSIS, clip, normalize, sentences
@@ -98,8 +98,6 @@ ANNOTATED_CACHE_CHARS = 2_000_000
 """How many chars of shown turns with a relative date keep their annotated form."""
 HINT_CACHE_CHARS = 2_000_000
 """How many chars of shown turns keep whether they may say a relative date."""
-_POSSESSIVE = re.compile(r"['’]s\b")
-_APOSTROPHE = re.compile(r"['’]")
 _STOP = frozenset(
     """
     a an the and or but if so to of in on at by for with from as into onto about over under than then
@@ -158,7 +156,7 @@ def index_terms(text: str) -> list[str]:
     if not NUMBER_TOKENS.isdisjoint(found):  # a number said as words starts with one of these
         lowered, tokens = spoken_numbers_lower(lowered), None
     if "'" in lowered or "’" in lowered:
-        lowered, tokens = _APOSTROPHE.sub("", _POSSESSIVE.sub("", lowered)), None
+        lowered, tokens = without_apostrophes(lowered), None
     if tokens is None:
         tokens = lower_tokens(lowered)
     get = _WORD_TERMS.get

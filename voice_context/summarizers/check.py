@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from voice_context.core.language.words import content_words
+from voice_context.core.language.words import DATE_WORDS, content_words
 from voice_context.core.text import normalize
 from voice_context.summarizers.base import SummaryRequest
 
@@ -35,10 +35,6 @@ _TIME = re.compile(r"\b\d{1,2}:\d{2}\b")
 _ECHO = re.compile(r"<<<[A-Z_]+\b|\b[A-Z_]+>>>|\[#\d+ \d{4}-\d{2}-\d{2} \d{2}:\d{2}(?::\d{2})?\]")
 _HEAD = re.compile(r"^\[[^\]\n]*\]\s*", re.MULTILINE)
 _TOKEN = re.compile(r"[A-Za-z][A-Za-z'’-]*|\d[\d,.]*")
-_MONTHS_AND_DAYS = frozenset(
-    "january february march april may june july august september october november december "
-    "monday tuesday wednesday thursday friday saturday sunday".split()
-)
 
 
 def anchors(text: str) -> set[str]:
@@ -49,7 +45,7 @@ def anchors(text: str) -> set[str]:
     for token in _TOKEN.findall(_TIME.sub(" ", text)):
         word = token.lower().rstrip(".,").removesuffix("'s").removesuffix("’s")
         named = token[0].isupper() and len(word) > 1 and word in meaningful
-        if token[0].isdigit() or word in _MONTHS_AND_DAYS or named:
+        if token[0].isdigit() or word in DATE_WORDS or named:
             found.add(word)
     return found
 
@@ -112,7 +108,7 @@ def note_facts(note: str) -> set[str]:
         word = token.lower().rstrip(".,").removesuffix("'s").removesuffix("’s")
         if (
             token[0].isdigit()
-            or word in _MONTHS_AND_DAYS
+            or word in DATE_WORDS
             or (
                 token[0].isupper()
                 and len(word) > 1

@@ -68,6 +68,7 @@ from typing import Any
 from voice_context.codec import NoteAppend, TurnAppend
 from voice_context.core.budget import FACTS_HEADER, RECENT_HEADER
 from voice_context.core.language.numbers import spoken_numbers
+from voice_context.core.language.words import DATE_WORDS, without_apostrophes
 from voice_context.core.times import day_text
 from voice_context.core.tokens import DEFAULT_TOKENIZER
 from voice_context.tuning.replay import Recording
@@ -93,12 +94,6 @@ _STOPWORDS = frozenset(
     up down out off again once very really quite get got gets getting go goes going gone went
     """.split()
 ) - {"may"}
-_MONTHS = frozenset(
-    "january february march april may june july august september october november december".split()
-)
-_WEEKDAYS = frozenset("monday tuesday wednesday thursday friday saturday sunday".split())
-_POSSESSIVE = re.compile(r"['’]s\b")
-_APOSTROPHE = re.compile(r"['’]")
 _TOKEN = re.compile(r"[a-z0-9]+")
 
 
@@ -118,7 +113,7 @@ def stem(word: str) -> str:
 def terms(text: str) -> list[str]:
     """Every folded word of ``text``, stopwords included, in order. Numbers said as words count
     as their digits ("twenty five" is "25"), on every side of the comparison."""
-    lowered = _APOSTROPHE.sub("", _POSSESSIVE.sub("", spoken_numbers(text).lower()))
+    lowered = without_apostrophes(spoken_numbers(text).lower())
     return [stem(w) for w in _TOKEN.findall(lowered)]
 
 
@@ -129,7 +124,7 @@ def content_terms(text: str) -> set[str]:
 
 def number_terms(text: str) -> set[str]:
     """The numbers, month and weekday names of ``text``."""
-    return {t for t in content_terms(text) if t.isdigit() or t in _MONTHS or t in _WEEKDAYS}
+    return {t for t in content_terms(text) if t.isdigit() or t in DATE_WORDS}
 
 
 def idf_weights(documents: Iterable[str]) -> tuple[dict[str, float], float]:

@@ -45,6 +45,8 @@ DATE_WORDS = frozenset(name.lower() for name in (*MONTHS, *WEEKDAYS))
 WEIGHTS_CACHE_CHARS = 1_000_000
 """How many characters of sentences :func:`weighted_words` keeps the words of (with their
 parsed forms, about 7 bytes a character: some 7 MB at most)."""
+_POSSESSIVE = re.compile(r"['’]s\b")
+_APOSTROPHE = re.compile(r"['’]")
 
 
 _TOKEN_BYTES = bytes(c if 0x61 <= c <= 0x7A or 0x30 <= c <= 0x39 else 0x20 for c in range(256))
@@ -56,6 +58,12 @@ def lower_tokens(lowered: str) -> list[str]:
     ``[a-z0-9]`` (``re.findall(r"[a-z0-9]+", lowered)``, about twice as fast); anything else,
     a char past ASCII too (``encode`` makes it one ``?``), separates them."""
     return lowered.encode("ascii", "replace").translate(_TOKEN_BYTES).decode("ascii").split()
+
+
+def without_apostrophes(text: str) -> str:
+    """``text`` without its possessives' ``'s`` and then its apostrophes (``'`` or ``’``):
+    "Mel's" -> "Mel", "don't" -> "dont", as recall's index and the metric's words are read."""
+    return _APOSTROPHE.sub("", _POSSESSIVE.sub("", text))
 
 
 def content_words(text: str) -> list[str]:
@@ -111,4 +119,5 @@ __all__ = [
     "fold_word",
     "lower_tokens",
     "weighted_words",
+    "without_apostrophes",
 ]
