@@ -169,6 +169,27 @@ def test_the_fill_trigger_waits_for_a_fold_in_flight_and_for_a_backoff() -> None
     assert isinstance(again, CompactionPlan) and again.trigger == "fill"
 
 
+def test_a_context_asked_for_while_a_fold_runs_is_weighed_again_when_the_fold_lands() -> None:
+    session, said = Session("long"), [long_turn(i) for i in range(12)]
+    for turn in said:
+        session.receive(TurnAppended(turn))
+    _, plan = ask(session, T0, said)
+    assert isinstance(plan, CompactionPlan)
+    for i in range(12, 20):  # the call goes on while the fold runs
+        said.append(long_turn(i))
+        session.receive(TurnAppended(said[-1]))
+    ctx, skip = ask(session, T0 + 1, said)
+    assert isinstance(skip, Skip) and skip.reason is SkipReason.ALREADY_IN_FLIGHT
+    assert session.waiting == ctx.fill, "what that context measured is kept for the fold's landing"
+    land(session, plan, T0 + 2)
+    # the fold that landed asks the fill trigger again with it: the next fold starts at once,
+    # not at the next context, which would have been laid out with the turns past the line
+    [decision] = session.receive(ContextRequested(T0 + 2, session.waiting))
+    assert isinstance(decision, StartCompaction)
+    assert (decision.plan.start, decision.plan.trigger) == (plan.end, "fill")
+    assert session.waiting is None, "a fold started: the demand is met"
+
+
 def test_when_the_count_rule_and_the_fill_line_both_fire_the_longer_fold_wins() -> None:
     session = Session("both", SessionConfig(recent_window=4, batch_size=2))
     for i in range(7):

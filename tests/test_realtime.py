@@ -37,8 +37,10 @@ from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 from voice_context.testing.clock import ManualClock
 from voice_context.testing.realtime_server import (
+    Pause,
     RealtimeSession,
     StandInRealtime,
+    Step,
     User,
     committed,
     failed,
@@ -99,10 +101,20 @@ async def test_with_server_vad_each_reply_carries_the_memory_of_the_turn_it_answ
             User(f"On day {d} we visit museum number {d} in the old town.", f"Day {d} planned.")
             for d in range(8)
         ],
-        User("What was my booking code again?", "It is QX7-ALPHA."),
     ]
-    realtime = StandInRealtime([call], timeout=TIMEOUT)
+    memory_server: list[Server] = []
+
+    async def caught_up() -> None:
+        """The caller takes a breath before the question, and the folds the call made due land
+        meanwhile, as the seconds of a real call let them (the stand-in plays the call as fast
+        as the bot answers; a context asked for while a fold runs leaves the next to its landing)."""
+        (server,) = memory_server
+        await server.manager.wait_idle()
+
+    question = User("What was my booking code again?", "It is QX7-ALPHA.")
+    realtime = StandInRealtime([[*call, Pause(caught_up), question]], timeout=TIMEOUT)
     async with serving(realtime) as (server, service_url):
+        memory_server.append(server)
         with anyio.fail_after(TIMEOUT * 4):
             memory = await run(
                 f"{service_url}?model=gpt-realtime",
@@ -116,6 +128,7 @@ async def test_with_server_vad_each_reply_carries_the_memory_of_the_turn_it_answ
             state = await (await client.open("call-7")).state()
     (session,) = realtime.sessions
     # every response ran with a context that already held what the user had just said
+    call.append(question)
     assert [said for said, _ in session.answered] == [turn.said for turn in call]
     for said_now, instructions in session.answered:
         assert f"user: {said_now}" in instructions, f"answered {said_now!r} with:\n{instructions}"
@@ -225,7 +238,7 @@ async def test_a_reply_never_waits_on_memory_that_will_not_come() -> None:
 
 @pytest.mark.asyncio
 async def test_a_realtime_session_is_briefed_after_each_user_turn_and_the_next_one_gets_the_handoff() -> None:
-    first: list[User | dict[str, Any]] = [
+    first: list[Step] = [
         User("Let's book Lisbon for May 3rd, flying out of Porto.", "Sure. For how many people?"),
         User("Two of us. Which flight leaves first?", None),
         {"type": "error", "error": {"type": "invalid_request_error", "code": "session_expired"}},

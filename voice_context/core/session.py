@@ -537,6 +537,9 @@ class Session:
         #: leaves room for as many: see :func:`~voice_context.core.window.fill_end`)
         self._arrived: deque[int] = deque(maxlen=ARRIVALS_KEPT)
         self._flight_from = 0  # the turn count when the plan in flight started
+        #: what the newest context asked for while a fold was in flight measured under its
+        #: budget: the fill trigger it could not act on, weighed again once that fold lands
+        self._waiting: FillBudget | None = None
 
     # -- reading ---------------------------------------------------------------
 
@@ -555,6 +558,13 @@ class Session:
     @property
     def in_flight(self) -> CompactionPlan | None:
         return self._in_flight
+
+    @property
+    def waiting(self) -> FillBudget | None:
+        """What the newest context asked for while a fold was in flight measured under its
+        budget, until a fold starts: a landed fold asks the fill trigger again with it, so that
+        the contexts skipped as ``already_in_flight`` are not forgotten (``None``: none was)."""
+        return self._waiting
 
     @property
     def backlog(self) -> bool:
@@ -720,6 +730,8 @@ class Session:
         if budget is None or not self.config.fill_trigger:
             return decision if isinstance(decision, Skip) else self._begin(decision, now)
         if isinstance(decision, Skip) and decision.reason is not SkipReason.BELOW_THRESHOLD:
+            if decision.reason is SkipReason.ALREADY_IN_FLIGHT:
+                self._waiting = budget
             return decision
         sizes = verbatim_sizes(self._turns, self.config, budget)
         end = fill_end(self._cursor, sizes, self.config.fill_trigger, budget, max(self._arrived, default=0))
@@ -895,6 +907,7 @@ class Session:
     def _start(
         self, batch: Batch, now: float, *, trigger: str = "count", whole: bool = False
     ) -> CompactionPlan:
+        self._waiting = None
         # several batches at once only as far as their text stays under MAX_FOLD_CHARS
         count, size = batch.size, self.config.batch_size
         while not whole and count > size and sum(len(t.text) for t in self._turns[:count]) > MAX_FOLD_CHARS:

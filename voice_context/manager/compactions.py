@@ -97,10 +97,13 @@ class Compactions:
 
     def _backlog(self, live: Live) -> CompactionPlan | None:
         """Once a fold landed, the next one while a backlog is left (see
-        :func:`~voice_context.core.window.has_backlog`), or ``None``: no context needs to ask."""
-        if not live.session.backlog:
+        :func:`~voice_context.core.window.has_backlog`) or a context asked for while it ran
+        found the turns from the cursor past the fill line (:attr:`Session.waiting`), or
+        ``None``: no context needs to ask."""
+        waiting = live.session.waiting
+        if not live.session.backlog and waiting is None:
             return None
-        [decision] = live.session.receive(ContextRequested(self.registry.clock()))
+        [decision] = live.session.receive(ContextRequested(self.registry.clock(), waiting))
         if isinstance(decision, Skip):
             return None
         assert isinstance(decision, StartCompaction)

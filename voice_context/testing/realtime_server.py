@@ -14,8 +14,10 @@ one to ``/v1/realtime?call_id=ID`` is the sideband of the WebRTC or SIP call ``I
 stopped, the audio committed, the response started at once unless the briefing turned
 ``create_response`` off, the transcript completed, then (with ``create_response`` off) the
 response the client asks for with ``response.create``; the model's words close the turn. A
-script's dicts are sent as they are (an ``error`` that expires the session, say). When the
-script is played the connection is closed, as a call that hangs up.
+script's dicts are sent as they are (an ``error`` that expires the session, say), and a
+:class:`Pause` waits for what it names before the call goes on (a caller who lets the memory
+catch up before asking, say). When the script is played the connection is closed, as a call
+that hangs up.
 
 The model's words are the script's (``User.reply``), or computed from the instructions the
 response ran with (a callable, such as :func:`voice_context.testing.answers.answer`).
@@ -23,7 +25,7 @@ response ran with (a callable, such as :func:`voice_context.testing.answers.answ
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
@@ -35,8 +37,10 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 
 __all__ = [
+    "Pause",
     "RealtimeSession",
     "StandInRealtime",
+    "Step",
     "User",
     "committed",
     "failed",
@@ -60,13 +64,25 @@ class User:
     reply: Words = "Sure."
 
 
+@dataclass(frozen=True)
+class Pause:
+    """A pause in the call: the stand-in goes on once ``until()`` returns (within its timeout),
+    as a caller who takes a breath before the next thing they say."""
+
+    until: Callable[[], Awaitable[None]]
+
+
+Step = User | Pause | dict[str, Any]
+"""One step of a call's script: a user turn, a pause, or a server event sent as it is."""
+
+
 @dataclass
 class RealtimeSession:
     """One realtime session as the stand-in service holds it: its instructions and turn detection
     as the client's events left them, what the client sent, and, for each user turn, the
     instructions the response that answered it ran with."""
 
-    script: list[User | dict[str, Any]]
+    script: list[Step]
     instructions: str = ""
     create_response: bool = True  # server VAD's default
     received: list[dict[str, Any]] = field(default_factory=list)
@@ -110,7 +126,7 @@ class StandInRealtime:
     websockets yourself. ``timeout`` bounds each wait for the client: for its briefing, and for
     the ``response.create`` of a turn."""
 
-    def __init__(self, scripts: Sequence[list[User | dict[str, Any]]] = (), *, timeout: float = 5.0) -> None:
+    def __init__(self, scripts: Sequence[list[Step]] = (), *, timeout: float = 5.0) -> None:
         self.scripts = list(scripts)
         self.timeout = timeout
         self.sessions: list[RealtimeSession] = []
@@ -136,7 +152,7 @@ class StandInRealtime:
             server.close()
             await server.wait_closed()
 
-    def call(self, call_id: str, script: list[User | dict[str, Any]]) -> RealtimeSession:
+    def call(self, call_id: str, script: list[Step]) -> RealtimeSession:
         """A call a WebRTC client (or a SIP trunk) started, waiting for its sideband."""
         session = self.calls[call_id] = RealtimeSession(script)
         return session
@@ -168,6 +184,9 @@ class StandInRealtime:
         for k, step in enumerate(session.script):
             if isinstance(step, dict):
                 await send_event(ws, step)
+            elif isinstance(step, Pause):
+                with anyio.fail_after(self.timeout):
+                    await step.until()
             else:
                 await play_turn(ws, session, f"item_{k}", step, self.timeout)
 
