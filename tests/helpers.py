@@ -88,10 +88,11 @@ def skipped(session: Session, at: float, budget: FillBudget | None = None) -> Sk
 def summarized(session: Session, plan_id: int, text: str, at: float) -> Effect:
     """The summarizer answers ``text`` for ``plan_id`` at ``at``, and a commit is stored at once,
     as a shell without a store confirms it: the one effect the answer comes to (``Applied``,
-    ``Failed``, ``Stale``, or ``StartCompaction`` for a re-compaction pass)."""
+    ``Failed``, ``Stale``, or ``StartCompaction`` for a re-compaction pass). A fold that lands
+    may start the next one (a backlog left): that one is then in flight."""
     [effect] = session.receive(SummaryReturned(plan_id, text, at))
     if isinstance(effect, CommitCompaction):
-        [effect] = session.receive(CompactionStored(plan_id, at))
+        effect, *_ = session.receive(CompactionStored(plan_id, at))
     return effect
 
 

@@ -56,9 +56,9 @@ def missing_turns(ctx: Context, total: int) -> list[int]:
     return [i for i in range(ctx.cursor, min(ctx.first_turn, total)) if i not in recalled]
 
 
-def land(session: Session, plan: CompactionPlan, at: float) -> None:
+def land(session: Session, plan: CompactionPlan, at: float) -> list[CompactionPlan]:
     """The deterministic summarizer answers the plan and the store commits it (a re-compaction
-    pass, when the answer is too long, is answered the same way)."""
+    pass, when the answer is too long, is answered the same way); the next fold it starts."""
     while True:
         text = SUMMARIZER.summarize_now(SummaryRequest.for_plan(plan))
         [effect] = session.receive(SummaryReturned(plan.plan_id, text, at))
@@ -66,9 +66,9 @@ def land(session: Session, plan: CompactionPlan, at: float) -> None:
             plan = effect.plan
             continue
         assert isinstance(effect, CommitCompaction), effect
-        [applied] = session.receive(CompactionStored(plan.plan_id, at))
+        applied, *onward = session.receive(CompactionStored(plan.plan_id, at))
         assert isinstance(applied, Applied)
-        return
+        return [effect.plan for effect in onward if isinstance(effect, StartCompaction)]
 
 
 class Bot:
@@ -95,7 +95,9 @@ class Bot:
         self.contexts = 0
 
     def say(self, turn: Turn) -> None:
-        self.session.receive(TurnAppended(turn))
+        for effect in self.session.receive(TurnAppended(turn)):
+            if isinstance(effect, StartCompaction):  # a backlog folds from the append itself
+                self.waiting.append((self.contexts + 1 + self.lag, effect.plan))
         self.index.add_turn(len(self.said), turn)
         self.said.append(turn)
 
@@ -108,8 +110,9 @@ class Bot:
         session = self.session
         for due, plan in list(self.waiting):  # the folds that land before this context
             if due <= self.contexts:
-                land(session, plan, self.said[-1].at)
+                onward = land(session, plan, self.said[-1].at)
                 self.waiting.remove((due, plan))
+                self.waiting.extend((self.contexts + 1 + self.lag, later) for later in onward)
         text, found = recall_candidates(self.index, session, query)
         ctx = build_context(
             session.view(),

@@ -20,8 +20,10 @@ from voice_context.core.session import (
     CompactionAbandoned,
     ContextRequested,
     PinRequested,
+    RecallAhead,
     Session,
     StartCompaction,
+    StoreLandmark,
     TurnAppended,
     TurnHeld,
     Unpinned,
@@ -94,9 +96,11 @@ def said(i: int, text: str, speaker: str = "Alice") -> Turn:
 
 def test_a_landmark_is_found_as_it_arrives_and_left_out_of_every_fold() -> None:
     session = Session("s", SessionConfig(recent_window=2, batch_size=3))
-    assert session.receive(TurnAppended(said(0, "We could fly on Friday."))) == [TurnHeld(0, None)]
-    [held] = session.receive(TurnAppended(said(1, "Decision: we fly on Friday at 9:40.", "Bob")))
-    assert isinstance(held, TurnHeld) and held.landmark is not None, "for the shell to store"
+    first = said(0, "We could fly on Friday.")
+    assert session.receive(TurnAppended(first)) == [TurnHeld(0, None), RecallAhead(0, first)]
+    held, _, store = session.receive(TurnAppended(said(1, "Decision: we fly on Friday at 9:40.", "Bob")))
+    assert isinstance(held, TurnHeld) and held.landmark is not None
+    assert store == StoreLandmark(held.landmark), "for the shell to store"
     assert (held.index, held.landmark.kind, held.landmark.source) == (1, "decision", "heuristic")
     assert session.landmark(1) == held.landmark
     session.receive(TurnAppended(said(2, "Fine by me.")))

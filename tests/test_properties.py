@@ -138,8 +138,12 @@ class SessionMachine(RuleBasedStateMachine):
         """Some turns arrive, then the bot asks for its next context at a later time."""
         for _ in range(count):
             turn = Turn(speaker, ROLE_OF[speaker], text, self.now)
-            [held] = self.session.receive(TurnAppended(turn))
+            held, *then = self.session.receive(TurnAppended(turn))
             assert isinstance(held, TurnHeld) and held.index == len(self.appended)
+            for effect in then:  # a backlog folds from the append itself
+                if isinstance(effect, StartCompaction):
+                    assert self.plan is None and effect.plan.start == self.cursor
+                    self.plan = effect.plan
             self.recall.add_turn(len(self.appended), turn)
             self.appended.append(turn)
         self.now += dt
@@ -285,7 +289,8 @@ class SessionMachine(RuleBasedStateMachine):
             assert session.summary == answer.summary
             assert answer.clamped == (plan.recompact and len(normalize(body)) > limit)
             self.cursor = plan.end
-            self.plan = None
+            self.plan = session.in_flight  # the next fold, while a backlog is left
+            assert self.plan is None or (self.plan.start == self.cursor and not self.plan.recompact)
         elif isinstance(answer, StartCompaction):
             again = answer.plan
             assert action == "overlong" and not plan.recompact

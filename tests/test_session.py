@@ -21,6 +21,7 @@ from voice_context.core.session import (
     NotesStored,
     OverflowReported,
     PersistNotes,
+    RecallAhead,
     Reconfigured,
     Session,
     SessionEnding,
@@ -69,7 +70,7 @@ def test_seed_timeline() -> None:
     session = session_with(60)
     assert skipped(session, 100.0) == Skip(SkipReason.BELOW_THRESHOLD, 10)
 
-    assert given(session, TurnAppended(turn(60))) == [TurnHeld(60, None)]
+    assert given(session, TurnAppended(turn(60))) == [TurnHeld(60, None), RecallAhead(60, turn(60))]
     first = started(session, 100.0)
     assert (first.start, first.end, first.recent_start) == (0, 10, 11)
     assert first.turns == tuple(turns(10))

@@ -6,13 +6,20 @@ to be folded, its landmarks, and at most one compaction plan in flight. Every
 change of its state is an event fed to :meth:`Session.receive`, with the time
 as plain data; the shell performs the effects that come back, in order::
 
-    session.receive(TurnAppended(turn))            -> [TurnHeld(index, landmark)]
+    session.receive(TurnAppended(turn, now))       -> [TurnHeld(index, landmark)], then as due:
+                                                      RecallAhead(index, turn) for a user turn,
+                                                      StartCompaction(plan) or Skip(...) for a
+                                                      backlog, RollTiers(index) when the turn
+                                                      ended a conversation, StoreLandmark(...)
+    session.receive(TurnsAdopted(turns, at))       -> []   (held: another replica decided for them)
     session.receive(NoteReceived(note))            -> [PersistNotes(staged)]   (nothing applied)
     session.receive(NotesStored(staged))           -> []   (the buffers are the staged ones now)
     session.receive(ContextRequested(at, fill))    -> [StartCompaction(plan)] or [Skip(...)]
     session.receive(SummaryReturned(id, text, at)) -> [CommitCompaction(...)], [StartCompaction(
                                                       recompact)], [Failed(...)] or [Stale(...)]
-    session.receive(CompactionStored(id, at))      -> [Applied(...)]   (cursor and summary move)
+    session.receive(CompactionStored(id, at))      -> [Applied(...)]   (cursor and summary move),
+                                                      then StartCompaction(next) while a backlog
+                                                      is left or a context waits (``waiting``)
     session.receive(CompactionFailed(id, ...))     -> [Failed(...)] or [Stale(...)]
     session.receive(CompactionAbandoned(id, at))   -> [Abandoned(plan)] or [Stale(...)]
     session.receive(OverflowReported(end, at))     -> [StartCompaction(emergency plan)]
@@ -27,9 +34,11 @@ A change the store must hold first is previewed, written by the shell, then
 applied: ``CommitCompaction`` and ``PersistNotes`` change nothing until the
 shell says the store has them (``CompactionStored``, ``NotesStored``); a write
 that fails is answered ``CompactionFailed``, or simply never confirmed, and
-nothing needs rolling back. The session manager is the shell over this
-protocol, serving or replaying a recording on a logical clock: it writes to
-its store between an effect and its confirmation. (A turn, a pinned landmark
+nothing needs rolling back. The session decides all that follows an event, and
+the shell decides nothing of its own: it performs each effect and feeds back
+what came of it. The session manager is the shell over this protocol, serving
+or replaying a recording on a logical clock: it writes to its store between an
+effect and its confirmation. (A turn, a pinned landmark
 and an unpin are stored by the shell before they are fed: they need no preview.)
 
 Invariants, checked by the property tests:
@@ -46,7 +55,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import NamedTuple
 
@@ -162,6 +171,8 @@ class Failed:
     failures: int
     retry_at: float
     latency: float
+    message: str = field(default="", compare=False)
+    """What went wrong, in words (the summarizer's error, the store's, or why a reply was refused)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +262,8 @@ class CompactionFailed:
     retryable: bool
     at: float
     retry_after: float | None = None
+    message: str = field(default="", compare=False)
+    """What went wrong, in words: told with the failure (``Failed.message``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,13 +278,27 @@ class CompactionAbandoned:
 @dataclass(frozen=True, slots=True)
 class TurnAppended:
     """A finalized turn, already stored by the shell: it is held verbatim from now on, and
-    pinned as it arrives when the landmark heuristics recognise it."""
+    pinned as it arrives when the landmark heuristics recognise it. The session answers with
+    all that follows (see :meth:`Session.receive`)."""
 
     turn: Turn
+    now: float | None = None
+    """The shell's clock when the turn was stored: when a fold the append starts is decided
+    (``None``: the turn's own time)."""
 
     @property
     def at(self) -> float:
         return self.turn.at
+
+
+@dataclass(frozen=True, slots=True)
+class TurnsAdopted:
+    """Turns another replica stored after the ones held here (and decided about: its folds,
+    its landmarks stored): held from now on, the landmarks the heuristics find in them pinned
+    as that replica pinned them. Nothing else follows from them here."""
+
+    turns: tuple[Turn, ...]
+    at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,6 +378,7 @@ Event = (
     | CompactionFailed
     | CompactionAbandoned
     | TurnAppended
+    | TurnsAdopted
     | OverflowReported
     | PinRequested
     | UnpinRequested
@@ -376,6 +404,8 @@ class PersistNotes:
     """Write these note buffers, then answer ``NotesStored(staged)``; until then nothing changed."""
 
     staged: StagedNotes
+    note: Note | None = field(default=None, compare=False)
+    """The note as it was received (before any clipping): what recall indexes of it."""
 
     @property
     def live(self) -> tuple[Note, ...]:
@@ -412,6 +442,31 @@ class TurnHeld:
 
 
 @dataclass(frozen=True, slots=True)
+class RecallAhead:
+    """A user turn was just held at ``index``: search for it now, ahead of the reply that
+    answers it (a context's default query is the newest user turn)."""
+
+    index: int
+    turn: Turn
+
+
+@dataclass(frozen=True, slots=True)
+class RollTiers:
+    """The turn held at ``index`` ended a conversation (it came more than
+    ``conversation_gap_seconds`` after the turn before it): roll the tiers now."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLandmark:
+    """Store the landmark the heuristics pinned on a turn just held (the turn is stored):
+    one that cannot be stored stays pinned here."""
+
+    landmark: Landmark
+
+
+@dataclass(frozen=True, slots=True)
 class Unpinned:
     """The landmark an unpin removed."""
 
@@ -426,7 +481,8 @@ class Abandoned:
 
 
 #: ``StartCompaction``, ``PersistNotes`` and ``CommitCompaction`` are done (the last two then
-#: confirmed); the others are told (logged, pushed to clients, stored when they name a landmark).
+#: confirmed), and so are ``TurnHeld`` (the turn indexed for recall), ``RecallAhead``,
+#: ``RollTiers`` and ``StoreLandmark``; the others are told (logged, pushed to clients).
 Effect = (
     StartCompaction
     | PersistNotes
@@ -436,6 +492,9 @@ Effect = (
     | Stale
     | Skip
     | TurnHeld
+    | RecallAhead
+    | RollTiers
+    | StoreLandmark
     | Unpinned
     | Abandoned
 )
@@ -654,10 +713,14 @@ class Session:
         overflow with nothing before its ``end`` to fold; ``IndexError`` for a pin of a turn
         the session does not have."""
         match event:
-            case TurnAppended(turn=turn):
-                return [self._append_turn(turn)]
+            case TurnAppended(turn=turn, now=now):
+                return self._turn_appended(turn, turn.at if now is None else now)
+            case TurnsAdopted(turns=adopted):
+                for turn in adopted:
+                    self._append_turn(turn)
+                return []
             case NoteReceived(note=note):
-                return [PersistNotes(self._stage_note(note))]
+                return [PersistNotes(self._stage_note(note), note)]
             case NotesStored(staged=staged):
                 self._take_notes(staged)
                 return []
@@ -667,9 +730,12 @@ class Session:
             case SummaryReturned(plan_id=plan_id, text=text, at=at):
                 return [self._summary_returned(plan_id, text, at)]
             case CompactionStored(plan_id=plan_id, at=at):
-                return [self._compaction_stored(plan_id, at)]
+                stored = self._compaction_stored(plan_id, at)
+                return [stored] if isinstance(stored, Stale) else [stored, *self._onward(stored.plan, at)]
             case CompactionFailed(plan_id=plan_id, kind=kind, retryable=retryable, at=at):
-                return [self._compaction_failed(plan_id, kind, retryable, at, event.retry_after)]
+                return [
+                    self._compaction_failed(plan_id, kind, retryable, at, event.retry_after, event.message)
+                ]
             case CompactionAbandoned(plan_id=plan_id):
                 return [self._abandon(plan_id)]
             case OverflowReported(end=end, at=at):
@@ -697,6 +763,35 @@ class Session:
         raise TypeError(f"not a session event: {event!r}")  # pragma: no cover - the union is closed
 
     # -- internals -------------------------------------------------------------
+
+    def _turn_appended(self, turn: Turn, now: float) -> list[Effect]:
+        """Hold a turn, and say all that follows: index it (``TurnHeld``), recall ahead for a
+        user turn, fold a backlog (turns piled up with no context asking: a fold starts from the
+        append itself), roll the tiers when it ended a conversation, store its landmark."""
+        before = self._turns[-1].at if self._turns else self._folded_at
+        held = self._append_turn(turn)
+        effects: list[Effect] = [held]
+        if turn.role == "user" and self.config.recall and turn.text.strip():
+            effects.append(RecallAhead(held.index, turn))
+        if self._in_flight is None and self.backlog:
+            decision = self._plan_compaction(now)
+            effects.append(decision if isinstance(decision, Skip) else StartCompaction(decision))
+        gap = self.config.conversation_gap_seconds
+        if self.config.tiers and before is not None and turn.at - before > gap:
+            effects.append(RollTiers(held.index))
+        if held.landmark is not None:
+            effects.append(StoreLandmark(held.landmark))
+        return effects
+
+    def _onward(self, landed: CompactionPlan, now: float) -> list[Effect]:
+        """Once a fold landed: the next one, while a backlog is left (see
+        :func:`~voice_context.core.window.has_backlog`) or a context asked for while it ran
+        found the turns from the cursor past the fill line (:attr:`waiting`); none when no
+        context needs to ask. An emergency fold starts none: the context rebuilt after it asks."""
+        if landed.trigger == "emergency" or (not self.backlog and self._waiting is None):
+            return []
+        decision = self._plan_compaction(now, self._waiting)
+        return [] if isinstance(decision, Skip) else [StartCompaction(decision)]
 
     def _append_turn(self, turn: Turn) -> TurnHeld:
         """Hold a finalized turn; a turn the landmark heuristics recognise is pinned as it arrives."""
@@ -782,14 +877,20 @@ class Session:
         return tuple(note for seq, note in self._pending if seq > plan.last_note_seq)
 
     def _compaction_failed(
-        self, plan_id: int, kind: str, retryable: bool, now: float, retry_after: float | None = None
+        self,
+        plan_id: int,
+        kind: str,
+        retryable: bool,
+        now: float,
+        retry_after: float | None = None,
+        message: str = "",
     ) -> Failed | Stale:
         """Nothing moves, a later request retries (not before ``retry_after`` seconds when the
         provider asked for that, up to an hour)."""
         plan = self._in_flight
         if plan is None or plan.plan_id != plan_id:
             return self._stale(plan_id)
-        return self._fail(plan, kind, retryable, now, retry_after)
+        return self._fail(plan, kind, retryable, now, retry_after, message)
 
     def _abandon(self, plan_id: int) -> Abandoned | Stale:
         plan = self._in_flight
@@ -810,7 +911,9 @@ class Session:
             self._in_flight = verdict
             return StartCompaction(verdict)
         if isinstance(verdict, Rejected):
-            return self._fail(verdict.plan, verdict.kind, True, now)
+            plan = verdict.plan
+            message = "empty emergency fold" if plan.trigger == "emergency" else "empty summary"
+            return self._fail(plan, verdict.kind, True, now, message=message)
         self._committing = verdict
         plan = verdict.plan
         return CommitCompaction(plan, verdict.summary, self._pending_after(plan), verdict.clamped)
@@ -967,7 +1070,13 @@ class Session:
         return Stale(plan_id, current)
 
     def _fail(
-        self, plan: CompactionPlan, kind: str, retryable: bool, now: float, retry_after: float | None = None
+        self,
+        plan: CompactionPlan,
+        kind: str,
+        retryable: bool,
+        now: float,
+        retry_after: float | None = None,
+        message: str = "",
     ) -> Failed:
         self._in_flight = None
         self._committing = None
@@ -979,7 +1088,8 @@ class Session:
         if retry_after is not None and retry_after > 0:
             delay = max(delay, min(retry_after, MAX_RETRY_AFTER))
         self._retry_at = now + delay
-        return Failed(plan, kind, retryable, self._failures, self._retry_at, max(0.0, now - plan.started_at))
+        latency = max(0.0, now - plan.started_at)
+        return Failed(plan, kind, retryable, self._failures, self._retry_at, latency, message)
 
 
 __all__ = [
@@ -1001,8 +1111,10 @@ __all__ = [
     "OverflowReported",
     "PersistNotes",
     "PinRequested",
+    "RecallAhead",
     "Reconfigured",
     "Restored",
+    "RollTiers",
     "Session",
     "SessionEnding",
     "SessionStats",
@@ -1011,10 +1123,12 @@ __all__ = [
     "StagedNotes",
     "Stale",
     "StartCompaction",
+    "StoreLandmark",
     "SummaryReturned",
     "TiersRolled",
     "TurnAppended",
     "TurnHeld",
+    "TurnsAdopted",
     "UnpinRequested",
     "Unpinned",
 ]

@@ -43,12 +43,16 @@ class Compactions:
 
     def maybe_compact(self, live: Live, budget: FillBudget | None = None) -> None:
         """Ask the core whether a fold is due for a context; start it in the background if so."""
+        [decision] = live.session.receive(ContextRequested(self.registry.clock(), budget))
+        assert isinstance(decision, StartCompaction | Skip)
+        self.start(live, decision)
+
+    def start(self, live: Live, decision: StartCompaction | Skip) -> None:
+        """Start a fold the core decided on in the background, or log why none starts."""
         registry = self.registry
-        [decision] = live.session.receive(ContextRequested(registry.clock(), budget))
         if isinstance(decision, Skip):
             _log_skip(live, decision)
             return
-        assert isinstance(decision, StartCompaction)
         if not registry.entered:  # nothing will run the plan: do not leave it in flight
             live.session.receive(CompactionAbandoned(decision.plan.plan_id, registry.clock()))
             raise RuntimeError("SessionManager must be used as 'async with SessionManager(...)'")
@@ -73,10 +77,12 @@ class Compactions:
                     current: CompactionPlan | None = plan
                     while current is not None:
                         running = current
+                        # a re-compaction pass, or the next fold of a backlog the core started
+                        # as this one landed: it runs under the same lease
                         current = await self._run_plan(live, session, current, lease)
-                        landed = session.cursor == running.end and live.session is session
-                        if current is None and landed and not lease.lost:
-                            current = self._backlog(live)  # it folds on under the lease
+                        if current is not None and lease.lost and not current.recompact:
+                            session.receive(CompactionAbandoned(current.plan_id, registry.clock()))
+                            current = None
                     renewals.cancel_scope.cancel()
         except Exception as exc:  # a bug, here or in a backend, must not escape into the task group
             if isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
@@ -94,20 +100,6 @@ class Compactions:
             registry.end()
             if fence is not None:
                 await self.leases.release(session.name)
-
-    def _backlog(self, live: Live) -> CompactionPlan | None:
-        """Once a fold landed, the next one while a backlog is left (see
-        :func:`~voice_context.core.window.has_backlog`) or a context asked for while it ran
-        found the turns from the cursor past the fill line (:attr:`Session.waiting`), or
-        ``None``: no context needs to ask."""
-        waiting = live.session.waiting
-        if not live.session.backlog and waiting is None:
-            return None
-        [decision] = live.session.receive(ContextRequested(self.registry.clock(), waiting))
-        if isinstance(decision, Skip):
-            return None
-        assert isinstance(decision, StartCompaction)
-        return decision.plan
 
     async def _run_plan(
         self, live: Live, session: Session, plan: CompactionPlan, lease: Lease

@@ -48,16 +48,11 @@ class Recall:
     # -- ahead of the reply ----------------------------------------------------
 
     def maybe_ahead(self, live: Live, turn: Turn) -> None:
-        """Recall for a user turn just stored, in the background: the bot's next context will
-        ask for it (its default query is the newest user turn)."""
+        """Recall for a user turn just stored (the core said it is one to search for), in the
+        background: the bot's next context will ask for it (its default query is the newest
+        user turn). The manager's ``recall_ahead`` says how often: ``first`` once per context."""
         mode = self.registry.recall_ahead
-        if (
-            mode == "off"
-            or turn.role != "user"
-            or not live.session.config.recall
-            or not turn.text.strip()
-            or not self.registry.started
-        ):
+        if mode == "off" or not self.registry.started:
             return
         if mode == "first" and not live.recall.armed:
             return

@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 
-from voice_context.core.session import Reconfigured, Session, SessionEnding, TurnAppended
+from voice_context.core.session import Reconfigured, Session, SessionEnding, TurnsAdopted
 from voice_context.core.turns import Note
 from voice_context.errors import SessionClosed, StoreError, UnknownSession
 from voice_context.logs import get_logger
@@ -183,8 +183,8 @@ class Replicas:
             return
         if _only_appended(record, session):
             # only turns were added elsewhere: take them, and let a fold in flight land
-            for turn in record.turns[len(session.verbatim_turns) :]:
-                session.receive(TurnAppended(turn))
+            adopted = tuple(record.turns[len(session.verbatim_turns) :])
+            session.receive(TurnsAdopted(adopted, self.registry.clock()))
         else:
             await self._rebuild(live, record)
         log.info(

@@ -20,15 +20,20 @@ from voice_context.core.session import (
     NotesStored,
     PersistNotes,
     PinRequested,
+    RecallAhead,
+    RollTiers,
     Session,
     SessionEnding,
     SessionStats,
+    StartCompaction,
+    StoreLandmark,
     TurnAppended,
     TurnHeld,
     UnpinRequested,
 )
 from voice_context.core.tiers import TIERS, Tier
 from voice_context.core.turns import Note, Turn
+from voice_context.core.window import Skip
 from voice_context.errors import ConfigError, StoreError, TurnConflict, UnknownSession
 from voice_context.logs import get_logger
 from voice_context.manager.compactions import Compactions
@@ -148,19 +153,22 @@ class SessionManager(Registry):
         """Store the turn durably, then add it to the session; returns its index."""
         live = self.get(name, owner)
         async with live.lock:
-            before = Tiers.last_at(live.session)
             await self._store_turn(live, turn)
-            [held] = live.session.receive(TurnAppended(turn))
-            assert isinstance(held, TurnHeld)
-            self._indexing.hold(live, held.index, turn)
-            self._indexing.maybe_index(live)
-            self._recall.maybe_ahead(live, turn)
-            if live.session.in_flight is None and live.session.backlog:
-                self._compactions.maybe_compact(live)  # a backlog folds without waiting for a context
-            if Tiers.ended_conversation(live.session, before, turn.at):
-                self._tiers.maybe_roll(live, now=True)  # a conversation just ended: roll it
-            if held.landmark is not None:
-                await self._save_landmark(name, held.landmark)
+            effects = live.session.receive(TurnAppended(turn, self.clock()))
+            for effect in effects:
+                match effect:
+                    case TurnHeld(index=index):
+                        self._indexing.hold(live, index, turn)
+                        self._indexing.maybe_index(live)
+                    case RecallAhead(turn=ahead):
+                        self._recall.maybe_ahead(live, ahead)
+                    case StartCompaction() | Skip():
+                        self._compactions.start(live, effect)  # a backlog folds without a context
+                    case RollTiers():
+                        self._tiers.maybe_roll(live, now=True)  # a conversation just ended: roll it
+                    case StoreLandmark(landmark=landmark):
+                        await self._save_landmark(name, landmark)
+            [held] = [effect for effect in effects if isinstance(effect, TurnHeld)]
             return held.index
 
     async def _store_turn(self, live: Live, turn: Turn) -> None:

@@ -118,16 +118,3 @@ class Tiers:
             return view
         zone = parse_zone(view.config.time_zone)
         return replace(view, summary=tiered_summary(live.tiers, view.cursor, view.summary, zone))
-
-    @staticmethod
-    def ended_conversation(session: Session, before: float | None, at: float) -> bool:
-        """Whether a turn at ``at`` after one at ``before`` ends the conversation before it."""
-        config = session.config
-        return config.tiers and before is not None and at - before > config.conversation_gap_seconds
-
-    @staticmethod
-    def last_at(session: Session) -> float | None:
-        """The time of the session's newest turn (that it knows of)."""
-        if session.total_turns > session.cursor:
-            return session.turn(session.total_turns - 1).at
-        return session.folded_at
