@@ -37,9 +37,13 @@ a turn, a note or a fold since the search, recalls for itself.
 
 The manager is split by its jobs, around the registry they share
 (:mod:`~voice_context.manager.registry`: the settings, the sessions served here,
-the one task group, the counters and listeners):
+the one task group, the counters and listeners). The jobs decide nothing of a
+session's own: every event reaches a session through one feed point
+(:meth:`~voice_context.manager.runtime.Runtime.feed`), and each effect its core
+answers is performed by the job that performs that type of effect:
 
 =================  ==========================================================
+``runtime``        the one feed point, and the performers of the effects
 ``sessions``       :class:`SessionManager`, the face: a method per request
 ``replicas``       opening, who owns a name, catching up with the store
 ``compactions``    folds in the background: plan, summarize, commit, apply

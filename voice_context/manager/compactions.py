@@ -7,16 +7,12 @@ import anyio
 import structlog
 
 from voice_context.core.session import (
-    Applied,
     CommitCompaction,
-    CompactionAbandoned,
     CompactionPlan,
     CompactionStored,
     ContextRequested,
     Effect,
-    Failed,
     Session,
-    Stale,
     StartCompaction,
     SummaryReturned,
 )
@@ -34,31 +30,36 @@ log = get_logger("voice_context")
 
 
 class Compactions:
-    """Starts the folds the sessions' cores ask for and lands their results."""
+    """Starts the folds the sessions' cores ask for and lands their results: the performer of
+    ``StartCompaction``, ``Skip`` and ``CommitCompaction``."""
 
     def __init__(self, registry: Registry, leases: Leases, outcomes: Outcomes) -> None:
         self.registry = registry
         self.leases = leases
         self.outcomes = outcomes
 
-    def maybe_compact(self, live: Live, budget: FillBudget | None = None) -> None:
-        """Ask the core whether a fold is due for a context; start it in the background if so."""
-        [decision] = live.session.receive(ContextRequested(self.registry.clock(), budget))
-        assert isinstance(decision, StartCompaction | Skip)
-        self.start(live, decision)
+    async def maybe_compact(self, live: Live, budget: FillBudget | None = None) -> None:
+        """Tell the core a context was laid out (what it measured, ``budget``): a fold it finds
+        due starts in the background."""
+        await self.registry.feed(live, ContextRequested(self.registry.clock(), budget))
 
-    def start(self, live: Live, decision: StartCompaction | Skip) -> None:
-        """Start a fold the core decided on in the background, or log why none starts."""
-        registry = self.registry
-        if isinstance(decision, Skip):
-            _log_skip(live, decision)
+    async def skipped(self, live: Live, session: Session, skip: Skip) -> None:
+        """No fold starts, for the reason the core gave."""
+        _log_skip(live, skip)
+
+    async def start(self, live: Live, session: Session, start: StartCompaction) -> None:
+        """Run a plan the core started: in the background, under a lease of its own; within a
+        fold's landing (a re-compaction pass, a backlog's next fold), next under that fold's
+        lease; an emergency plan is run by the request that reported the overflow."""
+        registry, plan = self.registry, start.plan
+        if plan.trigger == "emergency" or live.landing is not None:
             return
         if not registry.entered:  # nothing will run the plan: do not leave it in flight
-            live.session.receive(CompactionAbandoned(decision.plan.plan_id, registry.clock()))
+            await self.outcomes.abandon(live, session, plan.plan_id)
             raise RuntimeError("SessionManager must be used as 'async with SessionManager(...)'")
         registry.begin()
         live.scope = anyio.CancelScope()  # a close before the task runs must cancel it too
-        registry.spawn(self._compact, live, decision.plan, live.scope)
+        registry.spawn(self._compact, live, plan, live.scope)
 
     async def _compact(self, live: Live, plan: CompactionPlan, scope: anyio.CancelScope) -> None:
         registry, session = self.registry, live.session
@@ -81,7 +82,7 @@ class Compactions:
                         # as this one landed: it runs under the same lease
                         current = await self._run_plan(live, session, current, lease)
                         if current is not None and lease.lost and not current.recompact:
-                            session.receive(CompactionAbandoned(current.plan_id, registry.clock()))
+                            await self.outcomes.abandon(live, session, current.plan_id)
                             current = None
                     renewals.cancel_scope.cancel()
         except Exception as exc:  # a bug, here or in a backend, must not escape into the task group
@@ -90,11 +91,11 @@ class Compactions:
             log.exception("voice_context_compaction_crashed", session=session.name, plan=running.plan_id)
             if session.in_flight is not None and session.in_flight.plan_id == running.plan_id:
                 message = f"{type(exc).__name__}: {exc}"
-                self.outcomes.failure(live, session, running, "internal", False, message)
+                await self.outcomes.failure(live, session, running, "internal", False, message)
         finally:
             # cancelled (the session closed, the manager shut down) with this task's plan
-            # still in flight: nothing else will land it (a plan no longer in flight is stale)
-            session.receive(CompactionAbandoned(running.plan_id, registry.clock()))
+            # still in flight: nothing else will land it
+            await self.outcomes.abandon(live, session, running.plan_id)
             if live.scope is scope:
                 live.scope = None
             registry.end()
@@ -105,7 +106,7 @@ class Compactions:
         self, live: Live, session: Session, plan: CompactionPlan, lease: Lease
     ) -> CompactionPlan | None:
         if lease.lost:
-            self.leases.lost(live, session, plan)
+            await self.leases.lost(live, session, plan)
             return None
         self.registry.counters["started"] += 1
         log.info(
@@ -131,13 +132,13 @@ class Compactions:
         if failed:
             return None  # told already
         if text is None or lease.lost:
-            self.leases.lost(live, session, plan)
+            await self.leases.lost(live, session, plan)
             return None
         # Landing holds the session's lock, so a turn or a note written meanwhile cannot
         # interleave with the commit: the pending notes the store keeps are the ones the
         # session keeps.
         async with live.lock:
-            return await self._land(live, session, plan, text, lease.fence)
+            return await self._land(live, session, plan, text, lease)
 
     async def _summarize(self, live: Live, session: Session, plan: CompactionPlan) -> str | None:
         """The summarizer's answer for ``plan``; ``None`` when it failed (told already)."""
@@ -147,61 +148,37 @@ class Compactions:
             with anyio.fail_after(timeout):
                 return await self.registry.summarizer.summarize(SummaryRequest.for_plan(plan, session.name))
         except SummarizerError as exc:
-            fail(live, session, plan, exc.kind, exc.retryable, str(exc), exc.retry_after)
+            await fail(live, session, plan, exc.kind, exc.retryable, str(exc), exc.retry_after)
         except TimeoutError:
-            fail(live, session, plan, "timeout", True, f"no answer in {timeout:g}s")
+            await fail(live, session, plan, "timeout", True, f"no answer in {timeout:g}s")
         except Exception as exc:  # a summarizer bug must not take the server down
-            fail(live, session, plan, type(exc).__name__, False, str(exc))
+            await fail(live, session, plan, type(exc).__name__, False, str(exc))
         return None
 
     async def _land(
-        self, live: Live, session: Session, plan: CompactionPlan, text: str, fence: int | None
+        self, live: Live, session: Session, plan: CompactionPlan, text: str, lease: Lease
     ) -> CompactionPlan | None:
+        """Feed the answer; returns the plan that runs next under the lease (a re-compaction
+        pass, a backlog's next fold), if the core started one."""
         if live.session is not session:
             # the session was rebuilt from the store meanwhile: this result is for a copy
             # that no longer serves anyone
             self.outcomes.stale(session, plan.plan_id, current=None)
             return None
-        effects = session.receive(SummaryReturned(plan.plan_id, text, self.registry.clock()))
-        return await self.perform(live, session, effects, fence, "empty summary")
+        live.landing = lease
+        try:
+            answer = SummaryReturned(plan.plan_id, text, self.registry.clock())
+            effects = await self.registry.feed(live, answer, session=session)
+        finally:
+            live.landing = None
+        starts = [effect.plan for effect in effects if isinstance(effect, StartCompaction)]
+        return starts[-1] if starts else None
 
-    async def perform(
-        self,
-        live: Live,
-        session: Session,
-        effects: list[Effect],
-        fence: int | None,
-        message: str = "",
-        told: list[Applied] | None = None,
-    ) -> CompactionPlan | None:
-        """Do and tell what a compaction's event came to; returns the next plan to run under
-        the same lease (a re-compaction pass), if any. A fold that lands is added to ``told``."""
-        next_plan: CompactionPlan | None = None
-        for effect in effects:
-            if isinstance(effect, StartCompaction):
-                next_plan = effect.plan
-            elif isinstance(effect, CommitCompaction):
-                next_plan = await self._commit(live, session, effect, fence, told)
-            elif isinstance(effect, Applied):
-                self.outcomes.applied(live, session, effect)
-                if told is not None:
-                    told.append(effect)
-            elif isinstance(effect, Failed):
-                self.outcomes.failed(live, session, effect, message)
-            elif isinstance(effect, Stale):
-                self.outcomes.stale(session, effect.plan_id, current=effect.current_plan_id)
-        return next_plan
-
-    async def _commit(
-        self,
-        live: Live,
-        session: Session,
-        commit: CommitCompaction,
-        fence: int | None,
-        told: list[Applied] | None = None,
-    ) -> CompactionPlan | None:
-        """Cursor, summary and the notes left, into the store together; then into the session."""
+    async def commit(self, live: Live, session: Session, commit: CommitCompaction) -> list[Effect]:
+        """Cursor, summary and the notes left, into the store together (fenced by the lease
+        of the fold landing, if any); then into the session: what that came to."""
         plan = commit.plan
+        fence = live.landing.fence if live.landing is not None else None
         try:
             fold = FoldCommit(
                 expected_cursor=plan.start,
@@ -212,15 +189,15 @@ class Compactions:
             )
             committed = await self.registry.store.commit_compaction(session.name, fold)
         except StoreError as exc:
-            self.outcomes.failure(live, session, plan, "store", exc.retryable, str(exc))
-            return None
+            await self.outcomes.failure(live, session, plan, "store", exc.retryable, str(exc))
+            return []
         if not committed:
             message = "the store moved on (another replica compacted)"
-            self.outcomes.failure(live, session, plan, "fenced", True, message)
+            await self.outcomes.failure(live, session, plan, "fenced", True, message)
             await self.leases.catch_up(live)
-            return None
-        effects = session.receive(CompactionStored(plan.plan_id, self.registry.clock()))
-        return await self.perform(live, session, effects, fence, told=told)
+            return []
+        stored = CompactionStored(plan.plan_id, self.registry.clock())
+        return await self.registry.feed(live, stored, session=session)
 
 
 def _log_skip(live: Live, decision: Skip) -> None:

@@ -9,6 +9,7 @@ import anyio
 import anyio.to_thread
 
 from voice_context.core.recalled import IndexedDoc, RecallStats
+from voice_context.core.session import Session, TurnHeld
 from voice_context.core.turns import Note, Turn
 from voice_context.logs import get_logger
 from voice_context.manager.live import Live, RecallState
@@ -85,6 +86,11 @@ class Indexing:
         with anyio.move_on_after(INDEX_WAIT):
             while recall.running and self.lag(live):
                 await recall.done.wait()
+
+    async def held(self, live: Live, session: Session, held: TurnHeld) -> None:
+        """A turn just stored and held by the session: held for search, and indexed."""
+        self.hold(live, held.index, session.turn(held.index))
+        self.maybe_index(live)
 
     def hold(self, live: Live, index: int, turn: Turn) -> None:
         """The turn just stored at ``index``: held for search when recall finds every turn

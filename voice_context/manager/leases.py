@@ -7,7 +7,7 @@ import contextlib
 import anyio
 from anyio.abc import TaskStatus
 
-from voice_context.core.session import CompactionAbandoned, CompactionPlan, Session
+from voice_context.core.session import CompactionPlan, Session
 from voice_context.errors import StoreError, UnknownSession
 from voice_context.logs import get_logger
 from voice_context.manager.live import Lease, Live
@@ -36,10 +36,10 @@ class Leases:
         try:
             token = await registry.store.acquire_lease(session.name, registry.replica, registry.lease_ttl)
         except StoreError as exc:
-            self.outcomes.failure(live, session, plan, "store", exc.retryable, str(exc))
+            await self.outcomes.failure(live, session, plan, "store", exc.retryable, str(exc))
             return None
         if token is None:
-            session.receive(CompactionAbandoned(plan.plan_id, registry.clock()))
+            await self.outcomes.abandon(live, session, plan.plan_id)
             log.info(
                 "voice_context_compaction_skipped",
                 session=session.name,
@@ -58,14 +58,14 @@ class Leases:
         try:
             record = await registry.store.load(session.name)
         except StoreError as exc:
-            self.outcomes.failure(live, session, plan, "store", exc.retryable, str(exc))
+            await self.outcomes.failure(live, session, plan, "store", exc.retryable, str(exc))
             return False
         if record is not None and record.owner != live.owner:
-            registry.disown(live)
+            await registry.disown(live)
             return False
         if record is None or record.cursor == plan.start:
             return True  # (a session gone from the store fails at its commit)
-        session.receive(CompactionAbandoned(plan.plan_id, registry.clock()))  # stale if no longer in flight
+        await self.outcomes.abandon(live, session, plan.plan_id)
         reason = "folded_elsewhere"
         self.outcomes.stale(session, plan.plan_id, current=None, reason=reason, cursor=record.cursor)
         async with live.lock:
@@ -107,8 +107,8 @@ class Leases:
             except Exception as exc:  # the lease expires on its own; never fail a task over it
                 log.warning("voice_context_lease_release_failed", session=name, error=str(exc)[:300])
 
-    def lost(self, live: Live, session: Session, plan: CompactionPlan) -> None:
+    async def lost(self, live: Live, session: Session, plan: CompactionPlan) -> None:
         """The fold of ``plan`` ran past a lease another replica was granted: it fails."""
-        self.outcomes.failure(
+        await self.outcomes.failure(
             live, session, plan, "lease_lost", True, "another replica was granted the compaction lease"
         )

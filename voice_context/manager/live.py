@@ -152,6 +152,10 @@ class Live:
     rolling: anyio.Lock = field(default_factory=anyio.Lock)
     roll_again: bool = False
     tier_index: tuple[tuple[TierSummary, ...], int, SummaryIndex] | None = None
+    #: the lease of the fold whose result lands now (under the lock): its commit is fenced by
+    #: it, and a plan the core starts meanwhile (a re-compaction pass, a backlog's next fold)
+    #: runs next under it rather than in a task of its own
+    landing: Lease | None = None
 
     def cancel_fold(self) -> None:
         """Cancel the fold in flight, if any: its result would be stale."""

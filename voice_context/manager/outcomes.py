@@ -1,10 +1,19 @@
-"""Telling what a fold came to: the counters, the log and the listeners."""
+"""Telling what a fold came to: the counters, the log and the listeners (the performer of
+``Applied``, ``Failed`` and ``Stale``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from voice_context.core.session import Applied, CompactionFailed, CompactionPlan, Failed, Session
+from voice_context.core.session import (
+    Applied,
+    CompactionAbandoned,
+    CompactionFailed,
+    CompactionPlan,
+    Failed,
+    Session,
+    Stale,
+)
 from voice_context.logs import get_logger
 from voice_context.manager.live import CompactionEvent, Live
 from voice_context.manager.registry import Registry
@@ -23,7 +32,19 @@ class Outcomes:
         self.registry.counters["stale"] += 1
         log.info("voice_context_compaction_stale", session=session.name, plan=plan_id, **fields)
 
-    def failure(
+    async def dropped(self, live: Live, session: Session, stale: Stale) -> None:
+        """The core dropped a result for a plan no longer in flight."""
+        self.stale(session, stale.plan_id, current=stale.current_plan_id)
+
+    async def abandon(self, live: Live, session: Session, plan_id: int) -> None:
+        """Nothing will land plan ``plan_id``: the session forgets it, when it is still in flight
+        (no failure, no backoff; a plan no longer in flight needs nothing)."""
+        if session.in_flight is not None and session.in_flight.plan_id == plan_id:
+            await self.registry.feed(
+                live, CompactionAbandoned(plan_id, self.registry.clock()), session=session
+            )
+
+    async def failure(
         self,
         live: Live,
         session: Session,
@@ -33,15 +54,11 @@ class Outcomes:
         message: str,
         retry_after: float | None = None,
     ) -> None:
-        """Tell the session the plan failed, and tell what that came to."""
-        failed = CompactionFailed(plan.plan_id, kind, retryable, self.registry.clock(), retry_after)
-        for effect in session.receive(failed):
-            if isinstance(effect, Failed):
-                self.failed(live, session, effect, message)
-            else:
-                self.stale(session, plan.plan_id)
+        """Tell the session the plan failed; what that came to is told (``Failed``, ``Stale``)."""
+        failed = CompactionFailed(plan.plan_id, kind, retryable, self.registry.clock(), retry_after, message)
+        await self.registry.feed(live, failed, session=session)
 
-    def applied(self, live: Live, session: Session, outcome: Applied) -> None:
+    async def applied(self, live: Live, session: Session, outcome: Applied) -> None:
         self.registry.counters["completed"] += 1
         log.info(
             "voice_context_compaction_completed",
@@ -70,7 +87,7 @@ class Outcomes:
             ),
         )
 
-    def failed(self, live: Live, session: Session, outcome: Failed, message: str) -> None:
+    async def failed(self, live: Live, session: Session, outcome: Failed) -> None:
         self.registry.counters["failed"] += 1
         log.warning(
             "voice_context_compaction_failed",
@@ -78,7 +95,7 @@ class Outcomes:
             plan=outcome.plan.plan_id,
             model=self.registry.summarizer.model,
             error=outcome.kind,
-            message=message[:300],
+            message=outcome.message[:300],
             retryable=outcome.retryable,
             failures=outcome.failures,
             retry_at=outcome.retry_at,

@@ -9,6 +9,7 @@ import anyio
 import anyio.to_thread
 
 from voice_context.core.recalled import Offered, Recalled
+from voice_context.core.session import RecallAhead, Session
 from voice_context.core.turns import Turn, TurnRun
 from voice_context.errors import StoreError
 from voice_context.logs import get_logger
@@ -46,6 +47,10 @@ class Recall:
         )  # fmt: skip
 
     # -- ahead of the reply ----------------------------------------------------
+
+    async def ahead(self, live: Live, session: Session, ahead: RecallAhead) -> None:
+        """The core found a user turn to search for ahead of the reply."""
+        self.maybe_ahead(live, ahead.turn)
 
     def maybe_ahead(self, live: Live, turn: Turn) -> None:
         """Recall for a user turn just stored (the core said it is one to search for), in the

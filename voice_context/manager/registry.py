@@ -18,6 +18,7 @@ from voice_context.core.session import SessionEnding
 from voice_context.errors import UnknownSession
 from voice_context.logs import get_logger
 from voice_context.manager.live import CompactionEvent, Listener, Live
+from voice_context.manager.runtime import Runtime
 from voice_context.store.base import Store
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import Summarizer
@@ -80,6 +81,9 @@ class Registry:
         self._in_flight = 0
         self._idle = anyio.Event()
         self._idle.set()
+        #: the one feed point of the sessions served here, and the performers of their effects
+        self.runtime = Runtime()
+        self.feed = self.runtime.feed
         self._assemble()
 
     def _assemble(self) -> None:
@@ -98,12 +102,12 @@ class Registry:
         """Whether ``live`` is still the copy served here under its name."""
         return self.live.get(live.session.name) is live
 
-    def disown(self, live: Live) -> None:
+    async def disown(self, live: Live) -> None:
         """Stop serving a copy whose session the store gives another owner (or nobody): this
         replica must not act for its owner on what the store now keeps under that name."""
         session = live.session
         log.warning("voice_context_session_disowned", session=session.name)
-        session.receive(SessionEnding(self.clock()))
+        await self.feed(live, SessionEnding(self.clock()))
         live.cancel_fold()
         if self.serves(live):
             del self.live[session.name]
@@ -121,8 +125,8 @@ class Registry:
                     yield
                 finally:
                     self.closing = True
-                    for live in self.live.values():
-                        live.session.receive(SessionEnding(self.clock()))
+                    for live in list(self.live.values()):
+                        await self.feed(live, SessionEnding(self.clock()))
                     with anyio.move_on_after(self.close_timeout, shield=True):
                         await self._idle.wait()
                     tg.cancel_scope.cancel()

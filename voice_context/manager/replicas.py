@@ -70,7 +70,7 @@ class Replicas:
         await registry.store.save_config(live.session.name, merged)
         live.overrides = merged
         before = (live.session.live_notes, live.session.pending_notes)
-        live.session.receive(Reconfigured(config, registry.clock()))
+        await registry.feed(live, Reconfigured(config, registry.clock()))
         await self.save_notes_if_changed(live.session, before)
 
     @contextlib.asynccontextmanager
@@ -108,11 +108,11 @@ class Replicas:
             recall = self.indexing.fresh()
         if registry.closing:  # the shutdown began during the awaits above
             raise SessionClosed("the server is shutting down")
-        tiers = await self.tiers.restored(session) if session.config.tiers else ()
+        live = Live(session, owner, overrides=merged, recall=recall)
+        if session.config.tiers:
+            live.tiers = await self.tiers.restored(live)
         # only opens insert sessions, and they hold this name's open lock
-        live = registry.live.setdefault(
-            name, Live(session, owner, overrides=merged, recall=recall, tiers=tiers)
-        )
+        live = registry.live.setdefault(name, live)
         self.indexing.maybe_index(live)
         return Opened(name, record is not None, live.session.stats())
 
@@ -157,7 +157,7 @@ class Replicas:
         if record is not None and record.owner == live.owner:
             return False
         if self.registry.serves(live):
-            self.registry.disown(live)
+            await self.registry.disown(live)
         return True
 
     async def catch_up_locked(self, live: Live) -> None:
@@ -174,7 +174,7 @@ class Replicas:
         session = live.session
         record = await self.registry.store.load(session.name)
         if record is not None and record.owner != live.owner:
-            self.registry.disown(live)
+            await self.registry.disown(live)
             raise UnknownSession(session.name)
         if record is None or record.total_turns < session.total_turns or record.cursor < session.cursor:
             return
@@ -184,7 +184,7 @@ class Replicas:
         if _only_appended(record, session):
             # only turns were added elsewhere: take them, and let a fold in flight land
             adopted = tuple(record.turns[len(session.verbatim_turns) :])
-            session.receive(TurnsAdopted(adopted, self.registry.clock()))
+            await self.registry.feed(live, TurnsAdopted(adopted, self.registry.clock()))
         else:
             await self._rebuild(live, record)
         log.info(
@@ -201,11 +201,11 @@ class Replicas:
         session = live.session
         if session.in_flight is not None:
             live.cancel_fold()
-        session.receive(SessionEnding(self.registry.clock()))
+        await self.registry.feed(live, SessionEnding(self.registry.clock()))
         landmarks = await self.registry.store.load_landmarks(session.name)
         live.session = restore(record, session.config, landmarks)
         if live.session.config.tiers:
-            live.tiers = await self.tiers.restored(live.session)
+            live.tiers = await self.tiers.restored(live)
         live.recall.older = None
 
 

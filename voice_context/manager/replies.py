@@ -13,7 +13,6 @@ from voice_context.core.emergency import safety_start
 from voice_context.core.handoff import LAST_TURNS, Handoff, fit_questions, open_questions
 from voice_context.core.session import (
     Applied,
-    CompactionAbandoned,
     ContextView,
     OverflowReported,
     Session,
@@ -26,6 +25,7 @@ from voice_context.logs import get_logger
 from voice_context.manager.compactions import Compactions
 from voice_context.manager.indexing import Indexing
 from voice_context.manager.live import Live
+from voice_context.manager.outcomes import Outcomes
 from voice_context.manager.recall import Recall
 from voice_context.manager.registry import Registry
 from voice_context.manager.tiers import Tiers
@@ -43,12 +43,14 @@ class Replies:
         self,
         registry: Registry,
         compactions: Compactions,
+        outcomes: Outcomes,
         indexing: Indexing,
         recall: Recall,
         tiers: Tiers,
     ) -> None:
         self.registry = registry
         self.compactions = compactions
+        self.outcomes = outcomes
         self.indexing = indexing
         self.recall = recall
         self.tiers = tiers
@@ -116,7 +118,7 @@ class Replies:
         )
         # a fold due now is decided by what this context's layout measured (the fill trigger), and
         # lands for the next one: what a context shows never hangs on when a fold happens to land
-        self.compactions.maybe_compact(live, context.fill)
+        await self.compactions.maybe_compact(live, context.fill)
         return context
 
     async def handoff(
@@ -181,16 +183,16 @@ class Replies:
             if keep <= session.cursor:
                 return None
             live.cancel_fold()  # its plan is superseded: its result would be stale
-            [start] = session.receive(OverflowReported(keep, registry.clock()))
-            assert isinstance(start, StartCompaction)
+            [start] = await registry.feed(live, OverflowReported(keep, registry.clock()))
+            assert isinstance(start, StartCompaction)  # run here, at once (its performer leaves it)
             plan = start.plan
             text = emergency_fold(plan, counter, session.config.max_summary_chars)
             # the same protocol as any fold: the result committed to the store, then applied
-            told: list[Applied] = []
-            effects = session.receive(SummaryReturned(plan.plan_id, text, registry.clock()))
-            again = await self.compactions.perform(live, session, effects, None, "empty emergency fold", told)
-            if again is not None:  # a re-compaction pass: the next request folds again
-                session.receive(CompactionAbandoned(again.plan_id, registry.clock()))
+            effects = await registry.feed(live, SummaryReturned(plan.plan_id, text, registry.clock()))
+            for again in effects:
+                if isinstance(again, StartCompaction):  # a re-compaction pass: the next request folds again
+                    await self.outcomes.abandon(live, session, again.plan.plan_id)
+            told = [effect for effect in effects if isinstance(effect, Applied)]
             if not told:
                 return None
             applied = told[0]

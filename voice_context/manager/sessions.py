@@ -15,6 +15,9 @@ from voice_context.core.handoff import LAST_TURNS, Handoff
 from voice_context.core.landmarks import Landmark, LandmarkSource
 from voice_context.core.session import (
     Applied,
+    CommitCompaction,
+    Effect,
+    Failed,
     NoteReceived,
     NotesChanged,
     NotesStored,
@@ -25,6 +28,7 @@ from voice_context.core.session import (
     Session,
     SessionEnding,
     SessionStats,
+    Stale,
     StartCompaction,
     StoreLandmark,
     TurnAppended,
@@ -68,8 +72,21 @@ class SessionManager(Registry):
         self._replicas = Replicas(self, self._tiers, self._indexing)
         outcomes = Outcomes(self)
         self._compactions = Compactions(self, Leases(self, self._replicas, outcomes), outcomes)
-        self._replies = Replies(self, self._compactions, self._indexing, self._recall, self._tiers)
+        self._replies = Replies(self, self._compactions, outcomes, self._indexing, self._recall, self._tiers)
         self._stack: contextlib.AsyncExitStack | None = None
+        # who performs each effect the sessions' cores say (an answer alone has no performer)
+        performs = self.runtime.performs
+        performs(TurnHeld, self._indexing.held)
+        performs(RecallAhead, self._recall.ahead)
+        performs(StartCompaction, self._compactions.start)
+        performs(Skip, self._compactions.skipped)
+        performs(CommitCompaction, self._compactions.commit)
+        performs(Applied, outcomes.applied)
+        performs(Failed, outcomes.failed)
+        performs(Stale, outcomes.dropped)
+        performs(RollTiers, self._tiers.ended)
+        performs(StoreLandmark, self._store_landmark)
+        performs(PersistNotes, self._persist_notes)
 
     def __repr__(self) -> str:
         return (
@@ -154,20 +171,9 @@ class SessionManager(Registry):
         live = self.get(name, owner)
         async with live.lock:
             await self._store_turn(live, turn)
-            effects = live.session.receive(TurnAppended(turn, self.clock()))
-            for effect in effects:
-                match effect:
-                    case TurnHeld(index=index):
-                        self._indexing.hold(live, index, turn)
-                        self._indexing.maybe_index(live)
-                    case RecallAhead(turn=ahead):
-                        self._recall.maybe_ahead(live, ahead)
-                    case StartCompaction() | Skip():
-                        self._compactions.start(live, effect)  # a backlog folds without a context
-                    case RollTiers():
-                        self._tiers.maybe_roll(live, now=True)  # a conversation just ended: roll it
-                    case StoreLandmark(landmark=landmark):
-                        await self._save_landmark(name, landmark)
+            # the core says what follows (indexing, recall ahead, a backlog's fold, a tier
+            # roll, its landmark stored), and each is performed as it comes
+            effects = await self.feed(live, TurnAppended(turn, self.clock()))
             [held] = [effect for effect in effects if isinstance(effect, TurnHeld)]
             return held.index
 
@@ -194,16 +200,22 @@ class SessionManager(Registry):
         """Add a screen-watch note; evicted notes queue for the next compaction."""
         live = self.get(name, owner)
         async with live.lock:  # the session is not rebuilt, nor its notes changed, while held
-            session = live.session
-            [persist] = session.receive(NoteReceived(note))
-            assert isinstance(persist, PersistNotes)
-            doc = Indexing.note_doc(live, note)
-            # a failure changes nothing (nor is the note indexed)
-            stats = await self.store.save_notes(name, persist.live, persist.pending, doc)
-            session.receive(NotesStored(persist.staged))
-            self._indexing.stored_with_note(live, note, stats)
-            self._indexing.maybe_index(live)
+            effects = await self.feed(live, NoteReceived(note))
+            [persist] = [effect for effect in effects if isinstance(effect, PersistNotes)]
             return persist.changed
+
+    async def _persist_notes(self, live: Live, session: Session, persist: PersistNotes) -> list[Effect]:
+        """Write the note buffers (with the note's recall doc, when no note waits for the index
+        before it), then tell the session the store holds them; a failure changes nothing (nor
+        is the note indexed)."""
+        note = persist.note
+        assert note is not None, "the session names the note it staged"
+        doc = Indexing.note_doc(live, note)
+        stats = await self.store.save_notes(session.name, persist.live, persist.pending, doc)
+        effects = await self.feed(live, NotesStored(persist.staged), session=session)
+        self._indexing.stored_with_note(live, note, stats)
+        self._indexing.maybe_index(live)
+        return effects
 
     async def close(self, name: str, *, owner: str | None = None) -> None:
         """Stop serving a session here. Its state stays in the store; a compaction in
@@ -218,7 +230,7 @@ class SessionManager(Registry):
                 except Exception as exc:
                     log.warning("voice_context_tier_roll_failed", session=name, error=str(exc)[:300])
             live = self.get(name, owner)
-        live.session.receive(SessionEnding(self.clock()))
+        await self.feed(live, SessionEnding(self.clock()))
         live.cancel_fold()
         self._indexing.release(live)
         self.live.pop(name, None)
@@ -370,7 +382,7 @@ class SessionManager(Registry):
                 [turn] = await self.store.read_turns(name, index, index + 1)
             landmark = Landmark(index, turn, kind, reason, source, self.clock())
             await self.store.save_landmark(name, landmark)
-            live.session.receive(PinRequested(landmark))
+            await self.feed(live, PinRequested(landmark))
             log.info("voice_context_landmark_pinned", session=name, index=index, kind=kind, source=source)
             return landmark
 
@@ -379,15 +391,16 @@ class SessionManager(Registry):
         live = self.get(name, owner)
         async with live.lock:
             removed = await self.store.delete_landmark(name, index)
-            unpinned = live.session.receive(UnpinRequested(index, self.clock()))
+            unpinned = await self.feed(live, UnpinRequested(index, self.clock()))
             removed = bool(unpinned) or removed
             log.info("voice_context_landmark_unpinned", session=name, index=index, removed=removed)
             return removed
 
-    async def _save_landmark(self, name: str, landmark: Landmark) -> None:
+    async def _store_landmark(self, live: Live, session: Session, store: StoreLandmark) -> None:
         """Store a landmark the heuristics found. The turn is stored already: a landmark
         that cannot be stored is logged; it stays pinned here, and a session restored
         elsewhere does without it (an unpin must last, so restored turns are not read again)."""
+        name, landmark = session.name, store.landmark
         try:
             await self.store.save_landmark(name, landmark)
         except StoreError as exc:

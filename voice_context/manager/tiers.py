@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from voice_context.core.session import ContextView, Restored, Session, TiersRolled
+from voice_context.core.session import ContextView, Restored, RollTiers, Session, TiersRolled
 from voice_context.core.tiers import (
     TIERS,
     Tier,
@@ -56,8 +56,12 @@ class Tiers:
                 tiers=tiers,
             )
             live.tiers = report.rows
-            live.session.receive(TiersRolled(report.through, registry.clock()))
+            await registry.feed(live, TiersRolled(report.through, registry.clock()))
             return report
+
+    async def ended(self, live: Live, session: Session, roll: RollTiers) -> None:
+        """A conversation just ended (the core says with which turn): roll it now."""
+        self.maybe_roll(live, now=True)
 
     def maybe_roll(self, live: Live, *, now: bool = False) -> None:
         """Roll the session's tiers in the background when a conversation just ended
@@ -87,16 +91,16 @@ class Tiers:
         finally:
             registry.end()
 
-    async def restored(self, session: Session) -> tuple[TierSummary, ...]:
+    async def restored(self, live: Live) -> tuple[TierSummary, ...]:
         """A restored session's rolled summaries, and what its core needs of them: how far
         they cover the transcript, and the time of the turn just before the cursor."""
-        store = self.registry.store
+        store, session = self.registry.store, live.session
         rows = await store.load_tiers(session.name)
         folded_at: float | None = None
         if session.cursor and session.folded_at is None:
             [last] = await store.read_turns(session.name, session.cursor - 1, session.cursor)
             folded_at = last.at
-        session.receive(Restored(rolled_through(rows), folded_at, self.registry.clock()))
+        await self.registry.feed(live, Restored(rolled_through(rows), folded_at, self.registry.clock()))
         return rows
 
     @staticmethod
