@@ -35,12 +35,14 @@ the basis the context would search (:class:`~voice_context.manager.live.Basis`:
 the same index, bound, summary and tiers). A context for another query, or after
 a turn, a note or a fold since the search, recalls for itself.
 
-The manager is split by its jobs, around the registry they share
-(:mod:`~voice_context.manager.registry`: the settings, the sessions served here,
-the one task group, the counters and listeners). The jobs decide nothing of a
-session's own: every event reaches a session through one feed point
-(:meth:`~voice_context.manager.runtime.Runtime.feed`), and each effect its core
-answers is performed by the job that performs that type of effect:
+The manager is composed of its jobs, each given only what it needs: the store,
+the clock, the settings of its own, the one feed point, and from
+:mod:`~voice_context.manager.registry` the sessions served here (``Served``) and
+the one task group background work runs in (``Background``); no job holds the
+manager. The jobs decide nothing of a session's own: every event reaches a
+session through the feed point (:meth:`~voice_context.manager.runtime.Runtime.feed`),
+and each effect its core answers is performed by the job that performs that
+type of effect:
 
 =================  ==========================================================
 ``runtime``        the one feed point, and the performers of the effects
@@ -54,6 +56,7 @@ answers is performed by the job that performs that type of effect:
 ``tiers``          the tier cascade's rolls, and the summary a context shows of them
 ``replies``        contexts, handoffs and the emergency fold of an overflow
 ``live``           what is kept of each session served here
+``registry``       the sessions served here, and the background task group
 =================  ==========================================================
 """
 

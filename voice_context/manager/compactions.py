@@ -22,9 +22,10 @@ from voice_context.logs import get_logger
 from voice_context.manager.leases import Leases
 from voice_context.manager.live import Lease, Live
 from voice_context.manager.outcomes import Outcomes
-from voice_context.manager.registry import Registry
-from voice_context.store.base import FoldCommit
-from voice_context.summarizers.base import SummaryRequest
+from voice_context.manager.registry import Background
+from voice_context.manager.runtime import Clock, Feed
+from voice_context.store.base import FoldCommit, Store
+from voice_context.summarizers.base import Summarizer, SummaryRequest
 
 log = get_logger("voice_context")
 
@@ -33,15 +34,30 @@ class Compactions:
     """Starts the folds the sessions' cores ask for and lands their results: the performer of
     ``StartCompaction``, ``Skip`` and ``CommitCompaction``."""
 
-    def __init__(self, registry: Registry, leases: Leases, outcomes: Outcomes) -> None:
-        self.registry = registry
+    def __init__(
+        self,
+        store: Store,
+        summarizer: Summarizer,
+        compaction_timeout: float,
+        clock: Clock,
+        feed: Feed,
+        background: Background,
+        leases: Leases,
+        outcomes: Outcomes,
+    ) -> None:
+        self.store = store
+        self.summarizer = summarizer
+        self.compaction_timeout = compaction_timeout
+        self.clock = clock
+        self.feed = feed
+        self.background = background
         self.leases = leases
         self.outcomes = outcomes
 
     async def maybe_compact(self, live: Live, budget: FillBudget | None = None) -> None:
         """Tell the core a context was laid out (what it measured, ``budget``): a fold it finds
         due starts in the background."""
-        await self.registry.feed(live, ContextRequested(self.registry.clock(), budget))
+        await self.feed(live, ContextRequested(self.clock(), budget))
 
     async def skipped(self, live: Live, session: Session, skip: Skip) -> None:
         """No fold starts, for the reason the core gave."""
@@ -51,18 +67,18 @@ class Compactions:
         """Run a plan the core started: in the background, under a lease of its own; within a
         fold's landing (a re-compaction pass, a backlog's next fold), next under that fold's
         lease; an emergency plan is run by the request that reported the overflow."""
-        registry, plan = self.registry, start.plan
+        background, plan = self.background, start.plan
         if plan.trigger == "emergency" or live.landing is not None:
             return
-        if not registry.entered:  # nothing will run the plan: do not leave it in flight
+        if not background.entered:  # nothing will run the plan: do not leave it in flight
             await self.outcomes.abandon(live, session, plan.plan_id)
             raise RuntimeError("SessionManager must be used as 'async with SessionManager(...)'")
-        registry.begin()
+        background.begin()
         live.scope = anyio.CancelScope()  # a close before the task runs must cancel it too
-        registry.spawn(self._compact, live, plan, live.scope)
+        background.spawn(self._compact, live, plan, live.scope)
 
     async def _compact(self, live: Live, plan: CompactionPlan, scope: anyio.CancelScope) -> None:
-        registry, session = self.registry, live.session
+        session = live.session
         fence: int | None = None
         running = plan
         try:
@@ -98,7 +114,7 @@ class Compactions:
             await self.outcomes.abandon(live, session, running.plan_id)
             if live.scope is scope:
                 live.scope = None
-            registry.end()
+            self.background.end()
             if fence is not None:
                 await self.leases.release(session.name)
 
@@ -108,7 +124,7 @@ class Compactions:
         if lease.lost:
             await self.leases.lost(live, session, plan)
             return None
-        self.registry.counters["started"] += 1
+        self.outcomes.counters["started"] += 1
         log.info(
             "voice_context_compaction_started",
             session=session.name,
@@ -142,11 +158,11 @@ class Compactions:
 
     async def _summarize(self, live: Live, session: Session, plan: CompactionPlan) -> str | None:
         """The summarizer's answer for ``plan``; ``None`` when it failed (told already)."""
-        timeout = self.registry.compaction_timeout
+        timeout = self.compaction_timeout
         fail = self.outcomes.failure
         try:
             with anyio.fail_after(timeout):
-                return await self.registry.summarizer.summarize(SummaryRequest.for_plan(plan, session.name))
+                return await self.summarizer.summarize(SummaryRequest.for_plan(plan, session.name))
         except SummarizerError as exc:
             await fail(live, session, plan, exc.kind, exc.retryable, str(exc), exc.retry_after)
         except TimeoutError:
@@ -167,8 +183,8 @@ class Compactions:
             return None
         live.landing = lease
         try:
-            answer = SummaryReturned(plan.plan_id, text, self.registry.clock())
-            effects = await self.registry.feed(live, answer, session=session)
+            answer = SummaryReturned(plan.plan_id, text, self.clock())
+            effects = await self.feed(live, answer, session=session)
         finally:
             live.landing = None
         starts = [effect.plan for effect in effects if isinstance(effect, StartCompaction)]
@@ -187,7 +203,7 @@ class Compactions:
                 pending_notes=tuple(commit.pending_notes),
                 fence=fence,
             )
-            committed = await self.registry.store.commit_compaction(session.name, fold)
+            committed = await self.store.commit_compaction(session.name, fold)
         except StoreError as exc:
             await self.outcomes.failure(live, session, plan, "store", exc.retryable, str(exc))
             return []
@@ -196,8 +212,8 @@ class Compactions:
             await self.outcomes.failure(live, session, plan, "fenced", True, message)
             await self.leases.catch_up(live)
             return []
-        stored = CompactionStored(plan.plan_id, self.registry.clock())
-        return await self.registry.feed(live, stored, session=session)
+        stored = CompactionStored(plan.plan_id, self.clock())
+        return await self.feed(live, stored, session=session)
 
 
 def _log_skip(live: Live, decision: Skip) -> None:

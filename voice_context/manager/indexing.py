@@ -3,7 +3,7 @@ store's recall index, batch by batch (and their vectors, with an embedder)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -13,9 +13,13 @@ from voice_context.core.session import Session, TurnHeld
 from voice_context.core.turns import Note, Turn
 from voice_context.logs import get_logger
 from voice_context.manager.live import Live, RecallState
-from voice_context.manager.registry import Registry
+from voice_context.manager.registry import Background, Served
 from voice_context.recall.index import indexed, note_passage, turn_passage
 from voice_context.recall.stored import HeldTurns
+from voice_context.store.base import Store
+
+if TYPE_CHECKING:  # (numpy loads only with an embedder)
+    from voice_context.recall.embedding import Embedder
 
 log = get_logger("voice_context")
 
@@ -42,8 +46,13 @@ class Indexing:
     """Keeps each session's recall index up with its turns and notes, in the background;
     a failure is logged and tried again with the next append, never the session's."""
 
-    def __init__(self, registry: Registry) -> None:
-        self.registry = registry
+    def __init__(
+        self, store: Store, embedder: Embedder | None, background: Background, served: Served
+    ) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.background = background
+        self.served = served
         # the turns held by sessions let go, written one session at a time: a burst's thousand
         # sessions closing at once would otherwise queue a thousand index writes, in one group
         # commit, ahead of the live sessions' turns
@@ -51,10 +60,10 @@ class Indexing:
 
     async def restored(self, name: str) -> RecallState:
         """Where a stored session's recall index stands (and its vectors, with an embedder)."""
-        store = self.registry.store
+        store = self.store
         stats, _, _ = await store.recall_postings(name, ())
         recall = RecallState(held=HeldTurns(stats.turns), noted=stats.notes)
-        if self.registry.embedder is not None:
+        if self.embedder is not None:
             import numpy as np
 
             stored = await store.load_vectors(name)
@@ -65,14 +74,14 @@ class Indexing:
 
     def fresh(self) -> RecallState:
         """The recall state of a session created here."""
-        return RecallState(vectors={} if self.registry.embedder is not None else None)
+        return RecallState(vectors={} if self.embedder is not None else None)
 
     def lag(self, live: Live) -> int:
         """How many of the session's turns and notes recall does not find yet (or, with an
         embedder, have no vector yet): neither in the store's index nor held here."""
         recall = live.recall
         waiting = live.session.total_turns - recall.searchable + len(recall.notes)
-        return waiting + (len(recall.unembedded) if self.registry.embedder is not None else 0)
+        return waiting + (len(recall.unembedded) if self.embedder is not None else 0)
 
     async def caught_up(self, live: Live) -> None:
         """Wait (at most ``INDEX_WAIT``) for the background indexing to find every turn stored
@@ -99,17 +108,17 @@ class Indexing:
         if recall.searchable != index:
             return
         recall.held.add(indexed(turn_passage(index, turn)))
-        if self.registry.embedder is not None:
+        if self.embedder is not None:
             recall.unembedded.append(index)
 
     def release(self, live: Live) -> None:
         """The session is no longer served here: write what it held to the store's index, in
         the background (a failure leaves it to the catch-up of the next process to open it)."""
         recall = live.recall
-        if recall.held and self.registry.started:
+        if recall.held and self.background.started:
             start, docs = recall.indexed, tuple(recall.held.docs)
             recall.held = HeldTurns(recall.indexed)
-            self.registry.spawn(self._write_released, live.session.name, start, docs)
+            self.background.spawn(self._write_released, live.session.name, start, docs)
 
     @staticmethod
     def drop_held(live: Live) -> None:
@@ -119,7 +128,7 @@ class Indexing:
     async def _write_released(self, name: str, start: int, docs: tuple[IndexedDoc, ...]) -> None:
         try:
             async with self._released:
-                await self.registry.store.index_turns(name, start, docs)
+                await self.store.index_turns(name, start, docs)
         except Exception:  # recall is best effort: the turns are safe in the store
             log.warning("voice_context_indexing_failed", session=name, exc_info=True)
 
@@ -138,7 +147,7 @@ class Indexing:
             recall.notes.append(note)
             return
         recall.noted = stats.notes
-        if self.registry.embedder is not None:
+        if self.embedder is not None:
             recall.unembedded.append(-stats.notes)
 
     def maybe_index(self, live: Live) -> None:
@@ -148,22 +157,21 @@ class Indexing:
             recall.notes
             or recall.searchable < live.session.total_turns
             or len(recall.held) >= HELD_TURNS
-            or (recall.unembedded and self.registry.embedder)
+            or (recall.unembedded and self.embedder)
         )
-        if recall.running or not pending or not self.registry.started:
+        if recall.running or not pending or not self.background.started:
             return
         recall.running = True
         if recall.done.is_set():
             recall.done = anyio.Event()
-        self.registry.spawn(self._index, live)
+        self.background.spawn(self._index, live)
 
     async def _index(self, live: Live) -> None:
         """Write what waits to the store's recall index, batch by batch, until nothing does.
         A failure is logged and retried with the next append; it never breaks the session."""
         recall = live.recall
-        registry = self.registry
         try:
-            while registry.serves(live) and not registry.closing:
+            while self.served.serves(live) and not self.background.closing:
                 if recall.notes:
                     await self._index_note(live)
                 elif recall.searchable < live.session.total_turns:
@@ -172,7 +180,7 @@ class Indexing:
                 elif len(recall.held) >= HELD_TURNS:
                     if not await self._write_held(live):
                         break
-                elif recall.unembedded and registry.embedder is not None:
+                elif recall.unembedded and self.embedder is not None:
                     await self._embed(live)
                 else:
                     break
@@ -185,16 +193,16 @@ class Indexing:
     async def _index_note(self, live: Live) -> None:
         recall = live.recall
         note = recall.notes[0]
-        stats = await self.registry.store.index_note(live.session.name, indexed(note_passage(note)))
+        stats = await self.store.index_note(live.session.name, indexed(note_passage(note)))
         recall.notes.pop(0)
         recall.noted = stats.notes
-        if self.registry.embedder is not None:
+        if self.embedder is not None:
             recall.unembedded.append(-stats.notes)
 
     async def _index_turns(self, live: Live) -> bool:
         """One batch of the turns neither indexed nor held, from the first of them (what is
         held is written with it); whether the store took them."""
-        recall, session, store = live.recall, live.session, self.registry.store
+        recall, session, store = live.recall, live.session, self.store
         start = recall.indexed
         stop = min(session.total_turns, recall.searchable + INDEX_BATCH)
         docs = list(recall.held.docs)
@@ -221,7 +229,7 @@ class Indexing:
         """The docs of turns ``start, start+1, ...`` into the store's index; whether it took them."""
         recall = live.recall
         searchable = recall.searchable
-        stats = await self.registry.store.index_turns(live.session.name, start, docs)
+        stats = await self.store.index_turns(live.session.name, start, docs)
         if stats.turns == start and docs:
             return False
         if stats.turns < recall.indexed:  # the store's index lost turns: index them again
@@ -235,7 +243,7 @@ class Indexing:
 
     def _embed_later(self, recall: RecallState, searchable: int) -> None:
         """The turns recall finds from ``searchable`` on wait for their vectors (with an embedder)."""
-        if self.registry.embedder is not None and recall.searchable > searchable:
+        if self.embedder is not None and recall.searchable > searchable:
             kept = recall.vectors or {}  # (a restarted process read those kept in the store)
             recall.unembedded.extend(k for k in range(searchable, recall.searchable) if k not in kept)
 
@@ -243,7 +251,7 @@ class Indexing:
         """One batch of vectors: the model run in a worker thread, the vectors kept in the store."""
         import numpy as np
 
-        recall, store, embedder = live.recall, self.registry.store, self.registry.embedder
+        recall, store, embedder = live.recall, self.store, self.embedder
         assert embedder is not None
         keys = recall.unembedded[:EMBED_BATCH]
         passages = await store.recall_passages(live.session.name, keys)

@@ -12,8 +12,9 @@ from voice_context.errors import StoreError, UnknownSession
 from voice_context.logs import get_logger
 from voice_context.manager.live import Lease, Live
 from voice_context.manager.outcomes import Outcomes
-from voice_context.manager.registry import Registry
+from voice_context.manager.registry import Served
 from voice_context.manager.replicas import Replicas
+from voice_context.store.base import Store
 
 log = get_logger("voice_context")
 
@@ -24,17 +25,27 @@ RELEASE_TIMEOUT = 2.0
 class Leases:
     """Takes, renews and releases the store's compaction lease for the folds run here."""
 
-    def __init__(self, registry: Registry, replicas: Replicas, outcomes: Outcomes) -> None:
-        self.registry = registry
+    def __init__(
+        self,
+        store: Store,
+        replica: str,
+        lease_ttl: float,
+        served: Served,
+        replicas: Replicas,
+        outcomes: Outcomes,
+    ) -> None:
+        self.store = store
+        self.replica = replica
+        self.lease_ttl = lease_ttl
+        self.served = served
         self.replicas = replicas
         self.outcomes = outcomes
 
     async def acquire(self, live: Live, session: Session, plan: CompactionPlan) -> int | None:
         """Take the store's compaction lease (its fencing token); ``None`` when the plan
         cannot go ahead (another replica holds the lease, or the store failed)."""
-        registry = self.registry
         try:
-            token = await registry.store.acquire_lease(session.name, registry.replica, registry.lease_ttl)
+            token = await self.store.acquire_lease(session.name, self.replica, self.lease_ttl)
         except StoreError as exc:
             await self.outcomes.failure(live, session, plan, "store", exc.retryable, str(exc))
             return None
@@ -54,14 +65,13 @@ class Leases:
         """Decide again once the lease is held: another replica may have folded this batch
         while this one waited for the lease. Then the plan is dropped, and the session
         catches up with the store instead of folding the same turns again."""
-        registry = self.registry
         try:
-            record = await registry.store.load(session.name)
+            record = await self.store.load(session.name)
         except StoreError as exc:
             await self.outcomes.failure(live, session, plan, "store", exc.retryable, str(exc))
             return False
         if record is not None and record.owner != live.owner:
-            await registry.disown(live)
+            await self.served.disown(live)
             return False
         if record is None or record.cursor == plan.start:
             return True  # (a session gone from the store fails at its commit)
@@ -83,7 +93,7 @@ class Leases:
         replica was granted it after it lapsed): cancel the summarizer call, whose result
         must not be committed. A store that fails a renewal is tried again at the next one
         (the commit is fenced anyway)."""
-        store, replica, ttl = self.registry.store, self.registry.replica, self.registry.lease_ttl
+        store, replica, ttl = self.store, self.replica, self.lease_ttl
         task_status.started()
         while True:
             await anyio.sleep(ttl / 3)
@@ -103,7 +113,7 @@ class Leases:
         """Give the lease back, shielded and within ``RELEASE_TIMEOUT``."""
         with anyio.move_on_after(RELEASE_TIMEOUT, shield=True):
             try:
-                await self.registry.store.release_lease(name, self.registry.replica)
+                await self.store.release_lease(name, self.replica)
             except Exception as exc:  # the lease expires on its own; never fail a task over it
                 log.warning("voice_context_lease_release_failed", session=name, error=str(exc)[:300])
 

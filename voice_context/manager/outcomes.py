@@ -15,8 +15,9 @@ from voice_context.core.session import (
     Stale,
 )
 from voice_context.logs import get_logger
-from voice_context.manager.live import CompactionEvent, Live
-from voice_context.manager.registry import Registry
+from voice_context.manager.live import CompactionEvent, Listener, Live
+from voice_context.manager.runtime import Clock, Feed
+from voice_context.summarizers.base import Summarizer
 
 log = get_logger("voice_context")
 
@@ -24,12 +25,28 @@ log = get_logger("voice_context")
 class Outcomes:
     """Counts, logs and tells listeners of the folds that land, fail or go stale."""
 
-    def __init__(self, registry: Registry) -> None:
-        self.registry = registry
+    def __init__(self, feed: Feed, clock: Clock, summarizer: Summarizer) -> None:
+        self.feed = feed
+        self.clock = clock
+        self.summarizer = summarizer
+        self.counters: dict[str, int] = {"started": 0, "completed": 0, "failed": 0, "stale": 0}
+        #: told of every session's folds (a session's own are on its :class:`Live`)
+        self.listeners: list[Listener] = []
+
+    def __repr__(self) -> str:
+        return f"<Outcomes {self.counters}>"
+
+    def emit(self, live: Live, event: CompactionEvent) -> None:
+        """Tell the listeners of every session, then the session's own."""
+        for listener in [*self.listeners, *live.listeners]:
+            try:
+                listener(event)
+            except Exception:  # a listener's bug must not lose the compaction
+                log.exception("voice_context_listener_failed", session=event.session)
 
     def stale(self, session: Session, plan_id: int, **fields: Any) -> None:
         """A result for a plan no longer in flight, dropped."""
-        self.registry.counters["stale"] += 1
+        self.counters["stale"] += 1
         log.info("voice_context_compaction_stale", session=session.name, plan=plan_id, **fields)
 
     async def dropped(self, live: Live, session: Session, stale: Stale) -> None:
@@ -40,9 +57,7 @@ class Outcomes:
         """Nothing will land plan ``plan_id``: the session forgets it, when it is still in flight
         (no failure, no backoff; a plan no longer in flight needs nothing)."""
         if session.in_flight is not None and session.in_flight.plan_id == plan_id:
-            await self.registry.feed(
-                live, CompactionAbandoned(plan_id, self.registry.clock()), session=session
-            )
+            await self.feed(live, CompactionAbandoned(plan_id, self.clock()), session=session)
 
     async def failure(
         self,
@@ -55,11 +70,11 @@ class Outcomes:
         retry_after: float | None = None,
     ) -> None:
         """Tell the session the plan failed; what that came to is told (``Failed``, ``Stale``)."""
-        failed = CompactionFailed(plan.plan_id, kind, retryable, self.registry.clock(), retry_after, message)
-        await self.registry.feed(live, failed, session=session)
+        failed = CompactionFailed(plan.plan_id, kind, retryable, self.clock(), retry_after, message)
+        await self.feed(live, failed, session=session)
 
     async def applied(self, live: Live, session: Session, outcome: Applied) -> None:
-        self.registry.counters["completed"] += 1
+        self.counters["completed"] += 1
         log.info(
             "voice_context_compaction_completed",
             session=session.name,
@@ -71,7 +86,7 @@ class Outcomes:
             clamped=outcome.clamped,
             latency=round(outcome.latency, 4),
         )
-        self.registry.emit(
+        self.emit(
             live,
             CompactionEvent(
                 "completed",
@@ -88,19 +103,19 @@ class Outcomes:
         )
 
     async def failed(self, live: Live, session: Session, outcome: Failed) -> None:
-        self.registry.counters["failed"] += 1
+        self.counters["failed"] += 1
         log.warning(
             "voice_context_compaction_failed",
             session=session.name,
             plan=outcome.plan.plan_id,
-            model=self.registry.summarizer.model,
+            model=self.summarizer.model,
             error=outcome.kind,
             message=outcome.message[:300],
             retryable=outcome.retryable,
             failures=outcome.failures,
             retry_at=outcome.retry_at,
         )
-        self.registry.emit(
+        self.emit(
             live,
             CompactionEvent(
                 "failed",

@@ -4,10 +4,12 @@ the reply for a user turn as soon as it is stored, and the turns just before the
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.to_thread
 
+from voice_context.config import AheadMode
 from voice_context.core.recalled import Offered, Recalled
 from voice_context.core.session import RecallAhead, Session
 from voice_context.core.turns import Turn, TurnRun
@@ -15,10 +17,14 @@ from voice_context.errors import StoreError
 from voice_context.logs import get_logger
 from voice_context.manager.indexing import Indexing
 from voice_context.manager.live import Ahead, Basis, Live
-from voice_context.manager.registry import Registry
+from voice_context.manager.registry import Background
 from voice_context.manager.tiers import Tiers
 from voice_context.recall.index import DEFAULT_QUERY_COMMON, MAX_OLDER_TURNS, SummaryIndex, query_time
 from voice_context.recall.stored import NOTHING_FOUND, find_in_store
+from voice_context.store.base import Store
+
+if TYPE_CHECKING:  # (numpy loads only with an embedder)
+    from voice_context.recall.embedding import Embedder
 
 log = get_logger("voice_context")
 
@@ -31,12 +37,22 @@ class Recall:
     """Finds what a context recalls; what it finds is a function of the session, not of
     timing (see :class:`~voice_context.manager.live.Basis`)."""
 
-    def __init__(self, registry: Registry, indexing: Indexing) -> None:
-        self.registry = registry
+    def __init__(
+        self,
+        store: Store,
+        embedder: Embedder | None,
+        recall_ahead: AheadMode,
+        background: Background,
+        indexing: Indexing,
+    ) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.recall_ahead = recall_ahead
+        self.background = background
         self.indexing = indexing
 
     def _vectors(self, live: Live) -> int:
-        return len(live.recall.vectors or ()) if self.registry.embedder is not None else 0
+        return len(live.recall.vectors or ()) if self.embedder is not None else 0
 
     def basis(self, live: Live) -> Basis:
         """The basis a search for a context would have now."""
@@ -56,15 +72,15 @@ class Recall:
         """Recall for a user turn just stored (the core said it is one to search for), in the
         background: the bot's next context will ask for it (its default query is the newest
         user turn). The manager's ``recall_ahead`` says how often: ``first`` once per context."""
-        mode = self.registry.recall_ahead
-        if mode == "off" or not self.registry.started:
+        mode = self.recall_ahead
+        if mode == "off" or not self.background.started:
             return
         if mode == "first" and not live.recall.armed:
             return
         ahead = Ahead(turn.text)
         live.recall.ahead = ahead
         live.recall.armed = False
-        self.registry.spawn(self._ahead, live, ahead)
+        self.background.spawn(self._ahead, live, ahead)
 
     async def _ahead(self, live: Live, ahead: Ahead) -> None:
         try:
@@ -101,7 +117,7 @@ class Recall:
         :class:`Offered`), then summary lines; and the basis they were
         found on (``None`` when it is not known: the store failed, vectors came meanwhile). A
         store that fails leaves the context without them, never without a reply."""
-        session, recall, embedder = live.session, live.recall, self.registry.embedder
+        session, recall, embedder = live.session, live.recall, self.embedder
         limit = max(1, session.config.recall_limit) + 4  # a few spare for those shown verbatim anyway
         before = session.total_turns - 1
         vectors = self._vectors(live)
@@ -112,7 +128,7 @@ class Recall:
         known = True
         try:
             stats, found = await find_in_store(
-                self.registry.store,
+                self.store,
                 session.name,
                 text,
                 before=before,
@@ -163,7 +179,7 @@ class Recall:
         if budget_chars is None:
             return None
         count = min(MAX_OLDER_TURNS, budget_chars // 20)
-        store, name = self.registry.store, live.session.name
+        store, name = self.store, live.session.name
         run: TurnRun | None = None
         for _ in range(OLDER_READS):
             cursor = live.session.cursor

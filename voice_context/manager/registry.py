@@ -1,30 +1,22 @@
-"""The registry every job of the manager shares: its settings, the sessions served here, the
-one task group their background work runs in, and the counters and listeners it tells."""
+"""What the jobs of the manager share, each given only to the jobs that need it: the sessions
+served here (:class:`Served`) and the one task group their background work runs in
+(:class:`Background`). Neither knows the manager, nor any job."""
 
 from __future__ import annotations
 
 import contextlib
-import time
-import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, TypeVarTuple
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, TypeVarTuple
 
 import anyio
 from anyio.abc import TaskGroup
 
-from voice_context.config import AheadMode, ServerSettings, SummarizerSettings, session_defaults
-from voice_context.core.config import SessionConfig
+from voice_context.config import ServerSettings, SummarizerSettings
 from voice_context.core.session import SessionEnding
 from voice_context.errors import UnknownSession
 from voice_context.logs import get_logger
-from voice_context.manager.live import CompactionEvent, Listener, Live
-from voice_context.manager.runtime import Runtime
-from voice_context.store.base import Store
-from voice_context.store.memory import MemoryStore
-from voice_context.summarizers.base import Summarizer
-
-if TYPE_CHECKING:  # (numpy loads only with an embedder)
-    from voice_context.recall.embedding import Embedder
+from voice_context.manager.live import Live
+from voice_context.manager.runtime import Clock, Feed
 
 log = get_logger("voice_context")
 
@@ -35,89 +27,30 @@ SUMMARIZER = SummarizerSettings()
 Ts = TypeVarTuple("Ts")
 
 
-class Registry:
-    """The sessions served here (by name) and what every job needs to serve them.
+class Background:
+    """The one task group background work (folds, indexing, recall ahead, tier rolls) runs in.
 
-    Its lifetime is lexical: :meth:`running` holds the task group that background work
-    (folds, indexing, recall ahead, tier rolls) runs in; leaving it stops new work, gives
-    the work counted in :attr:`in_flight` ``close_timeout`` seconds to land, then cancels
+    Its lifetime is lexical: :meth:`running` holds the task group; leaving it stops new work,
+    gives the work counted in :attr:`in_flight` ``close_timeout`` seconds to land, then cancels
     the rest.
     """
 
-    def __init__(
-        self,
-        summarizer: Summarizer,
-        *,
-        config: SessionConfig | None = None,
-        store: Store | None = None,
-        compaction_timeout: float = SUMMARIZER.compaction_timeout,
-        close_timeout: float = SERVER.shutdown_timeout,
-        clock: Callable[[], float] = time.time,
-        replica: str | None = None,
-        embedder: Embedder | None = None,
-        lease_ttl: float = SERVER.lease_ttl,
-        recall_ahead: AheadMode = "first",
-        tokenizer_ahead: bool = True,
-    ) -> None:
-        if lease_ttl <= 0:
-            raise ValueError("lease_ttl must be positive")
-        self.summarizer = summarizer
-        self.embedder = embedder
-        self.recall_ahead = recall_ahead
-        #: whether entering reads the default tokenizer (some 1 s), before a reply counts tokens
-        self.tokenizer_ahead = tokenizer_ahead
-        self.config = config or session_defaults(summarizer)
-        self.store: Store = store if store is not None else MemoryStore()
-        self.compaction_timeout = compaction_timeout
-        self.lease_ttl = lease_ttl
+    def __init__(self, close_timeout: float) -> None:
         self.close_timeout = close_timeout
-        self.clock = clock
-        self.replica = replica or uuid.uuid4().hex[:12]
-        self.live: dict[str, Live] = {}
         self.closing = False
-        self.counters: dict[str, int] = {"started": 0, "completed": 0, "failed": 0, "stale": 0}
-        self.listeners: list[Listener] = []
         self._tg: TaskGroup | None = None
         self._in_flight = 0
         self._idle = anyio.Event()
         self._idle.set()
-        #: the one feed point of the sessions served here, and the performers of their effects
-        self.runtime = Runtime()
-        self.feed = self.runtime.feed
-        self._assemble()
 
-    def _assemble(self) -> None:
-        """Build the jobs that share this registry (see :class:`~voice_context.manager.SessionManager`)."""
-
-    # -- the sessions ----------------------------------------------------------
-
-    def get(self, name: str, owner: str | None, *, check_owner: bool = True) -> Live:
-        """The session served here by this name (for ``owner``); raises ``UnknownSession``."""
-        live = self.live.get(name)
-        if live is None or (check_owner and live.owner != owner):
-            raise UnknownSession(name)
-        return live
-
-    def serves(self, live: Live) -> bool:
-        """Whether ``live`` is still the copy served here under its name."""
-        return self.live.get(live.session.name) is live
-
-    async def disown(self, live: Live) -> None:
-        """Stop serving a copy whose session the store gives another owner (or nobody): this
-        replica must not act for its owner on what the store now keeps under that name."""
-        session = live.session
-        log.warning("voice_context_session_disowned", session=session.name)
-        await self.feed(live, SessionEnding(self.clock()))
-        live.cancel_fold()
-        if self.serves(live):
-            del self.live[session.name]
-
-    # -- the background --------------------------------------------------------
+    def __repr__(self) -> str:
+        state = "closing" if self.closing else "running" if self.entered else "idle"
+        return f"<Background {state} in_flight={self._in_flight}>"
 
     @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
-        """Hold the task group background work runs in; on the way out, end every session,
-        wait (shielded, at most ``close_timeout``) for the work in flight, cancel the rest."""
+    async def running(self, ending: Callable[[], Awaitable[None]]) -> AsyncIterator[None]:
+        """Hold the task group; on the way out, call ``ending`` (no new work is started from
+        then on), wait (shielded, at most ``close_timeout``) for the work in flight, cancel the rest."""
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -125,8 +58,7 @@ class Registry:
                     yield
                 finally:
                     self.closing = True
-                    for live in list(self.live.values()):
-                        await self.feed(live, SessionEnding(self.clock()))
+                    await ending()
                     with anyio.move_on_after(self.close_timeout, shield=True):
                         await self._idle.wait()
                     tg.cancel_scope.cancel()
@@ -171,12 +103,42 @@ class Registry:
         if self._in_flight == 0:
             self._idle.set()
 
-    # -- telling ---------------------------------------------------------------
 
-    def emit(self, live: Live, event: CompactionEvent) -> None:
-        """Tell the listeners of every session, then the session's own."""
-        for listener in [*self.listeners, *live.listeners]:
-            try:
-                listener(event)
-            except Exception:  # a listener's bug must not lose the compaction
-                log.exception("voice_context_listener_failed", session=event.session)
+class Served:
+    """The sessions served here, by name, and who owns each."""
+
+    def __init__(self, feed: Feed, clock: Clock) -> None:
+        self.live: dict[str, Live] = {}
+        self._feed = feed
+        self._clock = clock
+
+    def __repr__(self) -> str:
+        return f"<Served sessions={len(self.live)}>"
+
+    def get(self, name: str, owner: str | None, *, check_owner: bool = True) -> Live:
+        """The session served here by this name (for ``owner``); raises ``UnknownSession``."""
+        live = self.live.get(name)
+        if live is None or (check_owner and live.owner != owner):
+            raise UnknownSession(name)
+        return live
+
+    def serves(self, live: Live) -> bool:
+        """Whether ``live`` is still the copy served here under its name."""
+        return self.live.get(live.session.name) is live
+
+    async def end(self, live: Live) -> None:
+        """No new compaction starts in the session (it closes, or is no longer served here)."""
+        await self._feed(live, SessionEnding(self._clock()))
+
+    async def disown(self, live: Live) -> None:
+        """Stop serving a copy whose session the store gives another owner (or nobody): this
+        replica must not act for its owner on what the store now keeps under that name."""
+        session = live.session
+        log.warning("voice_context_session_disowned", session=session.name)
+        await self.end(live)
+        live.cancel_fold()
+        if self.serves(live):
+            del self.live[session.name]
+
+
+__all__ = ["SERVER", "SUMMARIZER", "Background", "Served"]

@@ -9,15 +9,17 @@ from typing import Any
 
 import anyio
 
+from voice_context.core.config import SessionConfig
 from voice_context.core.session import Reconfigured, Session, SessionEnding, TurnsAdopted
 from voice_context.core.turns import Note
 from voice_context.errors import SessionClosed, StoreError, UnknownSession
 from voice_context.logs import get_logger
 from voice_context.manager.indexing import Indexing
 from voice_context.manager.live import Live, Opened, restore
-from voice_context.manager.registry import Registry
+from voice_context.manager.registry import Background, Served
+from voice_context.manager.runtime import Clock, Feed
 from voice_context.manager.tiers import Tiers
-from voice_context.store.base import SessionRecord
+from voice_context.store.base import SessionRecord, Store
 
 log = get_logger("voice_context")
 
@@ -30,20 +32,36 @@ class Replicas:
     """Opens sessions as the store decides who owns them, and keeps the copies served here
     in step with the store."""
 
-    def __init__(self, registry: Registry, tiers: Tiers, indexing: Indexing) -> None:
-        self.registry = registry
+    def __init__(
+        self,
+        store: Store,
+        config: SessionConfig,
+        clock: Clock,
+        feed: Feed,
+        background: Background,
+        served: Served,
+        tiers: Tiers,
+        indexing: Indexing,
+    ) -> None:
+        self.store = store
+        #: the defaults a session's overrides go on top of
+        self.config = config
+        self.clock = clock
+        self.feed = feed
+        self.background = background
+        self.served = served
         self.tiers = tiers
         self.indexing = indexing
         self._open_locks: dict[str, tuple[anyio.Lock, list[int]]] = {}
 
     async def open(self, name: str, overrides: dict[str, Any] | None, owner: str | None) -> Opened:
         """See :meth:`voice_context.manager.SessionManager.open`."""
-        registry = self.registry
+        served = self.served
         async with self.opening(name):
             while True:
-                if registry.closing:
+                if self.background.closing:
                     raise SessionClosed("the server is shutting down")
-                live = registry.live.get(name)
+                live = served.live.get(name)
                 if live is None:
                     return await self._open_from_store(name, overrides, owner)
                 if live.owner != owner:
@@ -51,7 +69,7 @@ class Replicas:
                         raise UnknownSession(name)
                     continue  # the copy here was stale: the store decides
                 async with live.lock:
-                    if not registry.serves(live):
+                    if not served.serves(live):
                         continue  # closed while this open waited for the lock
                     try:
                         await self.catch_up_locked(live)
@@ -59,18 +77,17 @@ class Replicas:
                         continue  # the store's session is another owner's now: it decides
                     if overrides:
                         await self._reconfigure(live, overrides)
-                    if registry.serves(live):
+                    if served.serves(live):
                         return Opened(name, True, live.session.stats())
                 # closed during the awaits above: decide again
 
     async def _reconfigure(self, live: Live, overrides: dict[str, Any]) -> None:
-        registry = self.registry
         merged = {**live.overrides, **overrides}
-        config = registry.config.with_overrides(merged)
-        await registry.store.save_config(live.session.name, merged)
+        config = self.config.with_overrides(merged)
+        await self.store.save_config(live.session.name, merged)
         live.overrides = merged
         before = (live.session.live_notes, live.session.pending_notes)
-        await registry.feed(live, Reconfigured(config, registry.clock()))
+        await self.feed(live, Reconfigured(config, self.clock()))
         await self.save_notes_if_changed(live.session, before)
 
     @contextlib.asynccontextmanager
@@ -90,29 +107,29 @@ class Replicas:
     async def _open_from_store(
         self, name: str, overrides: dict[str, Any] | None, owner: str | None
     ) -> Opened:
-        registry, store = self.registry, self.registry.store
+        store = self.store
         # in use from now on: a retention sweep between this read and the next must not forget it
         await store.touch([name])
         record = await self._claim(name, overrides, owner)
         if record is not None:
             merged = {**record.config, **(overrides or {})}
             landmarks = await store.load_landmarks(name)
-            session = restore(record, registry.config.with_overrides(merged), landmarks)
+            session = restore(record, self.config.with_overrides(merged), landmarks)
             if overrides:
                 await store.save_config(name, merged)
             await self.save_notes_if_changed(session, (record.live_notes, record.pending_notes))
             recall = await self.indexing.restored(name)
         else:
             merged = dict(overrides or {})
-            session = Session(name, registry.config.with_overrides(merged))
+            session = Session(name, self.config.with_overrides(merged))
             recall = self.indexing.fresh()
-        if registry.closing:  # the shutdown began during the awaits above
+        if self.background.closing:  # the shutdown began during the awaits above
             raise SessionClosed("the server is shutting down")
         live = Live(session, owner, overrides=merged, recall=recall)
         if session.config.tiers:
             live.tiers = await self.tiers.restored(live)
         # only opens insert sessions, and they hold this name's open lock
-        live = registry.live.setdefault(name, live)
+        live = self.served.live.setdefault(name, live)
         self.indexing.maybe_index(live)
         return Opened(name, record is not None, live.session.stats())
 
@@ -123,12 +140,12 @@ class Replicas:
         created it. The store decides who owns a name, in one step: of replicas creating one
         name at once, one creates it, and the others resume it (the same owner) or raise
         ``UnknownSession`` (another owner), as they do for a session they find stored."""
-        store = self.registry.store
+        store = self.store
         for _ in range(OPEN_ATTEMPTS):
             record = await store.load(name)
             if record is None:
                 merged = dict(overrides or {})
-                self.registry.config.with_overrides(merged)  # an invalid override creates nothing
+                self.config.with_overrides(merged)  # an invalid override creates nothing
                 created = await store.create(SessionRecord(name, config=merged, owner=owner))
                 if created.made:
                     return None
@@ -147,17 +164,17 @@ class Replicas:
         """Persist the note buffers when lowered limits evicted or dropped some of them."""
         after = (session.live_notes, session.pending_notes)
         if (tuple(before[0]), tuple(before[1])) != after:
-            await self.registry.store.save_notes(session.name, *after)
+            await self.store.save_notes(session.name, *after)
 
     async def disowned(self, live: Live) -> bool:
         """Whether the copy held here is of a session the store no longer gives its owner (it
         was deleted or forgotten elsewhere, and maybe its name taken by another owner since);
         such a copy is dropped, and an open by another owner decides from the store."""
-        record = await self.registry.store.load(live.session.name)
+        record = await self.store.load(live.session.name)
         if record is not None and record.owner == live.owner:
             return False
-        if self.registry.serves(live):
-            await self.registry.disown(live)
+        if self.served.serves(live):
+            await self.served.disown(live)
         return True
 
     async def catch_up_locked(self, live: Live) -> None:
@@ -172,9 +189,9 @@ class Replicas:
         behind this replica is left alone.
         """
         session = live.session
-        record = await self.registry.store.load(session.name)
+        record = await self.store.load(session.name)
         if record is not None and record.owner != live.owner:
-            await self.registry.disown(live)
+            await self.served.disown(live)
             raise UnknownSession(session.name)
         if record is None or record.total_turns < session.total_turns or record.cursor < session.cursor:
             return
@@ -184,7 +201,7 @@ class Replicas:
         if _only_appended(record, session):
             # only turns were added elsewhere: take them, and let a fold in flight land
             adopted = tuple(record.turns[len(session.verbatim_turns) :])
-            await self.registry.feed(live, TurnsAdopted(adopted, self.registry.clock()))
+            await self.feed(live, TurnsAdopted(adopted, self.clock()))
         else:
             await self._rebuild(live, record)
         log.info(
@@ -201,8 +218,8 @@ class Replicas:
         session = live.session
         if session.in_flight is not None:
             live.cancel_fold()
-        await self.registry.feed(live, SessionEnding(self.registry.clock()))
-        landmarks = await self.registry.store.load_landmarks(session.name)
+        await self.feed(live, SessionEnding(self.clock()))
+        landmarks = await self.store.load_landmarks(session.name)
         live.session = restore(record, session.config, landmarks)
         if live.session.config.tiers:
             live.tiers = await self.tiers.restored(live)

@@ -27,7 +27,8 @@ from voice_context.manager.indexing import Indexing
 from voice_context.manager.live import Live
 from voice_context.manager.outcomes import Outcomes
 from voice_context.manager.recall import Recall
-from voice_context.manager.registry import Registry
+from voice_context.manager.registry import Served
+from voice_context.manager.runtime import Clock, Feed
 from voice_context.manager.tiers import Tiers
 from voice_context.recall.index import default_query
 from voice_context.summarizers.fallback import emergency_fold
@@ -41,14 +42,21 @@ class Replies:
 
     def __init__(
         self,
-        registry: Registry,
+        tokenizer: str | None,
+        served: Served,
+        clock: Clock,
+        feed: Feed,
         compactions: Compactions,
         outcomes: Outcomes,
         indexing: Indexing,
         recall: Recall,
         tiers: Tiers,
     ) -> None:
-        self.registry = registry
+        #: the default tokenizer, read as the manager is entered (``None``: at its first use)
+        self.tokenizer = tokenizer
+        self.served = served
+        self.clock = clock
+        self.feed = feed
         self.compactions = compactions
         self.outcomes = outcomes
         self.indexing = indexing
@@ -59,8 +67,8 @@ class Replies:
     async def preload(self) -> None:
         """Read the default tokenizer's file once per process, before the first reply needs it
         (unless the manager was told not to: ``tokenizer_ahead``)."""
-        if self.registry.tokenizer_ahead:
-            tokenizer = self.registry.config.tokenizer
+        if self.tokenizer is not None:
+            tokenizer = self.tokenizer
             self._counters[tokenizer] = await anyio.to_thread.run_sync(load_tokenizer, tokenizer)
 
     async def counter(self, tokenizer: str) -> TokenCounter:
@@ -84,13 +92,13 @@ class Replies:
         owner: str | None,
     ) -> Context:
         """See :meth:`voice_context.manager.SessionManager.context`."""
-        registry = self.registry
-        live = registry.get(name, owner)
+        served = self.served
+        live = served.get(name, owner)
         tokenizer = live.session.config.tokenizer
         counter = self._counters.get(tokenizer)
         if counter is None and budget_tokens is not None:  # only a token budget counts tokens
             counter = await self.counter(tokenizer)
-            live = registry.get(name, owner)  # decide again after the await
+            live = served.get(name, owner)  # decide again after the await
         if budget_chars is None and format == "instructions":
             budget_chars = live.session.config.instructions_budget_chars
         self.tiers.maybe_roll(live)
@@ -102,7 +110,7 @@ class Replies:
             await self.indexing.caught_up(live)
             _, recalled = await self.recall.search(live, text, default=query is None)
         older = await self.recall.older(live, older_chars(budget_chars, budget_tokens))
-        live = registry.get(name, owner)  # decide again after the awaits
+        live = served.get(name, owner)  # decide again after the awaits
         context = build_context(
             self.tiers.view(live),
             format,
@@ -133,7 +141,7 @@ class Replies:
         owner: str | None,
     ) -> Handoff:
         """See :meth:`voice_context.manager.SessionManager.handoff`."""
-        session = self.registry.get(name, owner).session
+        session = self.served.get(name, owner).session
         limit = session.config.instructions_budget_chars if limit_chars is None else limit_chars
         questions, section = fit_questions(open_questions(session.verbatim_turns, session.cursor), limit)
         context = await self.context(
@@ -147,7 +155,7 @@ class Replies:
             owner=owner,
         )
         instructions = "\n\n".join(part for part in (context.instructions, section) if part)
-        session = self.registry.get(name, owner).session
+        session = self.served.get(name, owner).session
         verbatim = session.verbatim_turns
         count = max(0, min(last_turns, len(verbatim)))
         first = session.total_turns - count
@@ -166,7 +174,6 @@ class Replies:
     ) -> Applied | None:
         """Fold everything before the safety region at once, without a model, and commit it
         (see :meth:`voice_context.manager.SessionManager.overflow`); what moved, if anything."""
-        registry = self.registry
         counter = await self.counter(live.session.config.tokenizer)
         async with live.lock:
             session = live.session
@@ -183,12 +190,12 @@ class Replies:
             if keep <= session.cursor:
                 return None
             live.cancel_fold()  # its plan is superseded: its result would be stale
-            [start] = await registry.feed(live, OverflowReported(keep, registry.clock()))
+            [start] = await self.feed(live, OverflowReported(keep, self.clock()))
             assert isinstance(start, StartCompaction)  # run here, at once (its performer leaves it)
             plan = start.plan
             text = emergency_fold(plan, counter, session.config.max_summary_chars)
             # the same protocol as any fold: the result committed to the store, then applied
-            effects = await registry.feed(live, SummaryReturned(plan.plan_id, text, registry.clock()))
+            effects = await self.feed(live, SummaryReturned(plan.plan_id, text, self.clock()))
             for again in effects:
                 if isinstance(again, StartCompaction):  # a re-compaction pass: the next request folds again
                     await self.outcomes.abandon(live, session, again.plan.plan_id)

@@ -14,12 +14,24 @@ performer takes (``Abandoned``, ``Unpinned``) is an answer for the caller alone.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from voice_context.core.session import Effect, Event, Session
 from voice_context.manager.live import Live
 
 E = TypeVar("E")
+
+#: The manager's clock: what time it is, as the sessions' events say it.
+Clock = Callable[[], float]
+
+
+class Feed(Protocol):
+    """The one feed point, as a job is given it (:meth:`Runtime.feed`)."""
+
+    def __call__(
+        self, live: Live, event: Event, *, session: Session | None = None
+    ) -> Awaitable[list[Effect]]: ...
+
 
 #: Performs one effect for a session served here (``session``: the copy that said it, the one
 #: served or a fold's own); returns what the events it fed in turn came to, if it fed any.

@@ -4,13 +4,17 @@ the job that does it (see the package docstring)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import time
+import uuid
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 
+from voice_context.config import AheadMode, session_defaults
 from voice_context.core.budget import Context, Format
+from voice_context.core.config import SessionConfig
 from voice_context.core.handoff import LAST_TURNS, Handoff
 from voice_context.core.landmarks import Landmark, LandmarkSource
 from voice_context.core.session import (
@@ -46,33 +50,91 @@ from voice_context.manager.leases import Leases
 from voice_context.manager.live import Listener, Live, Opened
 from voice_context.manager.outcomes import Outcomes
 from voice_context.manager.recall import Recall
-from voice_context.manager.registry import Registry
+from voice_context.manager.registry import SERVER, SUMMARIZER, Background, Served
 from voice_context.manager.replicas import Replicas
 from voice_context.manager.replies import Replies
+from voice_context.manager.runtime import Runtime
 from voice_context.manager.tiers import Tiers
+from voice_context.store.base import Store
+from voice_context.store.memory import MemoryStore
+from voice_context.summarizers.base import Summarizer
 from voice_context.tiering import RollReport
+
+if TYPE_CHECKING:  # (numpy loads only with an embedder)
+    from voice_context.recall.embedding import Embedder
 
 log = get_logger("voice_context")
 
 
-class SessionManager(Registry):
+class SessionManager:
     """Owns the live sessions and runs their compactions. See :mod:`voice_context.manager`.
 
-    It is the registry every job shares (:class:`~voice_context.manager.registry.Registry`:
-    its settings, the sessions, the task group, counters and listeners), and hands each
-    request to the job that does it: :class:`Replicas` (opening, ownership, catch-up),
-    :class:`Compactions` with :class:`Leases` (folds), :class:`Indexing` and :class:`Recall`,
-    :class:`Tiers`, and :class:`Replies` (contexts, handoffs, emergencies).
+    It composes the jobs, each given only what it needs (the store, the clock, the feed, the
+    background task group, the sessions served here), and hands each request to the job that
+    does it: :class:`Replicas` (opening, ownership, catch-up), :class:`Compactions` with
+    :class:`Leases` (folds), :class:`Indexing` and :class:`Recall`, :class:`Tiers`, and
+    :class:`Replies` (contexts, handoffs, emergencies). Every event reaches a session through
+    its one feed point (:attr:`runtime`), whose performers are those jobs.
     """
 
-    def _assemble(self) -> None:
-        self._tiers = Tiers(self)
-        self._indexing = Indexing(self)
-        self._recall = Recall(self, self._indexing)
-        self._replicas = Replicas(self, self._tiers, self._indexing)
-        outcomes = Outcomes(self)
-        self._compactions = Compactions(self, Leases(self, self._replicas, outcomes), outcomes)
-        self._replies = Replies(self, self._compactions, outcomes, self._indexing, self._recall, self._tiers)
+    def __init__(
+        self,
+        summarizer: Summarizer,
+        *,
+        config: SessionConfig | None = None,
+        store: Store | None = None,
+        compaction_timeout: float = SUMMARIZER.compaction_timeout,
+        close_timeout: float = SERVER.shutdown_timeout,
+        clock: Callable[[], float] = time.time,
+        replica: str | None = None,
+        embedder: Embedder | None = None,
+        lease_ttl: float = SERVER.lease_ttl,
+        recall_ahead: AheadMode = "first",
+        tokenizer_ahead: bool = True,
+    ) -> None:
+        if lease_ttl <= 0:
+            raise ValueError("lease_ttl must be positive")
+        self.summarizer = summarizer
+        self.embedder = embedder
+        #: whether entering reads the default tokenizer (some 1 s), before a reply counts tokens
+        self.tokenizer_ahead = tokenizer_ahead
+        self.config = config or session_defaults(summarizer)
+        self.store: Store = store if store is not None else MemoryStore()
+        self.compaction_timeout = compaction_timeout
+        self.lease_ttl = lease_ttl
+        self.close_timeout = close_timeout
+        #: the manager's clock (a replay sets its logical one); the jobs read it through ``_now``
+        self.clock = clock
+        now = self._now
+        self.replica = replica or uuid.uuid4().hex[:12]
+        #: the one feed point of the sessions served here, and the performers of their effects
+        self.runtime = Runtime()
+        self.feed = feed = self.runtime.feed
+        self._background = background = Background(close_timeout)
+        self._served = served = Served(feed, now)
+        store = self.store
+        self._tiers = Tiers(store, summarizer, now, feed, background, served)
+        self._indexing = Indexing(store, embedder, background, served)
+        self._recall = Recall(store, embedder, recall_ahead, background, self._indexing)
+        self._replicas = Replicas(
+            store, self.config, now, feed, background, served, self._tiers, self._indexing
+        )
+        self._outcomes = outcomes = Outcomes(feed, now, summarizer)
+        leases = Leases(store, self.replica, lease_ttl, served, self._replicas, outcomes)
+        self._compactions = Compactions(
+            store, summarizer, compaction_timeout, now, feed, background, leases, outcomes
+        )
+        self._replies = Replies(
+            self.config.tokenizer if tokenizer_ahead else None,
+            served,
+            now,
+            feed,
+            self._compactions,
+            outcomes,
+            self._indexing,
+            self._recall,
+            self._tiers,
+        )
         self._stack: contextlib.AsyncExitStack | None = None
         # who performs each effect the sessions' cores say (an answer alone has no performer)
         performs = self.runtime.performs
@@ -99,9 +161,13 @@ class SessionManager(Registry):
     async def __aenter__(self) -> Self:
         await self._replies.preload()
         async with contextlib.AsyncExitStack() as stack:
-            await stack.enter_async_context(self.running())
+            await stack.enter_async_context(self._background.running(self._end_every_session))
             self._stack = stack.pop_all()
         return self
+
+    async def _end_every_session(self) -> None:
+        for live in list(self.live.values()):
+            await self._served.end(live)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -109,6 +175,55 @@ class SessionManager(Registry):
         stack, self._stack = self._stack, None
         assert stack is not None, "the manager was not entered"
         return await stack.__aexit__(exc_type, exc, tb)
+
+    # -- what it holds ---------------------------------------------------------
+
+    def _now(self) -> float:
+        """What time it is by the manager's :attr:`clock`."""
+        return self.clock()
+
+    @property
+    def recall_ahead(self) -> AheadMode:
+        """When recall runs ahead of the reply (see :mod:`voice_context.manager`)."""
+        return self._recall.recall_ahead
+
+    @recall_ahead.setter
+    def recall_ahead(self, mode: AheadMode) -> None:
+        self._recall.recall_ahead = mode
+
+    @property
+    def live(self) -> dict[str, Live]:
+        """The sessions served here, by name."""
+        return self._served.live
+
+    def get(self, name: str, owner: str | None, *, check_owner: bool = True) -> Live:
+        """The session served here by this name (for ``owner``); raises ``UnknownSession``."""
+        return self._served.get(name, owner, check_owner=check_owner)
+
+    @property
+    def closing(self) -> bool:
+        """Whether the manager is shutting down (no new work starts)."""
+        return self._background.closing
+
+    @property
+    def in_flight(self) -> int:
+        """Folds and tier rolls running now (what a shutdown waits for)."""
+        return self._background.in_flight
+
+    async def wait_idle(self) -> None:
+        """Wait until no compaction or tier roll runs here: for a replay on a logical clock,
+        which lets each one land before the next message (and for tests)."""
+        await self._background.wait_idle()
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """How many folds started, completed, failed, or came back stale."""
+        return self._outcomes.counters
+
+    @property
+    def listeners(self) -> list[Listener]:
+        """Told of every session's compactions."""
+        return self._outcomes.listeners
 
     # -- listeners -------------------------------------------------------------
 

@@ -19,8 +19,11 @@ from voice_context.core.tiers import (
 )
 from voice_context.logs import get_logger
 from voice_context.manager.live import Live
-from voice_context.manager.registry import Registry
+from voice_context.manager.registry import Background, Served
+from voice_context.manager.runtime import Clock, Feed
 from voice_context.recall.index import SummaryIndex
+from voice_context.store.base import Store
+from voice_context.summarizers.base import Summarizer
 from voice_context.tiering import RollReport, roll_tiers
 
 log = get_logger("voice_context")
@@ -33,30 +36,42 @@ time of day alone; a conversation that ends when a turn comes after a silence is
 class Tiers:
     """Rolls the tiers of the sessions that keep them, one roll at a time per session."""
 
-    def __init__(self, registry: Registry) -> None:
-        self.registry = registry
+    def __init__(
+        self,
+        store: Store,
+        summarizer: Summarizer,
+        clock: Clock,
+        feed: Feed,
+        background: Background,
+        served: Served,
+    ) -> None:
+        self.store = store
+        self.summarizer = summarizer
+        self.clock = clock
+        self.feed = feed
+        self.background = background
+        self.served = served
 
     async def roll(
         self, live: Live, *, on_demand: bool = False, closed: bool = False, tiers: Sequence[Tier] = TIERS
     ) -> RollReport:
         """Make the rolls due now (every one, as far back as they are missing)."""
-        registry = self.registry
         async with live.rolling:
             session = live.session
-            live.tiers_checked = registry.clock()
+            live.tiers_checked = self.clock()
             report = await roll_tiers(
-                registry.store,
-                registry.summarizer,
+                self.store,
+                self.summarizer,
                 session.name,
                 session.config,
-                registry.clock(),
+                self.clock(),
                 total_turns=session.total_turns,
                 on_demand=on_demand,
                 closed=closed,
                 tiers=tiers,
             )
             live.tiers = report.rows
-            await registry.feed(live, TiersRolled(report.through, registry.clock()))
+            await self.feed(live, TiersRolled(report.through, self.clock()))
             return report
 
     async def ended(self, live: Live, session: Session, roll: RollTiers) -> None:
@@ -66,41 +81,41 @@ class Tiers:
     def maybe_roll(self, live: Live, *, now: bool = False) -> None:
         """Roll the session's tiers in the background when a conversation just ended
         (``now``) or, otherwise, at most every :data:`TIER_CHECK_SECONDS` of the clock."""
-        registry = self.registry
-        if not live.session.config.tiers or not registry.started:
+        background = self.background
+        if not live.session.config.tiers or not background.started:
             return
-        at = registry.clock()
+        at = self.clock()
         if not now and at - live.tiers_checked < TIER_CHECK_SECONDS:
             return
         live.tiers_checked = at
         if live.rolling.locked():  # the roll under way goes round once more when it is done
             live.roll_again = True
             return
-        registry.begin()
-        registry.spawn(self._roll_in_background, live)
+        background.begin()
+        background.spawn(self._roll_in_background, live)
 
     async def _roll_in_background(self, live: Live) -> None:
-        registry = self.registry
+        background = self.background
         try:
             live.roll_again = True
-            while live.roll_again and registry.serves(live) and not registry.closing:
+            while live.roll_again and self.served.serves(live) and not background.closing:
                 live.roll_again = False
                 await self.roll(live)
         except Exception as exc:  # a store failure: the next check tries again
             log.warning("voice_context_tier_roll_failed", session=live.session.name, error=str(exc)[:300])
         finally:
-            registry.end()
+            background.end()
 
     async def restored(self, live: Live) -> tuple[TierSummary, ...]:
         """A restored session's rolled summaries, and what its core needs of them: how far
         they cover the transcript, and the time of the turn just before the cursor."""
-        store, session = self.registry.store, live.session
+        store, session = self.store, live.session
         rows = await store.load_tiers(session.name)
         folded_at: float | None = None
         if session.cursor and session.folded_at is None:
             [last] = await store.read_turns(session.name, session.cursor - 1, session.cursor)
             folded_at = last.at
-        await self.registry.feed(live, Restored(rolled_through(rows), folded_at, self.registry.clock()))
+        await self.feed(live, Restored(rolled_through(rows), folded_at, self.clock()))
         return rows
 
     @staticmethod
