@@ -55,6 +55,7 @@ type of effect:
 ``recall``         the search for a context, ahead of the reply and on its path
 ``tiers``          the tier cascade's rolls, and the summary a context shows of them
 ``replies``        contexts, handoffs and the emergency fold of an overflow
+``writes``         a note's buffers and a found landmark, into the store
 ``live``           what is kept of each session served here
 ``registry``       the sessions served here, and the background task group
 =================  ==========================================================

@@ -27,6 +27,17 @@ SUMMARIZER = SummarizerSettings()
 Ts = TypeVarTuple("Ts")
 
 
+class Now:
+    """The manager's clock as the jobs read it: what its :attr:`clock` says now, whichever
+    clock the manager was given or set to since (a replay sets its logical one)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+
+    def __call__(self) -> float:
+        return self.clock()
+
+
 class Background:
     """The one task group background work (folds, indexing, recall ahead, tier rolls) runs in.
 
@@ -141,4 +152,4 @@ class Served:
             del self.live[session.name]
 
 
-__all__ = ["SERVER", "SUMMARIZER", "Background", "Served"]
+__all__ = ["SERVER", "SUMMARIZER", "Background", "Now", "Served"]

@@ -20,11 +20,9 @@ from voice_context.core.landmarks import Landmark, LandmarkSource
 from voice_context.core.session import (
     Applied,
     CommitCompaction,
-    Effect,
     Failed,
     NoteReceived,
     NotesChanged,
-    NotesStored,
     PersistNotes,
     PinRequested,
     RecallAhead,
@@ -50,11 +48,12 @@ from voice_context.manager.leases import Leases
 from voice_context.manager.live import Listener, Live, Opened
 from voice_context.manager.outcomes import Outcomes
 from voice_context.manager.recall import Recall
-from voice_context.manager.registry import SERVER, SUMMARIZER, Background, Served
+from voice_context.manager.registry import SERVER, SUMMARIZER, Background, Now, Served
 from voice_context.manager.replicas import Replicas
 from voice_context.manager.replies import Replies
 from voice_context.manager.runtime import Runtime
 from voice_context.manager.tiers import Tiers
+from voice_context.manager.writes import Writes
 from voice_context.store.base import Store
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.base import Summarizer
@@ -103,9 +102,7 @@ class SessionManager:
         self.compaction_timeout = compaction_timeout
         self.lease_ttl = lease_ttl
         self.close_timeout = close_timeout
-        #: the manager's clock (a replay sets its logical one); the jobs read it through ``_now``
-        self.clock = clock
-        now = self._now
+        self._now = now = Now(clock)  # what the jobs read the clock through
         self.replica = replica or uuid.uuid4().hex[:12]
         #: the one feed point of the sessions served here, and the performers of their effects
         self.runtime = Runtime()
@@ -147,8 +144,9 @@ class SessionManager:
         performs(Failed, outcomes.failed)
         performs(Stale, outcomes.dropped)
         performs(RollTiers, self._tiers.ended)
-        performs(StoreLandmark, self._store_landmark)
-        performs(PersistNotes, self._persist_notes)
+        writes = Writes(store, feed, self._indexing)
+        performs(StoreLandmark, writes.landmark)
+        performs(PersistNotes, writes.notes)
 
     def __repr__(self) -> str:
         return (
@@ -178,9 +176,14 @@ class SessionManager:
 
     # -- what it holds ---------------------------------------------------------
 
-    def _now(self) -> float:
-        """What time it is by the manager's :attr:`clock`."""
-        return self.clock()
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The manager's clock (a replay sets its logical one: the jobs follow it)."""
+        return self._now.clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], float]) -> None:
+        self._now.clock = clock
 
     @property
     def recall_ahead(self) -> AheadMode:
@@ -318,19 +321,6 @@ class SessionManager:
             effects = await self.feed(live, NoteReceived(note))
             [persist] = [effect for effect in effects if isinstance(effect, PersistNotes)]
             return persist.changed
-
-    async def _persist_notes(self, live: Live, session: Session, persist: PersistNotes) -> list[Effect]:
-        """Write the note buffers (with the note's recall doc, when no note waits for the index
-        before it), then tell the session the store holds them; a failure changes nothing (nor
-        is the note indexed)."""
-        note = persist.note
-        assert note is not None, "the session names the note it staged"
-        doc = Indexing.note_doc(live, note)
-        stats = await self.store.save_notes(session.name, persist.live, persist.pending, doc)
-        effects = await self.feed(live, NotesStored(persist.staged), session=session)
-        self._indexing.stored_with_note(live, note, stats)
-        self._indexing.maybe_index(live)
-        return effects
 
     async def close(self, name: str, *, owner: str | None = None) -> None:
         """Stop serving a session here. Its state stays in the store; a compaction in
@@ -510,26 +500,6 @@ class SessionManager:
             removed = bool(unpinned) or removed
             log.info("voice_context_landmark_unpinned", session=name, index=index, removed=removed)
             return removed
-
-    async def _store_landmark(self, live: Live, session: Session, store: StoreLandmark) -> None:
-        """Store a landmark the heuristics found. The turn is stored already: a landmark
-        that cannot be stored is logged; it stays pinned here, and a session restored
-        elsewhere does without it (an unpin must last, so restored turns are not read again)."""
-        name, landmark = session.name, store.landmark
-        try:
-            await self.store.save_landmark(name, landmark)
-        except StoreError as exc:
-            log.warning(
-                "voice_context_landmark_not_stored", session=name, index=landmark.index, error=str(exc)
-            )
-        else:
-            log.info(
-                "voice_context_landmark_pinned",
-                session=name,
-                index=landmark.index,
-                kind=landmark.kind,
-                source=landmark.source,
-            )
 
     # -- recall indexing -------------------------------------------------------
 
