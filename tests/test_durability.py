@@ -53,8 +53,9 @@ async def wait_until(predicate: Callable[[], bool]) -> None:
 
 
 async def settle(manager: SessionManager) -> None:
-    """Wait until no compaction is in flight on this replica."""
-    await wait_until(lambda: manager.in_flight == 0)
+    """Wait until every fold started on this replica so far has landed."""
+    with anyio.fail_after(TIMEOUT):
+        await manager.settled()
 
 
 class Held:

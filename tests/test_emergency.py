@@ -7,7 +7,6 @@ from pathlib import Path
 
 import anyio
 import pytest
-from helpers import wait_until
 from serving import T0, running, wire
 
 from voice_context.core.emergency import halves, safety_start
@@ -142,7 +141,7 @@ async def test_a_fold_in_flight_is_superseded_and_its_result_dropped() -> None:
         _, applied = await manager.overflow("room", limit_tokens=400)
         assert applied is not None and manager.state("room").cursor == 42
         gated.gate.set()
-        await wait_until(lambda: manager.in_flight == 0)
+        await manager.settled()
         assert manager.state("room").cursor == 42, "the stale fold changed nothing"
 
 

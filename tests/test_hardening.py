@@ -463,7 +463,10 @@ async def test_two_tokens_opening_the_same_new_name_at_once_exactly_one_gets_it(
         with anyio.fail_after(TIMEOUT):
             await store.entered.wait()
         await beta.send({"type": "session.open", "id": "b", "session": "room-1"})
-        await anyio.sleep(TIMEOUT / 25)  # beta's open is under way too
+        # a connection's frames are read in order, and another session's request is answered
+        # beside them: once it is, beta's open is under way too, waiting behind alpha's
+        elsewhere = await beta.request("session.state", session="room-2")
+        assert elsewhere["code"] == "unknown_session"
         store.gate.set()
         answers = {(await alpha.reply())["type"], (await beta.reply())["type"]}
         assert answers == {"session.opened", "error"}
@@ -490,8 +493,7 @@ async def test_a_close_right_after_a_context_request_cancels_the_compaction_it_s
         assert manager.in_flight == 1
         await manager.close("room-1")
         with anyio.fail_after(TIMEOUT / 2):
-            while manager.in_flight:  # noqa: ASYNC110 - a counter owned by the manager
-                await anyio.sleep(0.001)
+            await manager.settled()
     assert summarizer.finished == 0, "the compaction was cancelled before its answer came"
     record = await store.load("room-1")
     assert record is not None and record.cursor == 0

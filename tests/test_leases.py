@@ -76,9 +76,9 @@ async def test_a_fold_slower_than_its_lease_keeps_it_and_no_other_replica_folds_
                 await anyio.sleep(0.02)
         landed = await on_east.push()
         assert (landed["type"], landed["cursor"]) == ("compaction.completed", 1), landed
-        for _ in range(10):  # and once it has landed
+        for _ in range(10):  # and once it has landed: west catches up, and starts no fold
             await on_west.request("context.get", session="room-1")
-            await anyio.sleep(0.02)
+            await west.manager.settled()
         state = await on_west.request("session.state", session="room-1")
 
         record = await east_store.load("room-1")

@@ -54,8 +54,9 @@ async def feed(manager: SessionManager, name: str, n: int, start_at: int = 0, **
 
 
 async def settle(manager: SessionManager) -> None:
-    """Wait until no compaction is in flight."""
-    await wait_until(lambda: manager.in_flight == 0)
+    """Wait until every fold started so far has landed."""
+    with anyio.fail_after(TIMEOUT):
+        await manager.settled()
 
 
 def compaction_logs(logs: Logs) -> list[MutableMapping[str, Any]]:
@@ -132,6 +133,29 @@ async def test_context_never_waits_for_a_slow_compaction() -> None:
             [request] = scripted.requests
             assert request.turns == tuple(turns(10))
             assert (request.first_index, request.previous_summary, request.session) == (0, "", "room")
+
+
+@pytest.mark.asyncio
+async def test_settled_returns_once_the_fold_a_context_started_and_the_indexing_have_landed() -> None:
+    gated = GatedSummarizer()
+    async with SessionManager(gated) as manager:
+        await manager.open("room")
+        await feed(manager, "room", 61)
+        await manager.context("room")  # folds turns 0..9 in the background
+        settled = anyio.Event()
+
+        async def wait() -> None:
+            await manager.settled()
+            settled.set()
+
+        with anyio.fail_after(TIMEOUT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait)
+                await gated.entered.wait()
+                assert not settled.is_set(), "the fold waits for its summary"
+                gated.gate.set()
+        assert manager.state("room").cursor == 10
+        assert (manager.in_flight, manager.indexing_lag("room")) == (0, 0)
 
 
 # -- (2) the seed's timeline, as logged ----------------------------------------------
@@ -698,7 +722,8 @@ async def test_a_compaction_lands_only_after_a_note_write_in_progress_settles() 
                 tg.start_soon(write_note)
                 await store.writing.wait()
                 gated.gate.set()
-                await anyio.sleep(0.05)
+                # the summary is in: the fold queues for the session's lock, which the write holds
+                await wait_until(lambda: manager.live["room"].lock.statistics().tasks_waiting == 1)
                 assert manager.state("room").cursor == 0, "the fold waits for the note write"
                 store.release.set()
             await settle(manager)

@@ -109,7 +109,7 @@ async def test_with_server_vad_each_reply_carries_the_memory_of_the_turn_it_answ
         meanwhile, as the seconds of a real call let them (the stand-in plays the call as fast
         as the bot answers; a context asked for while a fold runs leaves the next to its landing)."""
         (server,) = memory_server
-        await server.manager.wait_idle()
+        await server.manager.settled()
 
     question = User("What was my booking code again?", "It is QX7-ALPHA.")
     realtime = StandInRealtime([[*call, Pause(caught_up), question]], timeout=TIMEOUT)

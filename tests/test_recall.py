@@ -17,7 +17,7 @@ import anyio
 import hypothesis
 import pytest
 import Stemmer
-from helpers import build_folded, read_twice, wait_until
+from helpers import build_folded, read_twice
 from hypothesis import given
 from hypothesis import strategies as st
 from serving import running, settings, wire
@@ -396,7 +396,7 @@ async def test_turns_held_for_the_index_are_written_when_the_session_closes_and_
         # the first context may have room for nothing but the turns no summary covers yet (how
         # many there are depends on whether the crashed process landed its fold): they fold
         await manager.context("room", "instructions", budget_chars=1000)
-        await wait_until(lambda: manager.in_flight == 0)
+        await manager.settled()
         ctx = await manager.context("room", "instructions", budget_chars=1000, query=query)
         reopened, _, _ = await store.recall_postings("room", ())
     await store.aclose()
@@ -736,14 +736,9 @@ async def test_with_an_embedder_recall_finds_a_paraphrase_no_word_of_the_query_m
         lexical = RecallIndex()
         lexical.add_turns(0, [said, *chatter(30, 1)])
         assert [p.turn for p in lexical.search(query)] == []  # not one word in common
-        found: list[int | None] = []
-        for _ in range(100):  # the background pass embeds the turns; then the query finds it
-            ctx = await manager.context("room", "messages", query=query)
-            found = [p.turn for p in ctx.recalled]
-            if 0 in found:
-                break
-            await anyio.sleep(0.02)
-    assert 0 in found
+        await manager.settled()  # the background pass has embedded the turns
+        ctx = await manager.context("room", "messages", query=query)
+    assert 0 in [p.turn for p in ctx.recalled]
 
 
 class Counting:

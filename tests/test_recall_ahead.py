@@ -56,7 +56,7 @@ async def told(manager: SessionManager, turns: Sequence[Turn]) -> None:
     await manager.wait_indexed("gym")
     for _ in range(8):  # and the folds it started have landed: the summary stands still
         await manager.context("gym", "messages")
-        await wait_until(lambda: manager.in_flight == 0)
+        await manager.settled()
 
 
 async def asked(manager: SessionManager, store: CountingStore) -> int:
@@ -165,7 +165,8 @@ async def test_a_summary_replaced_since_the_search_makes_the_context_search_agai
         before = manager.session("gym").summary
         await manager.context("gym", "messages")  # uses the search ahead; a fold starts in the background
         assert store.searches == searches
-        await wait_until(lambda: manager.session("gym").summary != before and manager.in_flight == 0)
+        await manager.settled()
+        assert manager.session("gym").summary != before
         searches = store.searches
 
         ctx = await manager.context("gym", "instructions", budget_chars=1500)

@@ -522,12 +522,10 @@ async def test_a_backlog_appended_without_contexts_folds_in_the_background(tmp_p
             for i in range(400):
                 await bot.append("import", i, text=f"On day {i} we booked table {i} in Lisbon.")
             with anyio.fail_after(TIMEOUT * 4):
-                while True:
-                    state = await bot.request("session.state", session="import")
-                    # folded until less than a backlog is left: the recent window and a few batches
-                    if not state["in_flight"] and state["cursor"] > 400 - (50 + 4 * 10):
-                        break
-                    await anyio.sleep(0.01)
+                await server.manager.settled()
+            state = await bot.request("session.state", session="import")
+            # folded until less than a backlog is left: the recent window and a few batches
+            assert not state["in_flight"] and state["cursor"] > 400 - (50 + 4 * 10)
             assert state["turns"] == 400 and state["failures"] == 0
     finally:
         await store.aclose()

@@ -132,11 +132,9 @@ async def test_a_source_that_tries_to_give_instructions_stays_a_defused_line_ins
                 "context.get", session="room-1", format="instructions", budget_chars=20_000
             )
 
-        reply = await folded()
         with anyio.fail_after(TIMEOUT):
-            while not reply["summary"]:
-                await anyio.sleep(0.05)
-                reply = await folded()
+            await server.manager.settled()
+        reply = await folded()
     instructions = reply["instructions"]
     assert instructions.count("SUMMARY>>>") == 1 and instructions.count("<<<SUMMARY") == 1
     (line,) = [ln for ln in reply["summary"].split("\n") if "(context source)" in ln]
@@ -181,7 +179,7 @@ async def test_a_session_that_compacts_continuously_asks_its_sources_every_few_e
             # folds are started by context requests and land in their own time: a fold still in
             # flight at the last reply leaves the next batch to the next request, as a bot's would
             while (await bot.request("session.state", session="room-1"))["cursor"] < 4:
-                await anyio.sleep(0.05)
+                await server.manager.settled()
                 await bot.request("context.get", session="room-1")
         reply = await bot.request("context.get", session="room-1", format="instructions", budget_chars=20_000)
     windows = [body["from"] for path, body in Calendar.asked if path == "/calendar"]

@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 import hypothesis
 import pytest
-from helpers import ManualClock, given, landed, started, wait_until
+from helpers import ManualClock, given, landed, started
 from hypothesis import strategies as st
 
 from voice_context.core.config import SessionConfig
@@ -327,11 +327,7 @@ async def live_days(manager: SessionManager, clock: ManualClock, days: range) ->
             clock.now = spoken.at
             await manager.append_turn("garden", spoken)
             await manager.context("garden", budget_chars=4000)
-        await wait_idle(manager)
-
-
-async def wait_idle(manager: SessionManager) -> None:
-    await wait_until(lambda: manager.in_flight == 0)
+        await manager.settled()
 
 
 @pytest.mark.asyncio
@@ -344,7 +340,7 @@ async def test_a_month_of_mornings_rolls_into_conversations_days_and_weeks_and_o
         await live_days(manager, clock, range(28))
         clock.now = at(28, 5)  # Monday 1 April, 05:00: Sunday's day roll time has passed
         await manager.tick()
-        await wait_idle(manager)
+        await manager.settled()
 
         rows = await manager.store.load_tiers("garden")
         counts = {tier: sum(1 for r in rows if r.tier == tier) for tier in ("session", "day", "week")}

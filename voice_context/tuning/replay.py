@@ -245,13 +245,11 @@ class LogicalTime:
             reply.set()
 
     async def settle(self) -> None:
-        """Let every fold and roll started so far land, and the recall index catch up."""
+        """Let every fold, roll and index started so far land (:meth:`SessionManager.settled`)."""
         manager = self.manager
         if manager is None:
             raise RuntimeError("LogicalTime.settle needs the manager it paces (set .manager)")
-        await manager.wait_idle()
-        for name in manager.names():
-            await manager.wait_indexed(name, owner=manager.owner(name))
+        await manager.settled()
 
     async def _landing(self, request: SummaryRequest) -> None:
         while self._reply is not None:
