@@ -13,9 +13,9 @@ import asyncio.selector_events
 import gc
 from collections.abc import Iterator
 
-import anyio
+import anyio.lowlevel
 import pytest
-from serving import T0, running, wire
+from serving import T0, running, wait_until, wire
 
 from voice_context.client import Client
 
@@ -32,6 +32,24 @@ def cycles_kept() -> Iterator[list[object]]:
         gc.garbage.clear()
 
 
+def unlost(port: int) -> list[asyncio.BaseTransport]:
+    """This process's socket transports to or from ``port`` whose connection is not lost yet."""
+    kind = asyncio.selector_events._SelectorSocketTransport
+    return [
+        o
+        for o in gc.get_objects()
+        if type(o) is kind  # (type, not isinstance: gc also lists dead weak proxies)
+        and o._sock is not None  # (set to None once the connection is lost)
+        and port in (o.get_extra_info("sockname")[1], o.get_extra_info("peername")[1])
+    ]
+
+
+async def every_connection_lost(port: int) -> None:
+    """Wait until every connection to ``port`` is lost, on both sides, and so released."""
+    await wait_until(lambda: not unlost(port))
+    await anyio.lowlevel.checkpoint()  # a lost transport is released by the callback after
+
+
 @pytest.mark.asyncio
 async def test_a_closed_connection_leaves_no_transport_for_the_collector(cycles_kept: list[object]) -> None:
     async with running() as server:
@@ -39,7 +57,7 @@ async def test_a_closed_connection_leaves_no_transport_for_the_collector(cycles_
             async with wire(server) as bot:
                 await bot.open(f"call-{n}")
                 assert (await bot.append(f"call-{n}", 0))["type"] == "turn.appended"
-        await anyio.sleep(0.2)  # every connection lost, on both sides
+        await every_connection_lost(server.port)
         gc.collect()
         kind = asyncio.selector_events._SelectorSocketTransport
         transports = [o for o in cycles_kept if isinstance(o, kind)]
@@ -57,7 +75,7 @@ async def test_the_client_leaves_no_transport_for_the_collector_either(cycles_ke
             async with Client(server.url) as client:
                 call = await client.open(f"call-{n}")
                 await call.append_turn("Ann", "user", "Hello?", at=T0 + n)
-        await anyio.sleep(0.2)  # every connection lost, on both sides
+        await every_connection_lost(server.port)
         gc.collect()
         kind = asyncio.selector_events._SelectorSocketTransport
         transports = [o for o in cycles_kept if isinstance(o, kind)]

@@ -310,7 +310,7 @@ async def test_a_read_that_finds_the_file_busy_waits_for_it_in_the_reader_s_thre
 
         async def release_later() -> None:
             await wait_until(lambda: len(ran_on) == 2)  # tried on the loop, then on the reader's thread
-            await anyio.sleep(0.1)
+            await wait_until(lambda: ticks >= 10)  # the loop goes on meanwhile
             commit.release()
 
         tg.start_soon(release_later)
