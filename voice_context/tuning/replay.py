@@ -41,7 +41,7 @@ and without sleeping:
 
 So the same recording, configuration and (deterministic) summarizer always
 produce byte-identical contexts, and the contexts a server on the same
-logical time serves for the same requests (``tests/test_one_path.py``). Only
+logical time serves for the same requests (``tests/tuning/test_one_path.py``). Only
 the wall-clock timings (how long the summarizer and the context assembly
 took) differ between runs; they are kept apart in their own file.
 

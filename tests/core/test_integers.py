@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from helpers import ROOT
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from serving import running, turn_body, wire
@@ -36,7 +37,7 @@ from voice_context.store.sqlite import SQLiteStore
 from voice_context.testing.redis_server import RedisServer
 
 T0 = 1714572187.0
-PROTOCOL_DOC = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
+PROTOCOL_DOC = ROOT / "docs" / "protocol.md"
 
 #: One valid message of each type, to which a test sets one integer field.
 VALID: dict[str, dict[str, Any]] = {

@@ -8,10 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from helpers import ROOT
+
 from voice_context.cli import main
 from voice_context.tuning.sweep import COLUMNS, Point, grid, legend, print_table, table_cells
 
-FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "raid-night.jsonl"
+FIXTURE = ROOT / "fixtures" / "raid-night.jsonl"
 
 
 def test_values_per_key_make_a_grid_with_budgets_varying_fastest() -> None:

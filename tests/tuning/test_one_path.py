@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import ROOT
 from serving import running, settings
 
 from voice_context.codec import ErrorReply, Ping, Pong, SessionOpen, SessionOpened, TurnAppend, TurnStored
@@ -25,7 +26,7 @@ from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 from voice_context.tuning.replay import LogicalTime, ReplayResult, replay_file, replay_live
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = ROOT / "fixtures"
 
 #: (recording, format, budget): every recording, both formats, and a char and a token budget
 #: in each format

@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
+from helpers import ROOT
 from serving import clean_env
 
 from voice_context.client import Client, SessionHandle
@@ -38,7 +39,7 @@ from voice_context.testing.redis_server import RedisServer
 TIMEOUT = 20.0 * float(os.environ.get("VOICE_CONTEXT_TEST_TIMEOUT_SCALE", "1"))
 T0 = 1714572187.0
 #: ``voice-context serve`` with each group held before its COMMIT (see the program's docstring)
-HELD_COMMITS = Path(__file__).parent / "serve_held_commits.py"
+HELD_COMMITS = ROOT / "tests" / "serve_held_commits.py"
 SERVE = ("-m", "voice_context", "serve")
 #: Folds 2 turns once more than 6 lie at or after the cursor.
 SMALL = {"recent_window": 4, "batch_size": 2}

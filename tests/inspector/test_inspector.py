@@ -19,6 +19,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from helpers import ROOT
 from playwright.async_api import Browser, Page, async_playwright
 from serving import T0, TIMEOUT, Wire, http_get, running, settings, wire
 
@@ -28,7 +29,7 @@ from voice_context.store.sqlite import SQLiteStore
 from voice_context.summarizers.deterministic import DeterministicSummarizer
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = ROOT / "fixtures"
 WAIT = TIMEOUT * 1000  # playwright counts in milliseconds
 
 

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 from serving import TIMEOUT, clean_env
 
-ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 

@@ -7,10 +7,10 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 
 import anyio
 import pytest
+from helpers import ROOT
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -27,7 +27,7 @@ from voice_context.tuning.replay import read_recording
 
 #: Monday 8 May 2023, 13:56 UTC
 MONDAY = datetime(2023, 5, 8, 13, 56, tzinfo=UTC).timestamp()
-RAID_NIGHT = Path(__file__).resolve().parent.parent / "fixtures" / "raid-night.jsonl"
+RAID_NIGHT = ROOT / "fixtures" / "raid-night.jsonl"
 
 
 def fold(turns: list[Turn], previous: str = "", max_chars: int = 4000, notes: tuple[Note, ...] = ()) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
+from helpers import ROOT
 from serving import TIMEOUT, clean_env, http_get, running, serve_process
 
 from voice_context.cli import main
@@ -28,7 +29,7 @@ from voice_context.tuning.replay import (
     replay_realtime,
 )
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = ROOT / "fixtures"
 T0 = 1714572187.0
 
 

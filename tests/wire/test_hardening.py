@@ -21,9 +21,9 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
+from messages import message_like, pinned
 from serving import T0, TIMEOUT, GatedStore, Wire, http_get, running, settings, turn_body, wait_until, wire
 from structlog.testing import capture_logs
-from test_codec import message_like, pinned
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 import voice_context

@@ -23,11 +23,11 @@ from typing import Any
 
 import anyio
 import pytest
+from helpers import ROOT
 from serving import TIMEOUT, clean_env
 
 from voice_context.testing.answers import answer, answer_chat
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 README = ROOT / "README.md"
 FACT = "QX7-ALPHA"

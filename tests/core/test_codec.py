@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from hypothesis import example as pin
+from helpers import ROOT
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from messages import field_values, json_values, message_like, pinned
 
 from voice_context.codec import (
     CLIENT_TYPES,
@@ -251,66 +251,6 @@ def check_decodes_or_rejects(raw: str | bytes) -> None:
         # whatever decodes re-encodes, and round-trips; and can be recorded as it was sent
         assert decode(encode(message), max_text_chars=50) == message
         assert orjson.loads(orjson.dumps(sent)) == sent
-
-
-def nested(depth: int) -> Any:
-    value: Any = []
-    for _ in range(depth - 1):
-        value = [value]
-    return value
-
-
-#: Inputs that once got past the decoder's checks; each stays pinned.
-PINNED: list[dict[str, Any]] = [
-    {"type": "context.get", "session": "room-1", "format": []},
-    {"type": "context.get", "session": "room-1", "format": {}},
-    {"type": "ping", "x": nested(300)},
-    {
-        "type": "turn.append",
-        "session": "room-1",
-        "turn": {"speaker": "A", "role": "user", "text": "t", "at": 1.7e12},
-    },
-    {"type": "note.append", "session": "room-1", "note": {"text": "t", "at": 1e20}},
-    {"type": "note.append", "session": "room-1", "note": {"text": "t", "at": -1e18}},
-]
-
-
-def pinned(test: Any) -> Any:
-    for obj in PINNED:
-        test = pin(obj)(test)
-    return test
-
-
-json_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=60),
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=5)
-    ),
-    max_leaves=20,
-)
-field_values = (
-    st.sampled_from(["room-1", "", "x" * 201, "a\tb", "user", "assistant", "messages", "instructions"])
-    | json_values
-)
-
-
-@st.composite
-def message_like(draw: st.DrawFn) -> dict[str, Any]:
-    """Objects shaped like client messages, with plausible and implausible fields."""
-    obj: dict[str, Any] = {}
-    if draw(st.booleans()):
-        obj["type"] = draw(st.sampled_from(CLIENT_TYPES) | st.text(max_size=12) | json_values)
-    for key in ("id", "session", "config", "format", "budget_chars", "base_instructions", "facts"):
-        if draw(st.integers(0, 3)) == 0:
-            obj[key] = draw(field_values)
-    for key, keys in (("turn", ("speaker", "role", "text", "at", "id")), ("note", ("text", "at", "speaker"))):
-        if draw(st.booleans()):
-            obj[key] = {k: draw(field_values) for k in keys if draw(st.integers(0, 4))}
-    return obj
 
 
 @settings(max_examples=300, deadline=None)
@@ -616,7 +556,7 @@ def test_pushed_events_and_errors() -> None:
 
 # -- the documented examples are real messages ---------------------------------------------
 
-PROTOCOL_DOC = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
+PROTOCOL_DOC = ROOT / "docs" / "protocol.md"
 
 
 def documented_examples() -> list[dict[str, Any]]:

@@ -8,12 +8,12 @@ from __future__ import annotations
 import importlib.util
 import statistics
 import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
+from helpers import ROOT
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "load.py"
+SCRIPT = ROOT / "scripts" / "load.py"
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import orjson
 import pytest
+from helpers import ROOT
 from serving import TIMEOUT
 
 from voice_context.client import Client
@@ -195,7 +196,7 @@ def test_a_benchmark_stopped_mid_run_takes_its_model_server_with_it(how: signal.
     server it started; killed outright, the kernel stops the server for it."""
     if not llama_cpp_installed():
         pytest.fail("llama-cpp-python is not installed: run scripts/models smollm2")
-    bench = Path(__file__).resolve().parent.parent / "scripts" / "bench.py"
+    bench = ROOT / "scripts" / "bench.py"
     process = subprocess.Popen(
         [sys.executable, str(bench), "--llm", "smollm2", "--folds", "50"],
         stdout=subprocess.DEVNULL,
