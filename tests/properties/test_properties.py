@@ -11,6 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from voice_context.core.budget import Context, Format, build_context
 from voice_context.core.config import SessionConfig
+from voice_context.core.language.dates import resolve_dates
 from voice_context.core.session import (
     MAX_FOLD_CHARS,
     Abandoned,
@@ -35,6 +36,7 @@ from voice_context.core.window import BACKLOG_BATCHES, MAX_FOLD_BATCHES, recent_
 from voice_context.recall.index import RecallIndex, recall_candidates
 from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.deterministic import DeterministicSummarizer
+from voice_context.summarizers.prompt import build_messages
 
 SPEAKERS = ("Alice", "Bob", "Nova", "Calc")
 ROLE_OF: dict[str, Role] = {"Alice": "user", "Bob": "user", "Nova": "assistant", "Calc": "tool"}
@@ -408,3 +410,13 @@ def test_deterministic_folds_the_previous_summary_in() -> None:
     text = summarize(SummaryRequest(previous_summary=previous, turns=STATEFUL, max_chars=1200))
     assert "Miso" in text
     assert len(text) > len(previous)  # the new batch is folded in with it
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats())
+def test_both_summarizers_render_any_time_without_raising(at: float) -> None:
+    turn = Turn("Alice", "user", "Let's fly tomorrow, not next month.", at)
+    request = SummaryRequest(turns=(turn,), notes=(), previous_summary="", max_chars=400)
+    assert DeterministicSummarizer().summarize_now(request)
+    assert "Alice" in build_messages(request)[-1]["content"]
+    assert resolve_dates("three years ago, yesterday, next Friday", at)

@@ -26,8 +26,10 @@ from voice_context.errors import UnknownSession
 from voice_context.manager import SessionManager
 from voice_context.server import Server, owner_of
 from voice_context.store.base import Store
+from voice_context.store.memory import MemoryStore
 from voice_context.store.redis import RedisStore
 from voice_context.store.sqlite import SQLiteStore
+from voice_context.summarizers.base import SummaryRequest
 from voice_context.summarizers.fakes import ScriptedSummarizer
 from voice_context.testing.redis_server import RedisServer
 
@@ -270,3 +272,63 @@ async def test_two_serve_processes_on_one_sqlite_file_give_each_new_name_one_own
             [loser] = [token for token in TOKENS if got[token] == "error"]
             refused = await bots[loser].request("context.get", session=name)
             assert refused.get("code") == "unknown_session", (name, refused)
+
+
+# -- one session served by two servers at once -----------------------------------------------------
+
+
+class GatedSummarizer(ScriptedSummarizer):
+    """Answers from its script once the test opens the gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = anyio.Event()
+
+    async def summarize(self, request: SummaryRequest) -> str:
+        await self.gate.wait()
+        return await super().summarize(request)
+
+
+@pytest.mark.asyncio
+async def test_a_turn_appended_after_another_replica_appended_lands_after_its_turns() -> None:
+    shared = MemoryStore()  # one store, two server processes' worth of replicas
+    async with (
+        running(store=shared) as east,
+        running(store=shared) as west,
+        wire(east) as moving,
+        wire(west) as other,
+    ):
+        await moving.open("room-1")
+        assert (await moving.append("room-1", 0))["index"] == 0
+        await other.open("room-1")
+        assert (await other.append("room-1", 1))["index"] == 1
+        assert (await other.append("room-1", 2))["index"] == 2
+        appended = await moving.append("room-1", 3)  # east has not seen turns 1 and 2
+        assert (appended["type"], appended["index"]) == ("turn.appended", 3), appended
+        state = await moving.request("session.state", session="room-1")
+        assert state["turns"] == 4
+    assert [t.text for t in await shared.read_turns("room-1", 0, 10)] == [f"turn {i}" for i in range(4)]
+
+
+@pytest.mark.asyncio
+async def test_turns_appended_on_another_replica_do_not_cancel_a_fold_in_flight_here() -> None:
+    shared = MemoryStore()
+    slow = GatedSummarizer()
+    async with (
+        running(store=shared, summarizer=slow) as east,
+        running(store=shared) as west,
+        wire(east) as moving,
+        wire(west) as other,
+    ):
+        await moving.open("room-1", config={"recent_window": 2, "batch_size": 1})
+        for i in range(4):
+            await moving.append("room-1", i)
+        await moving.request("context.get", session="room-1")  # east folds turn 0, slowly
+        await other.open("room-1")
+        assert (await other.append("room-1", 4))["index"] == 4
+        assert (await moving.append("room-1", 5))["index"] == 5  # east catches up meanwhile
+        slow.gate.set()
+        landed = await moving.push()
+        assert (landed["type"], landed["cursor"]) == ("compaction.completed", 1), landed
+    record = await shared.load("room-1")
+    assert record is not None and (record.cursor, record.total_turns) == (1, 6)

@@ -16,11 +16,13 @@ from hypothesis import strategies as st
 
 from voice_context.codec import NoteAppend, TurnAppend
 from voice_context.core.config import BATCH_SIZE
+from voice_context.core.language import words
 from voice_context.core.language.dates import RELATIVE_DATE, _resolve, resolve_dates
 from voice_context.core.language.numbers import spoken_numbers
 from voice_context.core.language.small_talk import is_filler, shorten
 from voice_context.core.times import utc
 from voice_context.core.turns import Note, Turn
+from voice_context.summarizers import deterministic
 from voice_context.summarizers.base import Summarizer, SummaryRequest
 from voice_context.summarizers.deterministic import LINE_CHARS, SESSION_GAP, DeterministicSummarizer
 from voice_context.tuning.replay import read_recording
@@ -503,3 +505,26 @@ def test_a_persons_fact_said_again_in_a_later_conversation_is_not_said_again() -
     assert later.count("Bob: I'm vegetarian") == 1, "Bob's fact stays on the line it was first said on"
     assert "Alice: I'm vegetarian too now, since May." in later, "Alice never said it: news of her own"
     assert "cooking class in Lisbon" in later, "what Bob says that is new is kept"
+
+
+# -- the deterministic summarizer's caches are bounded by size ------------------------
+
+
+def test_the_deterministic_summarizers_caches_hold_at_most_their_budget_of_text() -> None:
+    summarizer, summary = DeterministicSummarizer(), ""
+    for batch in range(3):  # the caches fill through the summarizer...
+        turns = tuple(
+            Turn("Alice", "user", f"Item {batch}-{k} costs {k} euros.", 1714572187.0) for k in range(10)
+        )
+        summary = summarizer.summarize_now(
+            SummaryRequest(turns=turns, previous_summary=summary, max_chars=1200)
+        )
+    for cache, budget in (
+        (words.weighted_words, words.WEIGHTS_CACHE_CHARS),
+        (deterministic._parse_line, deterministic.CACHE_CHARS),
+    ):
+        assert cache.chars > 0
+        for n in range(200):  # ...and past their budget: 1.6 M chars of distinct 8,000-char lines
+            cache(f"[1 May 2024, 14:03] Alice: line {n}. " + "Lisbon costs 420 euros. " * 330)
+        assert cache.chars <= budget
+        assert len(cache) < 200

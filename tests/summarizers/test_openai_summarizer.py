@@ -15,6 +15,7 @@ import openai
 import pytest
 import pytest_asyncio
 from helpers import ROOT, TIMEOUT
+from serving import running, wire
 
 from voice_context.config import Settings
 from voice_context.core.turns import Note, Turn
@@ -28,6 +29,7 @@ from voice_context.summarizers.openai_compat import (
     answer_limit,
     clean_summary,
     output_token_cap,
+    retry_after,
 )
 from voice_context.summarizers.prompt import (
     FIRST_COMPACTION,
@@ -793,3 +795,36 @@ async def test_a_model_that_drops_the_previous_summary_failed_and_the_summary_is
     assert "[1 May 2024, 14:03] Alice: Let's do the dragon raid tonight" in summary
     [rejected] = [e for e in logs if e["event"] == "summary_fold_rejected"]
     assert rejected["reason"] == "drops the previous summary"
+
+
+# -- the provider's Retry-After is honoured -----------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_providers_retry_after_holds_the_next_attempt_back_that_long() -> None:
+    async with OpenAIServer(default=Reply("Alice booked Lisbon.")) as provider:
+        provider.script(Status(429, headers={"Retry-After": "45"}))
+        async with (
+            OpenAISummarizer(base_url=provider.base_url, model="m", max_retries=0) as model,
+            running(summarizer=model) as server,
+            wire(server) as bot,
+        ):
+            await bot.open("room-1", config={"recent_window": 2, "batch_size": 1})
+            for i in range(4):
+                await bot.append("room-1", i)
+            asked = time.time()
+            await bot.request("context.get", session="room-1")
+            failed = await bot.push()
+            assert (failed["type"], failed["error"]) == ("compaction.failed", "rate_limited")
+            assert failed["retry_at"] >= asked + 45, "not the 2 s of the first backoff step"
+            await bot.request("context.get", session="room-1")
+            assert len(provider.completions) == 1, "no second call before the provider said"
+
+
+def test_retry_after_is_read_as_seconds_an_http_date_or_milliseconds() -> None:
+    now = 1_714_572_187.0
+    assert retry_after({"retry-after": "30"}, now) == 30.0
+    assert retry_after({"retry-after-ms": "1500", "retry-after": "9"}, now) == 1.5
+    assert retry_after({"retry-after": "Wed, 01 May 2024 14:03:37 GMT"}, now) == pytest.approx(30.0)
+    for unreadable in ({}, {"retry-after": "soon"}, {"retry-after": "-3"}, {"retry-after": "nan"}):
+        assert retry_after(unreadable, now) is None

@@ -13,6 +13,8 @@ from helpers import ManualClock
 from serving import T0, TIMEOUT, GatedStore, Hung, Proxy, running, settings, wait_until
 from websockets.asyncio.server import ServerConnection, serve
 
+import voice_context
+from voice_context import codec, errors
 from voice_context.client import Client, ClientError, ConnectionLost, SessionHandle
 from voice_context.codec import (
     ContextGet,
@@ -25,6 +27,7 @@ from voice_context.codec import (
 )
 from voice_context.core.breaker import CircuitBreaker
 from voice_context.core.turns import Turn
+from voice_context.errors import RequestTimeout, VoiceContextError
 from voice_context.integrations._held import HeldSession
 from voice_context.store.memory import MemoryStore
 from voice_context.summarizers.deterministic import DeterministicSummarizer
@@ -476,3 +479,32 @@ async def test_a_bot_cancelled_while_its_held_session_closes_stays_cancelled() -
             went_on = True
         assert scope.cancelled_caught
         assert not went_on, "the code after close() ran in a cancelled task"
+
+
+# -- the error tree, the client's own timeout -------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_request_without_a_reply_raises_the_clients_own_timeout_error() -> None:
+    store = GatedStore()
+    async with running(store=store) as server:
+        client = Client(server.url, open_timeout=TIMEOUT, request_timeout=TIMEOUT / 20)
+        async with client:
+            room = await client.open("room-1")
+            with pytest.raises(RequestTimeout) as waited:
+                await room.append_turn("Alice", "user", "the store is slow today", at=T0)
+            assert isinstance(waited.value, TimeoutError) and isinstance(waited.value, ClientError)
+            assert isinstance(waited.value, VoiceContextError)
+            assert waited.value.code == "timeout"
+            store.gate.set()
+
+
+def test_every_error_voice_context_raises_on_purpose_is_in_the_tree() -> None:
+    documented = errors.__doc__ or ""
+    for name in dir(errors):
+        value = getattr(errors, name)
+        if isinstance(value, type) and issubclass(value, errors.VoiceContextError):
+            assert name in documented, name
+            assert getattr(voice_context, name) is value, f"{name} is public"
+    assert codec.DecodeError is errors.DecodeError
+    assert issubclass(errors.TurnConflict, errors.StoreError)
