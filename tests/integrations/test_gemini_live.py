@@ -40,6 +40,9 @@ def gemini(live_api: GeminiLiveServer) -> genai.Client:
 
 
 def calling(live_api: GeminiLiveServer, url: str, clock: ManualClock, **options: object) -> GeminiLive:
+    """The bot's call, its requests to voice-context bounded by the tests' one timeout rather than the
+    half second a live call gives them (a loaded machine is not a server that is down)."""
+    options.setdefault("timeout", TIMEOUT)
     return GeminiLive(
         gemini(live_api),
         model=MODEL,
