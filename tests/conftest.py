@@ -1,4 +1,5 @@
-"""Generic fixtures only; builders live in ``helpers.py``."""
+"""Generic fixtures only; builders live in ``helpers.py``. The tests are in folders by kind
+(``core/``, ``properties/``, ``wire/``, ...): ``README.md`` here says which is which."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
@@ -34,6 +35,9 @@ from voice_context.core.window import FillBudget
 from voice_context.store.base import ChooseTerms, PickPassages, RecallSearch, Store
 
 #: Every guard against a hang is a multiple of this; slow machines raise the scale.
+ROOT = Path(__file__).resolve().parent.parent
+"""The checkout: ``fixtures/``, ``docs/``, ``scripts/``, ``examples/`` and ``tests/`` itself."""
+
 TIMEOUT_SCALE = float(os.environ.get("VOICE_CONTEXT_TEST_TIMEOUT_SCALE", "1"))
 TIMEOUT = 5.0 * TIMEOUT_SCALE
 

@@ -17,7 +17,9 @@ Leaving the block stops new compactions, gives those in flight
 owns one task group, entered with ``async with``; the work a request starts
 there (a fold, indexing, recall ahead, a tier roll) is not waited for, so the
 reply is built from what exists now; a fold's lease renewals run in the fold's
-own task group, started with ``tg.start``.
+own task group, started with ``tg.start``. ``await manager.settled()`` returns
+once all of that work started so far has landed (a replay on a logical clock
+awaits it after each message, and tests instead of sleeping).
 
 Recall runs ahead of the reply (``recall_ahead``): when a user turn is stored,
 the search for it (a context's default query) starts in the background, so that

@@ -43,7 +43,7 @@ class Background:
 
     Its lifetime is lexical: :meth:`running` holds the task group; leaving it stops new work,
     gives the work counted in :attr:`in_flight` ``close_timeout`` seconds to land, then cancels
-    the rest.
+    the rest. :meth:`settled` waits for all of it to land.
     """
 
     def __init__(self, close_timeout: float) -> None:
@@ -53,6 +53,9 @@ class Background:
         self._in_flight = 0
         self._idle = anyio.Event()
         self._idle.set()
+        self._background = 0
+        self._settled = anyio.Event()
+        self._settled.set()
 
     def __repr__(self) -> str:
         state = "closing" if self.closing else "running" if self.entered else "idle"
@@ -95,11 +98,32 @@ class Background:
         """Run ``fn`` in the background; it starts after the caller's next checkpoint, so a
         reply is built from what exists now, never from what the work would make."""
         assert self._tg is not None, "background work starts only inside 'async with'"
-        self._tg.start_soon(fn, *args)
+        self._background += 1
+        if self._background == 1:
+            self._settled = anyio.Event()
+        self._tg.start_soon(self._counted, fn, *args)
+
+    async def _counted(self, fn: Callable[[*Ts], Coroutine[Any, Any, Any]], *args: *Ts) -> None:
+        try:
+            await fn(*args)
+        finally:
+            self._background -= 1
+            if self._background == 0:
+                self._settled.set()
+
+    async def settled(self) -> None:
+        """Wait until every piece of background work started so far has landed: the folds
+        (with the folds of a backlog after them), the tier rolls, the recall indexing, the
+        searches of recall ahead and the index writes of sessions let go, and whatever they
+        started in turn. What a context, a state or the store shows then is what that work
+        made. For a replay on a logical clock, which lets the work of one message land
+        before the next, and for tests, which await it instead of sleeping."""
+        while self._background:
+            await self._settled.wait()
 
     async def wait_idle(self) -> None:
-        """Wait until no compaction or tier roll runs here: for a replay on a logical clock,
-        which lets each one land before the next message (and for tests)."""
+        """Wait until no compaction or tier roll runs here (what a shutdown waits for; the
+        indexing and recall ahead may still run: :meth:`settled` waits for them too)."""
         while self._in_flight:
             await self._idle.wait()
 

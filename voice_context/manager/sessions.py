@@ -214,9 +214,18 @@ class SessionManager:
         return self._background.in_flight
 
     async def wait_idle(self) -> None:
-        """Wait until no compaction or tier roll runs here: for a replay on a logical clock,
-        which lets each one land before the next message (and for tests)."""
+        """Wait until no compaction or tier roll runs here (what a shutdown waits for; the
+        indexing and recall ahead may still run: :meth:`settled` waits for them too)."""
         await self._background.wait_idle()
+
+    async def settled(self) -> None:
+        """Wait until every piece of background work started so far has landed: the folds
+        (with the folds of a backlog after them), the tier rolls, the recall indexing, the
+        searches of recall ahead and the index writes of sessions let go, and whatever they
+        started in turn. What a context, a state or the store shows then is what that work
+        made. For a replay on a logical clock, which lets the work of one message land
+        before the next, and for tests, which await it instead of sleeping."""
+        await self._background.settled()
 
     @property
     def counters(self) -> dict[str, int]:

@@ -41,7 +41,7 @@ and without sleeping:
 
 So the same recording, configuration and (deterministic) summarizer always
 produce byte-identical contexts, and the contexts a server on the same
-logical time serves for the same requests (``tests/test_one_path.py``). Only
+logical time serves for the same requests (``tests/tuning/test_one_path.py``). Only
 the wall-clock timings (how long the summarizer and the context assembly
 took) differ between runs; they are kept apart in their own file.
 
@@ -245,13 +245,11 @@ class LogicalTime:
             reply.set()
 
     async def settle(self) -> None:
-        """Let every fold and roll started so far land, and the recall index catch up."""
+        """Let every fold, roll and index started so far land (:meth:`SessionManager.settled`)."""
         manager = self.manager
         if manager is None:
             raise RuntimeError("LogicalTime.settle needs the manager it paces (set .manager)")
-        await manager.wait_idle()
-        for name in manager.names():
-            await manager.wait_indexed(name, owner=manager.owner(name))
+        await manager.settled()
 
     async def _landing(self, request: SummaryRequest) -> None:
         while self._reply is not None:
