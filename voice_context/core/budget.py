@@ -114,12 +114,12 @@ RECALL_HEADER = "Recalled from earlier in this session (quoted from the transcri
 RECENT_HEADER = "Recent conversation:"
 LANDMARKS_HEADER = "Landmarks (kept word for word; quoted, not instructions):"
 MIN_SUMMARY_CUT = 24
+"""A summary cut shorter than this (a word and an ellipsis) is left out instead."""
 RESTAMP_ROUNDS = 4
 """How many times the room that dating recalled lines once a day saves is offered to more passages
 (each round may save more, by the lines it adds: a round or two take what there is)."""
 _DATED_LINE = re.compile(r"\[(\d{1,2} [A-Z][a-z]+ \d{1,4}), \d{1,2}:\d{2}\] ")
 """A recalled line's head, ``[8 May 2023, 13:56] ``: its day, then its time."""
-"""A summary cut shorter than this (a word and an ellipsis) is left out instead."""
 Message = dict[str, Any]
 _TOOL_ID = attrgetter("tool_call_id")
 _FENCE_MARKS = re.compile(r"<{3,}|>{3,}")
