@@ -40,7 +40,8 @@ what came of it. The session manager is the shell over this protocol, serving
 or replaying a recording on a logical clock: it writes to its store between an
 effect and its confirmation. (A turn, a pinned landmark and an unpin are stored
 by the shell before they are fed: they need no preview.) The events and effects
-themselves are in :mod:`voice_context.core.events`, and are imported from here too.
+themselves are in :mod:`voice_context.core.events`, and are imported from here too; the
+screen-note buffers, which the session holds and delegates to, in :mod:`voice_context.core.notes`.
 
 Invariants, checked by the property tests:
 
@@ -57,7 +58,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from operator import attrgetter
 from typing import NamedTuple
 
 from voice_context.core.config import SessionConfig
@@ -97,7 +97,8 @@ from voice_context.core.events import (
     UnpinRequested,
 )
 from voice_context.core.landmarks import Landmark, found_in
-from voice_context.core.text import clamp_sentences, clip, normalize
+from voice_context.core.notes import NoteBuffers
+from voice_context.core.text import clamp_sentences, normalize
 from voice_context.core.tools import fold_end, for_summary
 from voice_context.core.turns import Note, Turn
 from voice_context.core.window import (
@@ -124,9 +125,6 @@ MAX_REPLY_FACTOR = 4
 #: The fill trigger leaves room for as many turns as arrived while any of this many of the
 #: last folds was in flight (a burst is met by the folds after it, not forgotten by the next).
 ARRIVALS_KEPT = 4
-#: The newest notes kept for the recency floor's plain tail of the transcript, whether still
-#: live, pending or folded (a tail that reaches past them counts fewer notes: more turns).
-SEEN_NOTES = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,9 +170,9 @@ class ContextView:
     config: SessionConfig
     landmarks: tuple[Landmark, ...] = ()
     seen_notes: tuple[Note, ...] = ()
-    """The newest screen notes seen (:data:`SEEN_NOTES`), live, pending or folded: what a plain
-    tail of the transcript shows among its turns (the recency floor counts with them; see
-    :mod:`voice_context.core.budget`). Empty: the live notes stand in."""
+    """The newest screen notes seen (:data:`~voice_context.core.notes.SEEN_NOTES`), live, pending
+    or folded: what a plain tail of the transcript shows among its turns (the recency floor counts
+    with them; see :mod:`voice_context.core.budget`). Empty: the live notes stand in."""
 
     @property
     def covered_through(self) -> int:
@@ -212,21 +210,7 @@ class Session:
         self._cursor = cursor
         self._turns: list[Turn] = list(turns)
         self._summary = summary
-        self._live: deque[Note] = deque(live_notes)
-        self._pending: deque[tuple[int, Note]] = deque()
-        #: the newest notes seen, live, pending or folded: what a plain tail shows among its turns
-        self._seen: deque[Note] = deque(maxlen=SEEN_NOTES)
-        self._note_seq = 0
-        self._notes_dropped = 0
-        self._notes_version = 0  # moves with every change of the note buffers
-        # restored buffers may be over limits lowered since they were stored: the overflow
-        # goes as a note appended now would (the oldest live notes to pending, the oldest
-        # pending notes dropped)
-        for note in pending_notes:
-            self._queue_pending(note)
-        self._seen.extend(sorted((*self.pending_notes, *self._live), key=attrgetter("at")))
-        while len(self._live) > self.config.live_note_entries:
-            self._queue_pending(self._live.popleft())
+        self._notes = NoteBuffers(self.config, live_notes, pending_notes)
         self._in_flight: CompactionPlan | None = None
         self._next_plan_id = 1
         self._failures = failures
@@ -283,11 +267,11 @@ class Session:
 
     @property
     def live_notes(self) -> tuple[Note, ...]:
-        return tuple(self._live)
+        return self._notes.live
 
     @property
     def pending_notes(self) -> tuple[Note, ...]:
-        return tuple(note for _, note in self._pending)
+        return self._notes.pending
 
     @property
     def verbatim_turns(self) -> tuple[Turn, ...]:
@@ -310,11 +294,11 @@ class Session:
             cursor=self._cursor,
             in_flight=self._in_flight.plan_id if self._in_flight else None,
             summary_chars=len(self._summary),
-            live_notes=len(self._live),
-            pending_notes=len(self._pending),
+            live_notes=self._notes.live_count,
+            pending_notes=self._notes.pending_count,
             failures=self._failures,
             compactions=self._compactions,
-            notes_dropped=self._notes_dropped,
+            notes_dropped=self._notes.dropped,
             landmarks=len(self._landmarks),
         )
 
@@ -331,17 +315,17 @@ class Session:
             self._cursor,
             self._summary,
             tuple(self._turns),
-            tuple(self._live),
+            self._notes.live,
             self.config,
             self.landmarks,
-            tuple(self._seen),
+            self._notes.seen,
         )
 
     def __repr__(self) -> str:
         flight = f"plan#{self._in_flight.plan_id}" if self._in_flight else "none"
         return (
             f"<Session {self.name!r} turns={self.total_turns} cursor={self._cursor} "
-            f"in_flight={flight} notes={len(self._live)}+{len(self._pending)} "
+            f"in_flight={flight} notes={self._notes.live_count}+{self._notes.pending_count} "
             f"summary_chars={len(self._summary)} failures={self._failures}>"
         )
 
@@ -366,9 +350,9 @@ class Session:
                     self._append_turn(turn)
                 return []
             case NoteReceived(note=note):
-                return [PersistNotes(self._stage_note(note), note)]
+                return [PersistNotes(self._notes.stage(note, self.config), note)]
             case NotesStored(staged=staged):
-                self._take_notes(staged)
+                self._notes.take(staged)
                 return []
             case ContextRequested(at=at, budget=budget):
                 decision = self._plan_compaction(at, budget)
@@ -455,9 +439,7 @@ class Session:
 
     def _reconfigure(self, config: SessionConfig) -> None:
         self.config = config
-        self._notes_version += 1
-        while len(self._live) > config.live_note_entries:
-            self._queue_pending(self._live.popleft())
+        self._notes.reconfigure(config)
 
     def _plan_compaction(self, now: float, budget: FillBudget | None = None) -> CompactionPlan | Skip:
         """Evaluate the trigger for a context request at time ``now``.
@@ -518,10 +500,6 @@ class Session:
             )
         return Accepted(plan, clamp_sentences(text, limit), True)
 
-    def _pending_after(self, plan: CompactionPlan) -> tuple[Note, ...]:
-        """The pending notes that remain once ``plan`` lands."""
-        return tuple(note for seq, note in self._pending if seq > plan.last_note_seq)
-
     def _compaction_failed(
         self,
         plan_id: int,
@@ -562,7 +540,9 @@ class Session:
             return self._fail(plan, verdict.kind, True, now, message=message)
         self._committing = verdict
         plan = verdict.plan
-        return CommitCompaction(plan, verdict.summary, self._pending_after(plan), verdict.clamped)
+        return CommitCompaction(
+            plan, verdict.summary, self._notes.pending_after(plan.last_note_seq), verdict.clamped
+        )
 
     def _compaction_stored(self, plan_id: int, now: float) -> Applied | Stale:
         verdict, plan = self._committing, self._in_flight
@@ -575,67 +555,13 @@ class Session:
         del self._turns[: plan.end - old]
         self._cursor = plan.end
         self._summary = verdict.summary
-        while self._pending and self._pending[0][0] <= plan.last_note_seq:
-            self._pending.popleft()
-        self._notes_version += 1
+        self._notes.folded(plan.last_note_seq)
         self._in_flight = None
         self._arrived.append(self.total_turns - self._flight_from)
         self._failures = 0
         self._retry_at = None
         self._compactions += 1
         return Applied(plan, old, plan.end, verdict.summary, verdict.clamped, max(0.0, now - plan.started_at))
-
-    def _stage_note(self, note: Note) -> StagedNotes:
-        """The buffers with ``note`` added, computed on copies: nothing changes yet."""
-        limit = self.config.live_note_chars
-        if len(note.text) > limit:
-            note = Note(clip(note.text, limit), note.at, note.speaker, note.source)
-        live, pending = deque(self._live), deque(self._pending)
-        seq, dropped, evicted = self._note_seq, self._notes_dropped, 0
-        live.append(note)
-        while len(live) > self.config.live_note_entries:
-            seq += 1
-            pending.append((seq, live.popleft()))
-            evicted += 1
-            while len(pending) > self.config.max_pending_notes:
-                pending.popleft()
-                dropped += 1
-        changed = NotesChanged(len(live), len(pending), evicted, dropped - self._notes_dropped)
-        return StagedNotes(tuple(live), tuple(pending), seq, dropped, changed, self._notes_version)
-
-    def _take_notes(self, staged: StagedNotes) -> None:
-        if staged.version != self._notes_version:
-            raise ValueError("the note buffers changed since these notes were staged: stage them again")
-        self._live = deque(staged.live)
-        self._pending = deque(staged.numbered)
-        if staged.live:  # a staging adds one note, the newest live one
-            self._seen.append(staged.live[-1])
-        self._note_seq = staged.note_seq
-        self._notes_dropped = staged.notes_dropped
-        self._notes_version += 1
-
-    def _queue_pending(self, note: Note) -> None:
-        self._notes_version += 1
-        self._note_seq += 1
-        self._pending.append((self._note_seq, note))
-        while len(self._pending) > self.config.max_pending_notes:
-            self._pending.popleft()
-            self._notes_dropped += 1
-
-    def _notes_for_batch(self) -> tuple[tuple[Note, ...], int]:
-        """The oldest pending notes that fit the note budget (at least one, if any)."""
-        budget = self.config.max_note_chars
-        taken: list[Note] = []
-        last_seq = 0
-        used = 0
-        for seq, note in self._pending:
-            size = len(note.render()) + 1
-            if taken and used + size > budget:
-                break
-            taken.append(note)
-            used += size
-            last_seq = seq
-        return tuple(taken), last_seq
 
     def _begin(self, batch: Batch, now: float, *, trigger: str = "count") -> CompactionPlan | Skip:
         """Start ``batch``, its end moved back so that no tool call is folded without its
@@ -662,7 +588,7 @@ class Session:
         while not whole and count > size and sum(len(t.text) for t in self._turns[:count]) > MAX_FOLD_CHARS:
             count -= size
         batch = replace(batch, end=batch.start + (fold_end(self._turns, count) or batch.size))
-        notes, last_seq = self._notes_for_batch()
+        notes, last_seq = self._notes.for_fold(self.config.max_note_chars)
         fresh = self._conversation_begins(batch)
         previous = self._summary if fresh is None else ""
         kept = [
