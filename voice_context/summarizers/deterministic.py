@@ -73,6 +73,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache, partial
+from operator import attrgetter
 from typing import NamedTuple
 
 from voice_context.core.cache import char_bounded_cache
@@ -311,9 +312,6 @@ def _new_lines(
                 *_new_lines(turns, rest, note_chars, gap, before, known),
             ]
     speakers = sorted({t.speaker for t in turns if t.speaker})
-    items: list[tuple[float, int, Turn | Note]] = [(t.at, k, t) for k, t in enumerate(turns)]
-    items += [(n.at, len(turns) + k, n) for k, n in enumerate(notes)]
-    items.sort(key=lambda item: (item[0], item[1]))
     lines: list[_Line] = []
     kept: list[_Sentence] = []
     said = _Said(known)
@@ -329,16 +327,14 @@ def _new_lines(
                 _Line(day_text(start), f"{start:%H:%M}", list(kept), notes_only=not spoken, until=until)
             )
 
-    for at, _, item in items:
-        when = utc(at)
+    for item in _in_time_order(turns, notes):
+        at, when = item.at, utc(item.at)
         if start is None or at - last > gap or when.date() != start.date():
             close()
             kept, said, start, spoken = [], _Said(known), when, False
-            if before is not None and began is not None and len(lines) == 0:
-                naive = when.replace(tzinfo=None)
-                if naive.date() == began.date() and 0 <= (naive - began).total_seconds() <= gap:
-                    for sentence in before.sentences:
-                        said.add(sentence)
+            if before is not None and began is not None and not lines and _goes_on(began, when, gap):
+                for sentence in before.sentences:
+                    said.add(sentence)
         last = max(last, at)
         if isinstance(item, Turn):
             spoken = True
@@ -358,6 +354,19 @@ def _new_lines(
         said.add(kept[-1])
     close()
     return lines
+
+
+def _in_time_order(turns: Sequence[Turn], notes: Sequence[Note]) -> list[Turn | Note]:
+    """The turns and the notes in the order they happened, a note by the time it was seen; at
+    the same time, the turns before the notes, each in the order given."""
+    return sorted([*turns, *notes], key=attrgetter("at"))  # a stable sort keeps that order
+
+
+def _goes_on(began: datetime, when: datetime, gap: float) -> bool:
+    """Whether a stretch that begins at ``when`` goes on the conversation of a line that began
+    at ``began`` (naive, UTC): on the same day, and at most ``gap`` seconds after it."""
+    naive = when.replace(tzinfo=None)
+    return naive.date() == began.date() and 0 <= (naive - began).total_seconds() <= gap
 
 
 _SCREEN = re.compile(r"(?:^|'s )[Ss]creen\b")
