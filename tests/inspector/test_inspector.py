@@ -5,7 +5,7 @@ turns arrive and a fold lands, a stored session nobody holds open, a reply expla
 what was recalled and why, what was left out and dropped, the budget part by part), the recent
 contexts with what changed between them, a fold linked to the lines it made and the turns it
 folded; and a page people can read: scores on a scale, a filter over a long list of sessions,
-one way of writing a time, no request that fails, one document that scrolls."""
+one way of writing a time, no request that fails, one document that scrolls, and holds still while nothing changes."""
 
 from __future__ import annotations
 
@@ -133,6 +133,13 @@ async def test_the_page_follows_a_session_live_in_a_real_browser() -> None:
         assert await page.inner_text("#cursor") == "cursor 0"
         assert "No context yet" in await page.inner_text("#context")
 
+        # while nothing changes the page holds still: it reads the session each second, and a
+        # click pressed on a button the next reading replaced would be lost on its release
+        await page.evaluate("document.querySelector('#verbatim li').dataset.seen = 'yes'")
+        read = await page.evaluate("ticks")
+        await page.wait_for_function(f"ticks >= {read + 2}", timeout=WAIT)
+        assert await page.locator("#verbatim li[data-seen='yes']").count() == 1
+
         # more turns, a context that starts a fold: the page catches up on its own
         for k in range(5, 61):
             await bot.append("room-1", k)
@@ -142,6 +149,7 @@ async def test_the_page_follows_a_session_live_in_a_real_browser() -> None:
         )
         await page.wait_for_selector("#folds li[data-fold]", timeout=WAIT)
         assert "folded turns 0–9" in await page.inner_text("#folds")
+        assert await page.locator("[data-seen]").count() == 0, "what changed is drawn anew"
         assert await page.locator("#verbatim li").count() == 51  # turns 10..60
         assert await page.locator("#verbatim li").first.get_attribute("data-index") == "10"
         head = await page.inner_text("#context-head")
