@@ -5,7 +5,8 @@ turns arrive and a fold lands, a stored session nobody holds open, a reply expla
 what was recalled and why, what was left out and dropped, the budget part by part), the recent
 contexts with what changed between them, a fold linked to the lines it made and the turns it
 folded; and a page people can read: scores on a scale, a filter over a long list of sessions,
-one way of writing a time, no request that fails, one document that scrolls, and holds still while nothing changes."""
+one way of writing a time, no request that fails, one document that scrolls and holds still
+while nothing changes."""
 
 from __future__ import annotations
 
