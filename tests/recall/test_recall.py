@@ -41,10 +41,10 @@ from voice_context.recall.index import (
     default_query,
     index_terms,
     indexed,
-    nearest,
     note_passage,
     recall_candidates,
     render_hits,
+    rerank,
     turn_key,
     turn_passage,
     with_neighbours,
@@ -741,6 +741,45 @@ async def test_with_an_embedder_recall_finds_a_paraphrase_no_word_of_the_query_m
     assert 0 in [p.turn for p in ctx.recalled]
 
 
+DAYS = [
+    "Baked bread on Sunday, it came out too dense.",
+    "Work is busy, the new release ships Friday.",
+    "Rain all afternoon, the garden finally got water.",
+    "School concert next week, the kids are nervous.",
+    "Finished the mystery novel, the ending surprised me.",
+    "My sister visits from Denver next month.",
+]
+
+
+@pytest.mark.asyncio
+async def test_an_aggregate_question_gets_the_turns_that_answer_it_though_they_hold_none_of_its_words() -> (
+    None
+):
+    # Melanie tells of her days, twice of a sport; "What sports does she do?" shares no word with any
+    sports = {
+        13: "Kickboxing class again last night, my legs are sore.",
+        37: "Tennis with Anna this morning, I won both sets.",
+    }
+    turns = [
+        Turn("Melanie", "user", sports.get(i, DAYS[(i // 2) % len(DAYS)]), T0 + 60 * i)
+        if i % 2
+        else Turn("Caroline", "user", "That sounds lovely, tell me more about it.", T0 + 60 * i)
+        for i in range(61)
+    ]
+    query = "What sports does she do?"
+    lexical = RecallIndex()
+    lexical.add_turns(0, turns)
+    assert lexical.search(query) == []  # not one word in common
+
+    async with SessionManager(DeterministicSummarizer(), embedder=load_embedder("minilm")) as manager:
+        await manager.open("room", SMALL)
+        await speak(manager, "room", turns)
+        await manager.settled()  # the background pass has embedded the turns
+        ctx = await manager.context("room", "messages", query=query)
+    best = sorted(ctx.recalled, key=lambda p: -p.score)[:2]  # (a context shows them in time order)
+    assert {p.turn for p in best} == set(sports), ctx.recalled
+
+
 class Counting:
     """A real embedder that counts the texts it is given."""
 
@@ -820,14 +859,26 @@ def test_bm25_scores_do_not_depend_on_the_process_s_hash_seed() -> None:
     assert len(printed) == 1
 
 
-def test_equal_vectors_rank_the_newer_first_whatever_order_they_were_embedded_in() -> None:
-    import numpy as np
+def test_meaning_orders_what_the_words_found_among_near_ties() -> None:
+    found = {1: 1.0, 2: 0.98, 3: 0.97, 4: 0.5}  # four turns share the query's words, three nearly equally
+    meaning = {1: 0.1, 2: 0.2, 3: 0.9, 4: 0.3, 9: 0.99}  # turn 9 is close in meaning, and holds none of them
+    ranked = rerank(found, meaning, limit=3)
+    assert [doc for doc, _ in ranked] == [3, 2, 1], "the closest in meaning of the near-ties first"
+    assert 9 not in dict(ranked), "the words found enough: meaning adds nothing of its own"
 
-    same = np.array([0.6, 0.8], dtype=np.float32)
-    query = np.array([1.0, 0.0], dtype=np.float32)
-    for keys in ([3, 17, 9], [17, 9, 3], [9, 3, 17]):
-        vectors = {key: same for key in keys}
-        assert nearest(vectors, query, lambda _: True, 3) == [17, 9, 3]
+
+def test_a_decisive_match_keeps_its_place_whatever_the_meaning_says() -> None:
+    found = {1: 1.0, 2: 0.3, 3: 0.3}
+    meaning = {1: 0.0, 2: 0.9, 3: 0.8}
+    assert [doc for doc, _ in rerank(found, meaning, limit=3)] == [1, 2, 3]
+
+
+def test_where_the_words_find_too_few_the_nearest_in_meaning_fill_below_them_the_newer_first() -> None:
+    ranked = rerank({5: 1.0}, {5: 0.2, 7: 0.5, 8: 0.5, 2: 0.1}, limit=3)
+    assert [doc for doc, _ in ranked] == [5, 8, 7]  # 7 and 8 are equally close: the newer first
+    scores = [score for _, score in ranked]
+    assert scores == sorted(scores, reverse=True) and scores[-1] > 0
+    assert rerank({}, {}, limit=3) == []
 
 
 # -- a search is one read of the store ------------------------------------------------------

@@ -4,7 +4,7 @@ The store keeps every session's postings beside its turns (see
 :class:`voice_context.store.base.Store`), so a process serving hundreds of
 sessions holds none of their history. A search is one read of the store
 (:meth:`~voice_context.store.base.Store.recall_search`): the postings of the
-query's words, ranked inside the read with the same BM25 and fusion as the
+query's words, ranked inside the read with the same BM25 and reranking as the
 in-process :class:`~voice_context.recall.index.RecallIndex`, then the few
 passages it shows, all of one snapshot; short, whatever the session's length
 (the store counts each word's docs, and the postings of words too common to
@@ -30,12 +30,13 @@ from voice_context.recall.index import (
     FOCUS_WIDTH,
     LENDERS_PER_HIT,
     bm25,
+    by_words,
     choose_terms,
-    fuse,
     idf,
-    nearest,
     query_words,
     render_hits,
+    rerank,
+    similarities,
     speaker_focus,
     turn_key,
     with_neighbours,
@@ -72,9 +73,10 @@ async def find_in_store(
     to search by, and the answer is none whatever the index holds.
 
     Turns at ``before`` or later are left out (a context shows them verbatim);
-    ``query_vector`` with the session's ``vectors`` (doc key -> unit vector) adds
-    the vector ranking; ``held``: the docs of the newest turns, which the store's index may not
-    hold yet, searched with it (see :class:`HeldTurns`); ``now`` is when the query is
+    ``query_vector`` with the session's ``vectors`` (doc key -> unit vector) orders
+    the words' hits by meaning too, and fills where they are too few (see :func:`rerank`);
+    ``held``: the docs of the newest turns, which the store's index may not hold yet,
+    searched with it (see :class:`HeldTurns`); ``now`` is when the query is
     asked (see :func:`query_terms`); words held by more than ``common`` of the docs are not
     searched by (see :func:`choose_terms`); ``asked``: the query was asked for, not the newest
     user turn (whose names are more often said to someone than asked about): one that names a
@@ -98,7 +100,7 @@ async def find_in_store(
         return key < 0 or key < before
 
     # on the event loop, before the read: the session's vectors change there
-    close = nearest(vectors, query_vector, keep, limit * 2) if query_vector is not None and vectors else []
+    similar = similarities(vectors, query_vector, keep) if query_vector is not None and vectors else None
     below = max(before, 0)  # notes' keys are < 0
     spread = LENDERS_PER_HIT * limit
     wide = limit * FOCUS_WIDTH if asked else limit  # ranked again by speaker once passages are read
@@ -121,7 +123,10 @@ async def find_in_store(
             for key, score in with_neighbours(scored, turn_key, turn_key, spread=spread).items()
             if key < below
         }
-        top = fuse(lexical, close, limit=wide, min_share=min_share)
+        if similar is None:
+            top = by_words(lexical, limit=wide, min_share=min_share)
+        else:
+            top = rerank(lexical, similar, limit=wide, min_share=min_share)
         keys = [key for key, _ in top]
         return (stats, df, terms, top), [*keys, *(key + 1 for key in keys if key >= 0)]
 

@@ -572,7 +572,7 @@ class _Standing(NamedTuple):
     """1 = the best."""
     of_best: float
     """Its score over the best one's (1.0 for the best): recall's raw scores mean little alone
-    (a fused rank score is 1/61 for the first hit of one ranking), their ratios compare."""
+    (a lexical rank score is 1/61 for the first hit), their ratios compare."""
 
 
 def _standing(offered: Sequence[Recalled]) -> dict[int, _Standing]:
