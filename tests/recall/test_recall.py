@@ -25,6 +25,7 @@ from serving import running, settings, wire
 import voice_context
 from voice_context.core.budget import RECALL_HEADER, RECENT_HEADER, build_context
 from voice_context.core.config import SessionConfig
+from voice_context.core.language.forms import BASE_FORMS
 from voice_context.core.language.numbers import spoken_numbers
 from voice_context.core.recalled import Offered, Recalled, RecallStats
 from voice_context.core.session import ContextView, Session
@@ -116,6 +117,10 @@ WORDS = [
     "the",
     "Group",
     "three-four",
+    "won",
+    "Bought",
+    "children",
+    "rose",
 ]
 
 
@@ -130,10 +135,30 @@ def test_the_words_of_a_text_are_what_the_whole_folding_gives_whatever_it_skips(
         w for w in re.findall(r"[a-z0-9]+", lowered) if w not in STOPWORDS and (len(w) > 1 or w.isdigit())
     ]
     words += [h.replace("-", "") for h in re.findall(r"[a-z]+(?:-[a-z]+)+", lowered)]
-    every_step = [
-        w.lstrip("0") or "0" if w.isdigit() else w for w in Stemmer.Stemmer("english").stemWords(words)
+    stem = Stemmer.Stemmer("english").stemWord
+    every_step = [w.lstrip("0") or "0" if w.isdigit() else stem(w) for w in words]
+    every_step += [
+        stem(BASE_FORMS[w])
+        for w in re.findall(r"[a-z0-9]+", lowered)
+        if w in BASE_FORMS and stem(BASE_FORMS[w]) != stem(w)
     ]
     assert index_terms(text) == every_step
+
+
+def test_a_question_in_the_base_form_finds_what_was_told_in_an_irregular_past() -> None:
+    """No suffix stemmer brings "won" to "win" or "bought" to "buy": the index counts an irregular
+    form under its base as well as under itself, for turns and queries alike."""
+    assert index_terms("We won a trophy") == ["won", "trophi", "win"]
+    assert index_terms("the children") == ["children", "child"]
+    assert index_terms("a rose in the garden") == ["rose", "garden"]  # a flower as often as "rise"
+    index = RecallIndex()
+    index.add_turns(0, chatter(30))
+    index.add_turns(30, [Turn("Caroline", "user", "All that work paid off: we won the trophy!", T0 + 3600)])
+    index.add_turns(31, chatter(30, 31))
+    index.add_turns(61, [Turn("Melanie", "user", "I bought a used kayak at the flea market.", T0 + 7200)])
+    assert [hit.turn for hit in index.search("What did they win?")][:1] == [30]
+    assert [hit.turn for hit in index.search("What did she buy?")][:1] == [61]
+    assert [hit.turn for hit in index.search("Who has won?")][:1] == [30]  # and the form itself
 
 
 def test_a_search_finds_the_turn_and_shows_its_matching_sentence_and_the_next_dated_and_attributed() -> None:
@@ -1046,7 +1071,7 @@ async def test_a_search_finds_the_turns_held_in_memory_as_if_the_store_held_them
 
 def test_a_question_naming_one_speaker_ranks_that_speakers_turn_first() -> None:
     index = RecallIndex()
-    bob = "We took the harbour ferry to Porto in June, my sister and I, and it rained."
+    bob = "We rode the harbour ferry to Porto in June, my sister and I, and it rained."
     index.add_turns(
         0,
         [

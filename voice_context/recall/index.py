@@ -37,6 +37,7 @@ import Stemmer
 
 from voice_context.core.cache import CharBoundedCache, char_bounded_cache
 from voice_context.core.language.dates import RELATIVE_DATE, may_hold_relative_date, resolve_dates
+from voice_context.core.language.forms import BASE_FORMS
 from voice_context.core.language.numbers import NUMBER_TOKENS, spoken_numbers_lower
 from voice_context.core.language.small_talk import without_small_talk
 from voice_context.core.language.words import lower_tokens, without_apostrophes
@@ -158,7 +159,8 @@ def _word_term(word: str) -> str:
 def index_terms(text: str) -> list[str]:
     """The words recall matches on: lowercased, numbers said as words as digits, possessives
     dropped, Snowball-stemmed (English), stopwords dropped; a hyphenated word also counts
-    written together. The same for turns and queries."""
+    written together, and an irregular form ("won", "bought", "children") under its base too
+    ("win", "buy", "child"), which no suffix stemmer reaches. The same for turns and queries."""
     # every step but the tokenizing and the stemmer is skipped when its text cannot apply:
     # this runs for every turn stored and every sentence a search shows
     lowered = text.lower()
@@ -180,7 +182,15 @@ def index_terms(text: str) -> list[str]:
             terms.append(term)
     if "-" in lowered:  # "de-stress" is also "destress"
         terms.extend(_stemmed(h.replace("-", "")) for h in _hyphenated(lowered))
+    if not _IRREGULAR.isdisjoint(tokens):  # "won" is also "win"
+        terms.extend(_BASE_TERMS[word] for word in tokens if word in _BASE_TERMS)
     return terms
+
+
+_BASE_TERMS = {form: _stemmed(base) for form, base in BASE_FORMS.items() if _stemmed(base) != _stemmed(form)}
+"""An irregular form -> the term of its base (:mod:`voice_context.core.language.forms`), where
+the stemmer keeps the two apart ("won" -> "win", "bought" -> "buy", "children" -> "child")."""
+_IRREGULAR = frozenset(_BASE_TERMS)
 
 
 def _hyphenated(lowered: str) -> list[str]:

@@ -6,7 +6,8 @@
   sentences of small talk alone, and a sentence shortened to what it says;
 - :mod:`~voice_context.core.language.dates`: relative dates ("yesterday", "last Friday") found
   and made absolute against the time they were said;
-- :mod:`~voice_context.core.language.numbers`: numbers said as words written as digits.
+- :mod:`~voice_context.core.language.numbers`: numbers said as words written as digits;
+- :mod:`~voice_context.core.language.forms`: irregular forms ("won", "children") and their base.
 
 Pure and synchronous, as the rest of the core: no clock, no I/O. The months' and weekdays' names
 they go by are :mod:`voice_context.core.times`'s.
