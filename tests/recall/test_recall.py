@@ -38,6 +38,7 @@ from voice_context.recall.index import _STOP as STOPWORDS
 from voice_context.recall.index import (
     DEFAULT_QUERY_COMMON,
     RecallIndex,
+    Vectors,
     annotate_dates,
     default_query,
     index_terms,
@@ -46,6 +47,7 @@ from voice_context.recall.index import (
     recall_candidates,
     render_hits,
     rerank,
+    similarities,
     turn_key,
     turn_passage,
     with_neighbours,
@@ -882,6 +884,28 @@ def test_bm25_scores_do_not_depend_on_the_process_s_hash_seed() -> None:
         for seed in ("0", "1", "2")
     }
     assert len(printed) == 1
+
+
+def test_a_session_s_vectors_are_one_matrix_that_answers_as_each_vector_would() -> None:
+    """A query is compared with every vector of the session in one product; what it gives is each
+    vector's own dot product, for the docs kept, whatever the order they came in and however many
+    times the matrix grew."""
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(7)
+    rows = {key: rng.standard_normal(8).astype(np.float32) for key in [*range(200), -1, -2]}
+    vectors = Vectors()
+    for key in sorted(rows, key=lambda k: (k % 7, k)):  # out of order, a row at a time: it grows
+        vectors.update({key: rows[key]})
+    rows[5] = rng.standard_normal(8).astype(np.float32)
+    vectors[5] = rows[5]  # a vector replaced keeps its row
+    assert len(vectors) == 202 and set(vectors) == set(rows)
+    query = rng.standard_normal(8).astype(np.float32)
+    kept = similarities(vectors, query, lambda key: key < 150)
+    assert set(kept) == {key for key in rows if key < 150}
+    for key, sim in kept.items():
+        assert sim == pytest.approx(float(rows[key] @ query), rel=1e-5, abs=1e-5)
+        assert np.array_equal(vectors[key], rows[key])
+    assert similarities(Vectors(), query, lambda key: True) == {}
 
 
 def test_meaning_orders_what_the_words_found_among_near_ties() -> None:

@@ -14,7 +14,7 @@ from voice_context.core.turns import Note, Turn
 from voice_context.logs import get_logger
 from voice_context.manager.live import Live, RecallState
 from voice_context.manager.registry import Background, Served
-from voice_context.recall.index import indexed, note_passage, turn_passage
+from voice_context.recall.index import Vectors, indexed, note_passage, turn_passage
 from voice_context.recall.stored import HeldTurns
 from voice_context.store.base import Store
 
@@ -67,14 +67,15 @@ class Indexing:
             import numpy as np
 
             stored = await store.load_vectors(name)
-            recall.vectors = {key: np.frombuffer(raw, dtype=np.float32) for key, raw in stored.items()}
+            rows = {key: np.frombuffer(raw, dtype=np.float32) for key, raw in stored.items()}
+            recall.vectors = Vectors(rows)
             keys = [*range(stats.turns), *range(-1, -stats.notes - 1, -1)]
             recall.unembedded = [key for key in keys if key not in recall.vectors]
         return recall
 
     def fresh(self) -> RecallState:
         """The recall state of a session created here."""
-        return RecallState(vectors={} if self.embedder is not None else None)
+        return RecallState(vectors=Vectors() if self.embedder is not None else None)
 
     def lag(self, live: Live) -> int:
         """How many of the session's turns and notes recall does not find yet (or, with an
@@ -244,7 +245,7 @@ class Indexing:
     def _embed_later(self, recall: RecallState, searchable: int) -> None:
         """The turns recall finds from ``searchable`` on wait for their vectors (with an embedder)."""
         if self.embedder is not None and recall.searchable > searchable:
-            kept = recall.vectors or {}  # (a restarted process read those kept in the store)
+            kept = recall.vectors or Vectors()  # (a restarted process read those kept in the store)
             recall.unembedded.extend(k for k in range(searchable, recall.searchable) if k not in kept)
 
     async def _embed(self, live: Live) -> None:
@@ -261,6 +262,6 @@ class Indexing:
         rows = {key: np.asarray(v, dtype=np.float32) for key, v in zip(todo, vectors, strict=True)}
         await store.save_vectors(live.session.name, {k: v.tobytes() for k, v in rows.items()})
         if recall.vectors is None:
-            recall.vectors = {}
+            recall.vectors = Vectors()
         recall.vectors.update(rows)
         del recall.unembedded[: len(keys)]

