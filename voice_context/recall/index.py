@@ -419,16 +419,10 @@ def by_words(lexical: Mapping[int, float], *, limit: int, min_share: float = 0.2
 def similarities(
     vectors: Mapping[int, Any], query_vector: Any, keep: Callable[[int], bool]
 ) -> dict[int, float]:
-    """Each kept doc key's similarity to ``query_vector`` (unit vectors: their dot product)."""
-    if isinstance(vectors, Vectors):
-        return vectors.similarities(query_vector, keep)
-    import numpy as np
-
-    ids = [d for d in vectors if keep(d)]
-    if not ids:
-        return {}
-    sims = np.stack([vectors[d] for d in ids]) @ query_vector
-    return dict(zip(ids, sims.tolist(), strict=True))
+    """Each kept doc key's similarity to ``query_vector`` (unit vectors: their dot product); a
+    session's :class:`Vectors` as they are, any other mapping made one first."""
+    table = vectors if isinstance(vectors, Vectors) else Vectors(vectors)
+    return table.similarities(query_vector, keep)
 
 
 class Vectors(Mapping[int, Any]):
@@ -744,7 +738,7 @@ class RecallIndex:
     docs: list[_Doc] = field(default_factory=list)
     postings: dict[str, list[Posting]] = field(default_factory=dict)
     total_length: int = 0
-    vectors: Vectors = field(default_factory=lambda: Vectors())
+    vectors: Vectors = field(default_factory=Vectors)
     """Doc id -> unit vector (a numpy array), attached when an embedder ran."""
     embedder: Any = None
     """An :class:`~voice_context.recall.embedding.Embedder`, or ``None`` for lexical recall only."""
