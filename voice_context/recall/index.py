@@ -416,6 +416,16 @@ def by_words(lexical: Mapping[int, float], *, limit: int, min_share: float = 0.2
     return [(doc, 1.0 / (RRF_K + rank + 1)) for rank, doc in enumerate(order)]
 
 
+def ranked(
+    lexical: Mapping[int, float], similar: Mapping[int, float] | None, *, limit: int, min_share: float = 0.25
+) -> list[tuple[int, float]]:
+    """The best ``limit`` doc keys, best first: by their words alone (:func:`by_words`), or, with
+    ``similar`` (an embedder's similarities to the query), by words and meaning (:func:`rerank`)."""
+    if similar is None:
+        return by_words(lexical, limit=limit, min_share=min_share)
+    return rerank(lexical, similar, limit=limit, min_share=min_share)
+
+
 def similarities(
     vectors: Mapping[int, Any], query_vector: Any, keep: Callable[[int], bool]
 ) -> dict[int, float]:
@@ -882,12 +892,11 @@ class RecallIndex:
         lexical = self.lexical(terms, before=before, spread=LENDERS_PER_HIT * limit)
         asked = common >= 1.0  # the newest user turn, the default query, is searched more narrowly
         wide = limit * FOCUS_WIDTH if asked else limit
+        similar = None
         if query_vector is not None and self.vectors:
             similar = similarities(self.vectors, query_vector, self._keep(before) or (lambda _: True))
-            ranked = rerank(lexical, similar, limit=wide, min_share=min_share)
-        else:
-            ranked = by_words(lexical, limit=wide, min_share=min_share)
-        hits = [(self.docs[doc].passage, score) for doc, score in ranked]
+        top = ranked(lexical, similar, limit=wide, min_share=min_share)
+        hits = [(self.docs[doc].passage, score) for doc, score in top]
 
         def reply_to(turn: int) -> Passage | None:
             answer = self._turn_doc.get(turn + 1)

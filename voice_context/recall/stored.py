@@ -30,12 +30,11 @@ from voice_context.recall.index import (
     FOCUS_WIDTH,
     LENDERS_PER_HIT,
     bm25,
-    by_words,
     choose_terms,
     idf,
     query_words,
+    ranked,
     render_hits,
-    rerank,
     similarities,
     speaker_focus,
     turn_key,
@@ -123,10 +122,7 @@ async def find_in_store(
             for key, score in with_neighbours(scored, turn_key, turn_key, spread=spread).items()
             if key < below
         }
-        if similar is None:
-            top = by_words(lexical, limit=wide, min_share=min_share)
-        else:
-            top = rerank(lexical, similar, limit=wide, min_share=min_share)
+        top = ranked(lexical, similar, limit=wide, min_share=min_share)
         keys = [key for key, _ in top]
         return (stats, df, terms, top), [*keys, *(key + 1 for key in keys if key >= 0)]
 
