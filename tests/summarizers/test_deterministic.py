@@ -276,6 +276,21 @@ def test_filler_and_small_talk_are_dropped_and_sentences_shortened() -> None:
     )
 
 
+def test_a_hesitation_goes_but_the_same_words_stay_where_the_sentence_needs_them() -> None:
+    assert shorten("It was, you know, a long week.") == "It was a long week."
+    assert shorten("You know, I think the trip is on.") == "I think the trip is on."
+    assert shorten("I mean, the car is fine.") == "The car is fine."
+    # said inside the sentence, the words are its own: cutting them would leave "let I challenged"
+    assert shorten("I wanted to let you know I challenged myself last Friday.") == (
+        "I wanted to let you know I challenged myself last Friday."
+    )
+    assert shorten("Do you know what I mean?") == "Do you know what I mean?"
+    assert shorten("Well, I think so.") == "I think so."
+    assert shorten("Like, it was huge.") == "It was huge."
+    assert shorten("Well done on the race!") == "Well done on the race!"
+    assert shorten("Like my dad, I love fishing.") == "Like my dad, I love fishing."
+
+
 def test_the_raid_night_folded_keeps_the_plans_and_drops_the_callouts() -> None:
     recording = read_recording(RAID_NIGHT)
     turns = [m.turn for m in recording.decoded if isinstance(m, TurnAppend)]

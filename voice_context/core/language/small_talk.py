@@ -64,15 +64,24 @@ _CALLOUT = re.compile(  # as _FAREWELL, "(?=\w)": every callout begins with a le
 
 
 _LEAD = re.compile(
-    r"^(?:(?:hey|hi|hello|heya|yo|wow|whoa|oh|ooh|ah|aw+|yeah|yep|yup|well|so|ok|okay|alright|um+|uh+|uhm|"
-    r"hmm+|mm+|mhm|haha+|hehe+|lol|omg|gosh|anyway|anyways|also|but|and|like|actually|honestly|"
-    r"oh my god|oh man|man|dude|bye|goodbye|ttyl)(?=[\s,!.…?-])[\s,!.…?-]*|"
+    r"^(?:(?:hey|hi|hello|heya|yo|wow|whoa|oh|ooh|ah|aw+|yeah|yep|yup|so|ok|okay|alright|um+|uh+|uhm|"
+    r"hmm+|mm+|mhm|haha+|hehe+|lol|omg|gosh|anyway|anyways|also|but|and|actually|honestly|"
+    r"oh my god|oh man|man|dude|bye|goodbye|ttyl|"
+    # "well" and "like" lead a sentence of their own too: "Well done!", "Like my dad, I fish"
+    r"well(?!\s+(?:done|said|worth|played|deserved|earned|spent|made|known)\b)|like(?=[,!.…?-]))"
+    r"(?=[\s,!.…?-])[\s,!.…?-]*|"
     r"(?:great|awesome|nice|cool|thanks|thank you|right|sure|totally|absolutely|exactly|yes|no|true|remember|"
     r"wonderful|amazing|fantastic|congrats|congratulations|sweet|good|perfect|indeed|of course)"
     r"[\s]*[,!.…]+\s*)+",
     re.IGNORECASE,
 )
-_HESITATION = re.compile(r"(?:,\s*)?\b(?:um+|uh+|uhm|erm|er|hmm+|mm+|you know|i mean)\b(?:\s*,)?", re.I)
+# "you know" and "I mean" are hesitations only set off from the sentence ("It was, you know, hard";
+# "I mean, it's fine"): inside one they are its words ("I wanted to let you know I moved").
+_HESITATION = re.compile(
+    r"(?:,\s*)?\b(?:um+|uh+|uhm|erm|er|hmm+|mm+)\b(?:\s*,)?|"
+    r"(?:^|,\s*)\b(?:you know|i mean)\b(?=\s*(?:[,.!?…]|$))(?:\s*,)?",
+    re.I,
+)
 # Only words that leave a sentence whole when they go: "so much has happened" needs its "so much",
 # "a kind of bread" its "kind of"; a capitalised "Super" may be a name ("Super Bowl").
 _INTENSIFIER = re.compile(
