@@ -285,6 +285,12 @@ def test_a_hesitation_goes_but_the_same_words_stay_where_the_sentence_needs_them
         "I wanted to let you know I challenged myself last Friday."
     )
     assert shorten("Do you know what I mean?") == "Do you know what I mean?"
+    assert shorten("I mean it.") == "I mean it."
+    # a meeting's hesitations are rarely set off by commas: the words around tell them apart
+    assert shorten("so you know he can fit in a pocket.") == "He can fit in a pocket."
+    assert shorten("I mean it's usually quite small,") == "It's usually quite small."
+    assert shorten("but, you know, I mean most of the time") == "Most of the time."
+    assert shorten("Like how much does a remote control cost?") == "How much does a remote control cost?"
     assert shorten("Well, I think so.") == "I think so."
     assert shorten("Like, it was huge.") == "It was huge."
     assert shorten("Well done on the race!") == "Well done on the race!"

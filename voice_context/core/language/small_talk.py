@@ -68,20 +68,34 @@ _LEAD = re.compile(
     r"hmm+|mm+|mhm|haha+|hehe+|lol|omg|gosh|anyway|anyways|also|but|and|actually|honestly|"
     r"oh my god|oh man|man|dude|bye|goodbye|ttyl|"
     # "well" and "like" lead a sentence of their own too: "Well done!", "Like my dad, I fish"
-    r"well(?!\s+(?:done|said|worth|played|deserved|earned|spent|made|known)\b)|like(?=[,!.…?-]))"
+    r"well(?!\s+(?:done|said|worth|played|deserved|earned|spent|made|known)\b)|"
+    r"like(?!\s+(?:my|your|his|her|its|our|their|me|him|them|us|this|that|these|those|you said)\b)"
+    r"(?!\s+(?-i:(?!I\b)[A-Z])))"
     r"(?=[\s,!.…?-])[\s,!.…?-]*|"
     r"(?:great|awesome|nice|cool|thanks|thank you|right|sure|totally|absolutely|exactly|yes|no|true|remember|"
     r"wonderful|amazing|fantastic|congrats|congratulations|sweet|good|perfect|indeed|of course)"
     r"[\s]*[,!.…]+\s*)+",
     re.IGNORECASE,
 )
-# "you know" and "I mean" are hesitations only set off from the sentence ("It was, you know, hard";
-# "I mean, it's fine"): inside one they are its words ("I wanted to let you know I moved").
-_HESITATION = re.compile(
-    r"(?:,\s*)?\b(?:um+|uh+|uhm|erm|er|hmm+|mm+)\b(?:\s*,)?|"
-    r"(?:^|,\s*)\b(?:you know|i mean)\b(?=\s*(?:[,.!?…]|$))(?:\s*,)?",
-    re.I,
+_HESITATION = re.compile(r"(?:,\s*)?\b(?:um+|uh+|uhm|erm|er|hmm+|mm+)\b(?:\s*,)?", re.I)
+# "you know" and "I mean" are hesitations ("It was, you know, hard"; "I mean it's fine"; "so you know
+# he can") except where the words around make them the sentence's own verb: "let you know", "do you
+# know", "you know what I mean", "what I mean", "I mean it.", "I mean to ask".
+_FRAME = re.compile(r"(,\s*)?(?<![\w'])(you know|i mean)(?![\w'])(\s*,)?", re.I)
+_WORD_BEFORE = re.compile(r"([\w']+)\W*$")
+_WORD_AFTER = re.compile(r"\s*([\w']+)(\s*(?:[,.!?…;:]|$))?")
+_KNOW_AFTER_VERB = frozenset(
+    "let do did does don't didn't doesn't if as what how whether when where who y yo".split()
 )
+_KNOW_OBJECT = frozenset(
+    "what how where who whom why when whether if about of him her them me us this these those "
+    "anything something everything nothing anyone anybody someone somebody".split()
+)
+_MEAN_AFTER = frozenset("what you know if do did does which".split())
+# an object only where the sentence ends on it: "You know it." but "you know it might rain"
+_LAST_OBJECT = frozenset("it that this".split())
+
+
 # Only words that leave a sentence whole when they go: "so much has happened" needs its "so much",
 # "a kind of bread" its "kind of"; a capitalised "Super" may be a name ("Super Bowl").
 _INTENSIFIER = re.compile(
@@ -96,6 +110,30 @@ _LEADING_LABEL = re.compile(r"^([A-Z][^:.!?\n]{0,48}?):\s+")
 _VOCATIVE_HEAD = re.compile(r"^([A-Z][a-z]+)\s*(?:[,!]+\s*|[.!?…]*$)")
 _VOCATIVE_TAIL = re.compile(r",\s*([A-Z][a-z]+)\s*([.!?…]*)$")
 _NAME = re.compile(r"\b[A-Z][a-z]+\b")
+
+
+def _frame_out(text: str) -> str:
+    """``text`` without the "you know" and "I mean" that are hesitations in it."""
+    low = text.lower()
+    if "you know" not in low and "i mean" not in low:
+        return text
+    out: list[str] = []
+    end = 0
+    for match in _FRAME.finditer(text):
+        kept_before = "".join(out) + text[end : match.start()]  # what stays of the words before
+        before = None if match[1] else _WORD_BEFORE.search(kept_before)
+        after = None if match[3] else _WORD_AFTER.match(text, match.end())
+        prev = before[1].lower() if before else ""
+        follows = after[1].lower() if after else ""
+        ends = after is not None and after[2] is not None and follows in _LAST_OBJECT
+        if match[2].lower() == "you know":
+            kept = prev in _KNOW_AFTER_VERB or follows in _KNOW_OBJECT or ends
+        else:  # "I mean it." and "I mean to ask" mean; "I mean it's fine" does not
+            kept = prev in _MEAN_AFTER or follows == "to" or ends
+        if not kept:
+            out.append(text[end : match.start()])
+            end = match.end()
+    return "".join(out) + text[end:] if out else text
 
 
 def _pleasantries_out(text: str) -> str:
@@ -165,7 +203,7 @@ def _first_group(match: re.Match[str]) -> str:
 
 def shorten(sentence: str, speakers: Sequence[str] = ()) -> str:
     """A sentence without its leading interjections, vocatives, hesitations and stutters."""
-    text = _HESITATION.sub("", sentence)
+    text = _frame_out(_HESITATION.sub("", sentence))
     text = _INTENSIFIER.sub("", text)
     text = _REPEAT.sub(_first_group, text)
     for _ in range(3):
